@@ -1,0 +1,471 @@
+"""Frozen data model: hardware (``Gpu``, ``Link``), ``Model``, ``Cluster`` and ``Strategy``.
+
+Every number carries its SI unit in its name.  Hardware values come from ``catalogs/`` (see
+``sim.catalog``); nothing here hard-codes a device.  Construction validates and raises
+``InputError`` naming the field and the value.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+from typing import Literal, Mapping
+
+from sim.errors import InputError
+
+Precision = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
+FfnType = Literal["gelu", "swiglu"]
+Recompute = Literal["none", "selective", "full"]
+Schedule = Literal["gpipe", "1f1b", "interleaved", "zero-bubble"]
+Topology = Literal["fat-tree", "rail-optimized", "star", "tree", "mesh", "torus"]
+
+PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")
+TRAIN_PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8")
+FFN_TYPES: tuple[str, ...] = ("gelu", "swiglu")
+RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
+SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zero-bubble")
+TOPOLOGIES: tuple[str, ...] = ("fat-tree", "rail-optimized", "star", "tree", "mesh", "torus")
+
+# Limits that catch typos and overflow, not hardware: far above anything built today.
+MAX_GPUS = 1 << 22
+MAX_DIM = 1 << 24
+
+
+def _positive_int(name: str, value: object, *, limit: int = MAX_DIM) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(name, value, "must be an integer")
+    if value < 1:
+        raise InputError(name, value, "must be >= 1")
+    if value > limit:
+        raise InputError(name, value, f"must be <= {limit}")
+
+
+def _positive_float(name: str, value: object, *, allow_zero: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InputError(name, value, "must be a number")
+    if not math.isfinite(value):
+        raise InputError(name, value, "must be finite")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise InputError(name, value, "must be > 0" if not allow_zero else "must be >= 0")
+
+
+def _choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise InputError(name, value, f"must be one of {', '.join(choices)}")
+
+
+# --------------------------------------------------------------------------- hardware
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Gpu:
+    """One accelerator as its data sheet describes it (dense, per package, per direction)."""
+
+    id: str
+    name: str
+    dense_flops_per_s: Mapping[str, float]  # precision -> dense peak FLOP/s (no sparsity)
+    hbm_bytes: float
+    hbm_bytes_per_s: float
+    nvlink_bytes_per_s_per_direction: float  # per GPU, all links summed, one direction
+    nvlink_domain_size: int  # GPUs in the usual scale-up domain
+    nvlink_generation: str
+    pcie_generation: int
+    tdp_w: float
+    gpus_per_node: int
+    nics_per_node: int
+    default_nic: str
+    # Achievable fractions, calibrated from microbenchmarks (catalogs/efficiency.yaml may refine).
+    matmul_efficiency: Mapping[str, float]  # precision -> best-case GEMM fraction of peak
+    hbm_efficiency: float  # achievable fraction of hbm_bytes_per_s for streaming kernels
+    price_usd: float | None = None
+    price_usd_per_hour: float | None = None
+    vendor: str = "nvidia"
+    aliases: tuple[str, ...] = ()
+    source: str = ""
+    notes: str = ""
+
+    def __post_init__(self) -> None:
+        if "bf16" not in self.dense_flops_per_s:
+            raise InputError(f"gpu[{self.id}].dense_flops_per_s", dict(self.dense_flops_per_s), "needs bf16")
+        for p, v in self.dense_flops_per_s.items():
+            _choice(f"gpu[{self.id}].dense_flops_per_s", p, PRECISIONS)
+            _positive_float(f"gpu[{self.id}].dense_flops_per_s.{p}", v)
+        for n in ("hbm_bytes", "hbm_bytes_per_s", "nvlink_bytes_per_s_per_direction", "tdp_w"):
+            _positive_float(f"gpu[{self.id}].{n}", getattr(self, n))
+        for n in ("nvlink_domain_size", "gpus_per_node", "nics_per_node"):
+            _positive_int(f"gpu[{self.id}].{n}", getattr(self, n))
+        for p, v in self.matmul_efficiency.items():
+            if not 0 < v <= 1:
+                raise InputError(f"gpu[{self.id}].matmul_efficiency.{p}", v, "must be in (0, 1]")
+        if not 0 < self.hbm_efficiency <= 1:
+            raise InputError(f"gpu[{self.id}].hbm_efficiency", self.hbm_efficiency, "must be in (0, 1]")
+
+    def peak_flops_per_s(self, precision: str) -> float:
+        """Dense peak for a training precision; fp16 falls back to bf16 (same tensor cores)."""
+        table = self.dense_flops_per_s
+        if precision in table:
+            return table[precision]
+        if precision == "fp16":
+            return table["bf16"]
+        raise InputError("precision", precision, f"{self.id} has no {precision} tensor-core peak")
+
+    def achievable_matmul_fraction(self, precision: str) -> float:
+        eff = self.matmul_efficiency
+        if precision in eff:
+            return eff[precision]
+        if precision == "fp16" and "bf16" in eff:
+            return eff["bf16"]
+        return eff.get("bf16", 0.75)
+
+
+LinkKind = Literal["nic", "scale-up", "pcie", "switch"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Link:
+    """A link or adapter type: NIC port, NVLink generation, PCIe generation."""
+
+    id: str
+    name: str
+    kind: str  # nic | scale-up | pcie
+    bytes_per_s_per_direction: float
+    latency_s: float
+    technology: str = ""  # infiniband | roce | ethernet | efa | nvlink | pcie
+    switch_radix: int | None = None
+    price_usd: float | None = None  # adapter price where public
+    switch_price_usd: float | None = None
+    power_w: float | None = None
+    aliases: tuple[str, ...] = ()
+    source: str = ""
+    notes: str = ""
+
+    def __post_init__(self) -> None:
+        _positive_float(f"link[{self.id}].bytes_per_s_per_direction", self.bytes_per_s_per_direction)
+        _positive_float(f"link[{self.id}].latency_s", self.latency_s, allow_zero=True)
+
+
+# --------------------------------------------------------------------------- model
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MoeSpec:
+    num_experts: int
+    top_k: int
+    expert_ffn_hidden_size: int
+    num_shared_experts: int = 0
+    layer_frequency: int = 1
+    first_k_dense_layers: int = 0
+
+    def __post_init__(self) -> None:
+        _positive_int("moe.num_experts", self.num_experts)
+        _positive_int("moe.top_k", self.top_k)
+        _positive_int("moe.expert_ffn_hidden_size", self.expert_ffn_hidden_size)
+        _positive_int("moe.layer_frequency", self.layer_frequency)
+        for n in ("num_shared_experts", "first_k_dense_layers"):
+            v = getattr(self, n)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise InputError(f"moe.{n}", v, "must be an integer >= 0")
+        if self.top_k > self.num_experts:
+            raise InputError("moe.top_k", self.top_k, f"exceeds num_experts={self.num_experts}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Model:
+    """A decoder-only transformer (GPT/Llama family), dense or MoE FFN.
+
+    ``head_dim`` and ``num_kv_heads`` default (``None``) to ``hidden/heads`` and ``heads``.
+    """
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    ffn_hidden_size: int
+    vocab_size: int
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    ffn_type: str = "gelu"
+    tied_embeddings: bool = False
+    moe: MoeSpec | None = None
+    max_seq_len: int | None = None
+    # Multi-head latent attention (DeepSeek-V2/V3).  Active when ``kv_lora_rank`` is set:
+    # Q is down-projected to ``q_lora_rank`` (None = full-rank Q), K/V share a
+    # ``kv_lora_rank`` latent; QK heads are ``head_dim + qk_rope_head_dim`` wide, V heads
+    # ``v_head_dim`` wide.
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int = 0
+    v_head_dim: int | None = None
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for n in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size"):
+            _positive_int(f"model.{n}", getattr(self, n))
+        if self.num_kv_heads is not None:
+            _positive_int("model.num_kv_heads", self.num_kv_heads)
+            if self.num_attention_heads % self.num_kv_heads:
+                raise InputError("model.num_kv_heads", self.num_kv_heads,
+                                 f"must divide num_attention_heads={self.num_attention_heads}")
+        if self.head_dim is not None:
+            _positive_int("model.head_dim", self.head_dim)
+        elif self.hidden_size % self.num_attention_heads:
+            raise InputError("model.num_attention_heads", self.num_attention_heads,
+                             f"must divide hidden_size={self.hidden_size} (or give head_dim)")
+        for n in ("q_lora_rank", "kv_lora_rank", "v_head_dim"):
+            if getattr(self, n) is not None:
+                _positive_int(f"model.{n}", getattr(self, n))
+        if isinstance(self.qk_rope_head_dim, bool) or not isinstance(self.qk_rope_head_dim, int) \
+                or self.qk_rope_head_dim < 0:
+            raise InputError("model.qk_rope_head_dim", self.qk_rope_head_dim, "must be an integer >= 0")
+        _choice("model.ffn_type", self.ffn_type, FFN_TYPES)
+        if not isinstance(self.tied_embeddings, bool):
+            raise InputError("model.tied_embeddings", self.tied_embeddings, "must be true or false")
+        if self.moe is not None and self.moe.first_k_dense_layers > self.num_layers:
+            raise InputError("moe.first_k_dense_layers", self.moe.first_k_dense_layers,
+                             f"exceeds num_layers={self.num_layers}")
+
+    # Derived shapes ------------------------------------------------------------------
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_attention_heads
+
+    @property
+    def dim_per_head(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def q_size(self) -> int:
+        """Width of the query projection (heads * head_dim)."""
+        return self.num_attention_heads * self.dim_per_head
+
+    @property
+    def kv_size(self) -> int:
+        return self.kv_heads * self.dim_per_head
+
+    @property
+    def num_ffn_matrices(self) -> int:
+        return 3 if self.ffn_type == "swiglu" else 2
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether 0-based ``layer`` uses the MoE FFN."""
+        if self.moe is None or layer < self.moe.first_k_dense_layers:
+            return False
+        return (layer - self.moe.first_k_dense_layers) % self.moe.layer_frequency == 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
+
+    @property
+    def num_dense_layers(self) -> int:
+        return self.num_layers - self.num_moe_layers
+
+    # Parameter counts (weights only, biases and norms included) ------------------------
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank is not None
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.dim_per_head + self.qk_rope_head_dim
+
+    @property
+    def v_dim_per_head(self) -> int:
+        return self.v_head_dim or self.dim_per_head
+
+    @property
+    def attention_params(self) -> int:
+        h = self.hidden_size
+        if not self.is_mla:
+            return h * self.q_size + 2 * h * self.kv_size + self.q_size * h
+        a, r = self.num_attention_heads, self.kv_lora_rank
+        q_out = a * self.qk_head_dim
+        q = h * q_out if self.q_lora_rank is None else h * self.q_lora_rank + self.q_lora_rank * q_out
+        kv = h * (r + self.qk_rope_head_dim) + r * a * (self.dim_per_head + self.v_dim_per_head)
+        return q + kv + a * self.v_dim_per_head * h
+
+    @property
+    def dense_ffn_params(self) -> int:
+        return self.num_ffn_matrices * self.hidden_size * self.ffn_hidden_size
+
+    @property
+    def expert_params(self) -> int:
+        """Parameters of one routed expert."""
+        assert self.moe is not None
+        return self.num_ffn_matrices * self.hidden_size * self.moe.expert_ffn_hidden_size
+
+    @property
+    def moe_ffn_params(self) -> int:
+        """All experts (routed + shared) and the router of one MoE layer."""
+        assert self.moe is not None
+        m = self.moe
+        return (m.num_experts + m.num_shared_experts) * self.expert_params + self.hidden_size * m.num_experts
+
+    @property
+    def norm_params_per_layer(self) -> int:
+        return 2 * self.hidden_size
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def num_params(self) -> int:
+        layers = self.num_layers * (self.attention_params + self.norm_params_per_layer)
+        layers += self.num_dense_layers * self.dense_ffn_params
+        if self.moe is not None:
+            layers += self.num_moe_layers * self.moe_ffn_params
+        out = 0 if self.tied_embeddings else self.embedding_params
+        return layers + self.embedding_params + out + self.hidden_size  # final norm
+
+    @property
+    def num_active_params(self) -> int:
+        """Parameters touched per token (top-k routed + shared experts)."""
+        if self.moe is None:
+            return self.num_params
+        m = self.moe
+        inactive = (m.num_experts - m.top_k) * self.expert_params * self.num_moe_layers
+        return self.num_params - inactive
+
+
+# --------------------------------------------------------------------------- cluster
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Cluster:
+    """GPUs, how they are packed into nodes and NVLink domains, and the scale-out network."""
+
+    gpu: Gpu
+    num_gpus: int
+    nic: Link
+    gpus_per_node: int
+    nvlink_domain: int  # GPUs per scale-up domain (>= gpus_per_node for NVL72-style racks)
+    nics_per_node: int
+    scale_up: Link | None = None  # NVLink generation; bandwidth taken from the GPU when None
+    topology: str = "fat-tree"
+    oversubscription: float = 1.0  # downlink:uplink ratio at the leaf (tree/fat-tree)
+    tree_levels: int = 2
+
+    def __post_init__(self) -> None:
+        _positive_int("num_gpus", self.num_gpus, limit=MAX_GPUS)
+        _positive_int("gpus_per_node", self.gpus_per_node, limit=1024)
+        _positive_int("nvlink_domain", self.nvlink_domain, limit=1 << 16)
+        _positive_int("nics_per_node", self.nics_per_node, limit=1024)
+        _positive_int("tree_levels", self.tree_levels, limit=8)
+        _choice("topology", self.topology, TOPOLOGIES)
+        _positive_float("oversubscription", self.oversubscription)
+        if self.oversubscription < 1 or self.oversubscription > 64:
+            raise InputError("oversubscription", self.oversubscription, "must be in [1, 64]")
+        if self.nvlink_domain % self.gpus_per_node and self.gpus_per_node % self.nvlink_domain:
+            raise InputError("nvlink_domain", self.nvlink_domain,
+                             f"must be a multiple or divisor of gpus_per_node={self.gpus_per_node}")
+        if self.num_gpus > self.gpus_per_node and self.num_gpus % self.gpus_per_node:
+            raise InputError("num_gpus", self.num_gpus,
+                             f"must be a multiple of gpus_per_node={self.gpus_per_node}")
+
+    @property
+    def num_nodes(self) -> int:
+        return max(1, self.num_gpus // self.gpus_per_node)
+
+    @property
+    def domain_size(self) -> int:
+        """GPUs that actually share one NVLink domain (capped by the cluster size)."""
+        return min(self.nvlink_domain, self.num_gpus)
+
+    @property
+    def nvlink_bytes_per_s_per_direction(self) -> float:
+        return self.gpu.nvlink_bytes_per_s_per_direction
+
+    @property
+    def nic_bytes_per_s_per_gpu(self) -> float:
+        """Scale-out bandwidth one GPU can drive (node NICs shared by its GPUs), per direction."""
+        return self.nic.bytes_per_s_per_direction * self.nics_per_node / self.gpus_per_node
+
+
+# --------------------------------------------------------------------------- strategy
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Strategy:
+    """How one training step is parallelised.  Degrees multiply to the GPU count.
+
+    ``dp`` is the data-parallel degree (FSDP/ZeRO shards over it).  ``vp`` > 1 means
+    interleaved 1F1B with ``vp`` model chunks per pipeline rank.  ``seq_len`` is tokens per
+    sequence.  ``tp_overlap`` hides tensor-parallel collectives behind GEMMs (async TP /
+    userbuffers); ``dp_overlap`` overlaps gradient reduction with backward (default on, as in
+    DDP, Megatron and FSDP).
+    """
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    ep: int = 1
+    vp: int = 1
+    mbs: int = 1
+    gbs: int = 1
+    seq_len: int = 2048
+    zero: int = 0
+    sp: bool = False
+    recompute: str = "none"
+    precision: str = "bf16"
+    schedule: str = "1f1b"
+    tp_overlap: bool = False
+    dp_overlap: bool = True
+
+    def __post_init__(self) -> None:
+        for n in ("tp", "pp", "dp", "cp", "ep", "vp"):
+            _positive_int(n, getattr(self, n), limit=MAX_GPUS)
+        _positive_int("mbs", self.mbs, limit=1 << 20)
+        _positive_int("gbs", self.gbs, limit=1 << 30)
+        _positive_int("seq_len", self.seq_len, limit=1 << 26)
+        if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
+            raise InputError("zero", self.zero, "must be 0, 1, 2 or 3")
+        _choice("recompute", self.recompute, RECOMPUTES)
+        _choice("precision", self.precision, TRAIN_PRECISIONS)
+        _choice("schedule", self.schedule, SCHEDULES)
+        if self.vp > 1 and self.schedule not in ("interleaved", "zero-bubble"):
+            raise InputError("vp", self.vp, f"needs schedule=interleaved (got {self.schedule})")
+        if self.schedule == "interleaved" and self.pp == 1:
+            raise InputError("schedule", self.schedule, "needs pp > 1")
+        if self.sp and self.tp == 1:
+            raise InputError("sp", 1, "sequence parallelism needs tp > 1")
+        if self.gbs % (self.mbs * self.dp):
+            raise InputError("gbs", self.gbs, f"must be divisible by mbs*dp = {self.mbs}*{self.dp}")
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per pipeline per step (gradient-accumulation steps when pp == 1)."""
+        return self.gbs // (self.mbs * self.dp)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.gbs * self.seq_len
+
+    def to_string(self) -> str:
+        """The STRATEGY string ``planner simulate --strategy`` accepts (round-trips)."""
+        parts = [f"tp={self.tp}", f"pp={self.pp}", f"dp={self.dp}"]
+        if self.cp > 1:
+            parts.append(f"cp={self.cp}")
+        if self.ep > 1:
+            parts.append(f"ep={self.ep}")
+        if self.vp > 1:
+            parts.append(f"vp={self.vp}")
+        parts += [f"mbs={self.mbs}", f"gbs={self.gbs}", f"seq={self.seq_len}", f"zero={self.zero}",
+                  f"sp={int(self.sp)}", f"recompute={self.recompute}", f"precision={self.precision}",
+                  f"schedule={self.schedule}"]
+        if self.tp_overlap:
+            parts.append("tp_overlap=1")
+        if not self.dp_overlap:
+            parts.append("dp_overlap=0")
+        return ",".join(parts)
+
+    def with_(self, **changes: object) -> "Strategy":
+        return replace(self, **changes)
+
+
+STRATEGY_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Strategy))
