@@ -1,0 +1,34 @@
+# Quick start (README): `make run` sets up and runs the main job; `make test` sets up and runs the tests.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+STAMP  := $(VENV)/.installed
+TSTAMP := $(VENV)/.installed-test
+
+.PHONY: run test setup setup-test bench clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e .
+	touch $@
+
+$(TSTAMP): pyproject.toml $(STAMP)
+	bash scripts/setup_test_env.sh $(VENV)
+	touch $@
+
+setup: $(STAMP)
+setup-test: $(TSTAMP)
+
+run: setup
+	$(VENV)/bin/planner simulate --model gpt3-175b --gpu a100-80gb --num-gpus 1024 \
+	    --strategy tp=8,pp=16,vp=3,mbs=1,gbs=1536,sp=1,recompute=selective
+
+test: setup-test
+	$(VENV)/bin/python -m pytest -q -p no:cacheprovider
+
+bench: setup-test
+	$(VENV)/bin/python scripts/bench.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

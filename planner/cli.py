@@ -1,0 +1,175 @@
+"""The ``planner`` command line.  Bad input exits 2 with one line naming field and value."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Callable, Sequence
+
+from sim.errors import InputError
+
+EXIT_BAD_INPUT = 2
+
+
+class UsageError(Exception):
+    """A flag argparse rejected; its message already names the flag and the value."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports errors as one line (no usage dump) and exit status 2."""
+
+    def error(self, message: str) -> "NoReturn":  # type: ignore[name-defined]  # noqa: F821
+        raise UsageError(message.replace("\n", " "))
+
+
+def _fmt_bytes(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def _fmt_s(t: float) -> str:
+    if t >= 1:
+        return f"{t:.3f} s"
+    return f"{t * 1e3:.2f} ms"
+
+
+def print_step_summary(out: dict, *, model: str, gpu: str, num_gpus: int) -> None:
+    b = out["breakdown"]
+    mem = out["memory"]
+    lines = [
+        f"{model} on {num_gpus} x {gpu}   [{out['engine']} engine]",
+        f"strategy           {out['strategy']}",
+        f"step time          {_fmt_s(out['step_time_s'])}",
+        f"throughput         {out['tokens_per_s']:,.0f} tokens/s ({out['tokens_per_s_per_gpu']:,.0f} per GPU)",
+        f"MFU / HFU          {out['mfu']:.1%} / {out['hfu']:.1%}   ({out['model_tflops_per_gpu']:.0f} model TFLOP/s per GPU)",
+        f"memory (peak GPU)  {_fmt_bytes(out['memory_peak_bytes'])} of {_fmt_bytes(out['memory_capacity_bytes'])}"
+        f"  -> {'fits' if out['fits_memory'] else 'DOES NOT FIT'}  (stage {mem['stage']})",
+        f"   weights {_fmt_bytes(mem['weights_bytes'])}, grads {_fmt_bytes(mem['gradients_bytes'])}, "
+        f"optimizer {_fmt_bytes(mem['optimizer_bytes'])}, activations {_fmt_bytes(mem['activations_bytes'])}, "
+        f"reserve {_fmt_bytes(mem['reserve_bytes'])}",
+        "where the time goes:",
+    ]
+    total = out["step_time_s"]
+    for key in ("compute_s", "exposed_tp_s", "exposed_cp_s", "exposed_ep_s", "exposed_pp_s", "exposed_dp_s",
+                "bubble_s", "optimizer_s", "overhead_s"):
+        v = b.get(key, 0.0)
+        if v > 0 or key in ("compute_s", "bubble_s"):
+            label = key[:-2].replace("exposed_", "exposed ").replace("_", " ")
+            lines.append(f"   {label:<16} {_fmt_s(v):>12}  {v / total:6.1%}")
+    if b.get("recompute_s"):
+        lines.append(f"   (recompute inside compute: {_fmt_s(b['recompute_s'])})")
+    for w in out["warnings"]:
+        lines.append(f"warning: {w}")
+    print("\n".join(lines))
+
+
+# ------------------------------------------------------------------------- commands
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from planner.inputs import cluster_from_args, model_from_args, seq_len_from_args
+    from sim.plan import Plan, parse_strategy
+    from sim.simulate import simulate
+
+    model = model_from_args(args)
+    cluster = cluster_from_args(args)
+    strategy = parse_strategy(args.strategy, num_gpus=cluster.num_gpus, seq_len=seq_len_from_args(args))
+    plan = Plan(model=model, cluster=cluster, strategy=strategy, attention=args.attention)
+    result = simulate(plan, engine=args.engine, trace_path=args.trace, calibration=args.calibration)
+    out = result.to_dict()
+    out.update({"model": model.name, "gpu": cluster.gpu.id, "nic": cluster.nic.id, "topology": cluster.topology})
+    if args.json:
+        print(json.dumps(out, indent=2, sort_keys=False))
+    else:
+        print_step_summary(out, model=model.name, gpu=cluster.gpu.id, num_gpus=cluster.num_gpus)
+    return 0
+
+
+def cmd_catalog(args: argparse.Namespace) -> int:
+    from sim.catalog import catalog_records
+
+    kinds = ("gpus", "links", "models") if args.kind == "all" else (args.kind,)
+    data = {k: catalog_records(k) for k in kinds}
+    if args.json:
+        print(json.dumps(data, indent=2, default=str))
+        return 0
+    for k in kinds:
+        print(f"{k}:")
+        for rec in data[k]:
+            aliases = rec.get("aliases") or []
+            extra = f"  (aliases: {', '.join(aliases)})" if aliases else ""
+            print(f"  {rec['id']:<22} {rec.get('name', '')}{extra}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from planner.inputs import add_cluster_args, add_model_args
+
+    parser = _Parser(prog="planner", description="Cluster design planner and simulator for large-model training")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+
+    p = sub.add_parser("simulate", help="predict one training step of a model, cluster and strategy")
+    add_model_args(p)
+    add_cluster_args(p)
+    p.add_argument("--strategy", required=True, help="e.g. tp=8,pp=16,mbs=1,gbs=1536,sp=1,recompute=selective")
+    p.add_argument("--engine", choices=("analytic", "event"), default="analytic")
+    p.add_argument("--attention", choices=("flash", "unfused"), default="flash")
+    p.add_argument("--trace", default=None, help="write a Chrome trace-event JSON of the step")
+    p.add_argument("--calibration", default=None, help="calibration profile (file or name)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("catalog", help="list catalog ids")
+    p.add_argument("kind", nargs="?", default="all", choices=("all", "gpus", "links", "models"))
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_catalog)
+
+    for register in _extensions():
+        register(sub)
+    return parser
+
+
+def _extensions() -> list[Callable[[argparse._SubParsersAction], None]]:
+    """Subcommands living in their own modules (recommend, tco, ...) register here."""
+    out = []
+    import importlib
+
+    for name in ("planner.cmd_recommend", "planner.cmd_check", "planner.cmd_validate", "planner.cmd_economics"):
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        out.append(mod.register)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not getattr(args, "command", None):
+            parser.print_help()
+            return EXIT_BAD_INPUT
+        return int(args.func(args) or 0)
+    except (InputError, UsageError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except (ValueError, OverflowError) as exc:  # input that slipped past the checks
+        print(f"error: invalid input: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except BrokenPipeError:
+        return 0
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001  never a traceback for users
+        print(f"error: internal: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+              file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""Turning command-line flags into the core's frozen specs (shared by every subcommand)."""
+
+from __future__ import annotations
+
+import argparse
+
+from sim.catalog import get_gpu, get_nic
+from sim.errors import InputError
+from sim.modelio import load_model
+from sim.specs import TOPOLOGIES, Cluster, Model
+
+
+def add_model_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+    p.add_argument("--model", required=required, default=None if required else "gpt3-175b",
+                   help="catalog id, a model YAML/JSON file, or a Hugging Face config.json")
+
+
+def add_cluster_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+    g = p.add_argument_group("cluster")
+    g.add_argument("--gpu", required=required, default=None if required else "a100-80gb", help="GPU catalog id")
+    g.add_argument("--num-gpus", type=int, required=required, default=None if required else 1024)
+    g.add_argument("--gpus-per-node", type=int, default=None, help="default: the GPU's usual server")
+    g.add_argument("--nvlink-domain", type=int, default=None,
+                   help="GPUs per NVLink domain; default --gpus-per-node if given, else the GPU's usual domain")
+    g.add_argument("--nic", default=None, help="scale-out adapter id; default: the GPU's usual server NIC")
+    g.add_argument("--nics-per-node", type=int, default=None)
+    g.add_argument("--topology", default="fat-tree", help="|".join(TOPOLOGIES))
+    g.add_argument("--oversubscription", type=float, default=1.0,
+                   help="leaf downlink:uplink ratio for tree/fat-tree (1 = non-blocking)")
+    g.add_argument("--tree-levels", type=int, default=2)
+    g.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default 2048)")
+
+
+def cluster_from_args(args: argparse.Namespace) -> Cluster:
+    gpu = get_gpu(args.gpu)
+    gpn = args.gpus_per_node if args.gpus_per_node is not None else gpu.gpus_per_node
+    if args.nvlink_domain is not None:
+        domain = args.nvlink_domain
+    elif args.gpus_per_node is not None:
+        domain = gpn
+    else:
+        domain = max(gpu.nvlink_domain_size, gpn)
+    if args.num_gpus is not None and args.num_gpus >= 1 and args.num_gpus < gpn:
+        gpn = args.num_gpus  # a partial node
+        domain = min(domain, gpn) if args.nvlink_domain is None else domain
+    nic = get_nic(args.nic if args.nic is not None else gpu.default_nic)
+    topology = str(args.topology).lower()
+    if topology not in TOPOLOGIES:
+        raise InputError("topology", args.topology, f"must be one of {', '.join(TOPOLOGIES)}")
+    return Cluster(gpu=gpu, num_gpus=args.num_gpus, nic=nic, gpus_per_node=gpn, nvlink_domain=domain,
+                   nics_per_node=args.nics_per_node if args.nics_per_node is not None else gpu.nics_per_node,
+                   topology=topology, oversubscription=args.oversubscription, tree_levels=args.tree_levels)
+
+
+def model_from_args(args: argparse.Namespace) -> Model:
+    return load_model(args.model)
+
+
+def seq_len_from_args(args: argparse.Namespace) -> int | None:
+    if args.seq_len is None:
+        return None
+    if args.seq_len < 1 or args.seq_len > (1 << 26):
+        raise InputError("seq-len", args.seq_len, "must be in [1, 67108864]")
+    return args.seq_len

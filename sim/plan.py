@@ -1,0 +1,141 @@
+"""A ``Plan`` = model + cluster + strategy, checked for feasibility; STRATEGY string parsing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.errors import InfeasibleError, InputError
+from sim.specs import Cluster, Model, Strategy
+
+ATTENTION_IMPLS: tuple[str, ...] = ("flash", "unfused")
+
+_INT_KEYS = ("tp", "pp", "dp", "cp", "ep", "vp", "mbs", "gbs", "zero", "seq_len")
+_BOOL_KEYS = ("sp", "tp_overlap", "dp_overlap")
+_STR_KEYS = ("recompute", "precision", "schedule")
+_ALIASES = {"seq": "seq_len", "micro_batch": "mbs", "global_batch": "gbs", "zero_stage": "zero",
+            "sequence_parallel": "sp", "interleave": "vp"}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Plan:
+    """What to simulate.  ``attention`` picks the attention kernel family (flash or unfused)."""
+
+    model: Model
+    cluster: Cluster
+    strategy: Strategy
+    attention: str = "flash"
+
+    def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_IMPLS:
+            raise InputError("attention", self.attention, f"must be one of {', '.join(ATTENTION_IMPLS)}")
+        check_feasible(self.model, self.cluster, self.strategy)
+
+
+def _parse_int(key: str, text: str) -> int:
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise InputError(key, text, "must be an integer") from None
+    return value
+
+
+def _parse_bool(key: str, text: str) -> bool:
+    low = text.lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise InputError(key, text, "must be 0 or 1")
+
+
+def parse_strategy(text: str, *, num_gpus: int, seq_len: int | None = None) -> Strategy:
+    """Parse ``tp=8,pp=16,mbs=1,gbs=1536,...`` (INTERFACE.md) into a ``Strategy``.
+
+    ``dp`` defaults to ``num_gpus / (tp*pp*cp)``; ``schedule`` to ``interleaved`` when
+    ``vp > 1`` else ``1f1b``; ``gbs`` to ``mbs * dp * 4 * pp`` with pipelining (4 micro-batches
+    per stage keep the 1F1B bubble near 20%) or ``mbs * dp`` without.  ``fsdp=1`` is
+    ``zero=3``.  ``seq_len`` from the CLI flag applies unless the string sets ``seq``.
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise InputError("strategy", text, "must be a comma-separated list of key=value")
+    values: dict[str, object] = {}
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "=" not in part:
+            raise InputError("strategy", part, "expected key=value")
+        key, _, raw = part.partition("=")
+        key = _ALIASES.get(key.strip().lower(), key.strip().lower())
+        raw = raw.strip()
+        if key in values:
+            raise InputError(f"strategy.{key}", raw, "given twice")
+        if key in _INT_KEYS:
+            values[key] = _parse_int(key, raw)
+        elif key in _BOOL_KEYS:
+            values[key] = _parse_bool(key, raw)
+        elif key in _STR_KEYS:
+            values[key] = raw.lower()
+        elif key == "fsdp":
+            if _parse_bool(key, raw):
+                values["zero"] = 3
+        else:
+            known = ", ".join(sorted(_INT_KEYS + _BOOL_KEYS + _STR_KEYS + ("fsdp", "seq")))
+            raise InputError("strategy", key, f"unknown key; known: {known}")
+    for k in ("tp", "pp", "cp", "ep", "vp", "mbs"):
+        v = values.get(k, 1)
+        if not isinstance(v, int) or v < 1:
+            raise InputError(k, v, "must be >= 1")
+    tp, pp, cp = int(values.get("tp", 1)), int(values.get("pp", 1)), int(values.get("cp", 1))  # type: ignore[arg-type]
+    if "dp" not in values:
+        if num_gpus % (tp * pp * cp):
+            raise InfeasibleError("gpu_count", "num_gpus", num_gpus,
+                                  f"not divisible by tp*pp*cp = {tp}*{pp}*{cp} = {tp * pp * cp}")
+        values["dp"] = num_gpus // (tp * pp * cp)
+    if "seq_len" not in values and seq_len is not None:
+        values["seq_len"] = seq_len
+    if "schedule" not in values:
+        values["schedule"] = "interleaved" if int(values.get("vp", 1)) > 1 else "1f1b"  # type: ignore[arg-type]
+    if "gbs" not in values:
+        dp, mbs = int(values["dp"]), int(values.get("mbs", 1))  # type: ignore[arg-type]
+        values["gbs"] = mbs * dp * (4 * pp if pp > 1 else 1)
+    return Strategy(**values)  # type: ignore[arg-type]
+
+
+def check_feasible(model: Model, cluster: Cluster, s: Strategy) -> None:
+    """Raise ``InfeasibleError`` (with a reason) if no framework could run this plan."""
+    if s.num_gpus != cluster.num_gpus:
+        raise InfeasibleError("gpu_count", "strategy", s.to_string(),
+                              f"tp*pp*dp*cp = {s.tp}*{s.pp}*{s.dp}*{s.cp} = {s.num_gpus} != num_gpus={cluster.num_gpus}")
+    if model.num_attention_heads % s.tp:
+        raise InfeasibleError("heads", "tp", s.tp, f"must divide num_attention_heads={model.num_attention_heads}")
+    kv = model.kv_heads
+    if not model.is_mla and kv % s.tp and s.tp % kv:
+        raise InfeasibleError("heads", "tp", s.tp, f"must divide num_kv_heads={kv} (or be a multiple of it)")
+    if model.ffn_hidden_size % s.tp:
+        raise InfeasibleError("indivisible", "tp", s.tp, f"must divide ffn_hidden_size={model.ffn_hidden_size}")
+    if model.moe is not None and model.moe.expert_ffn_hidden_size % s.tp:
+        raise InfeasibleError("indivisible", "tp", s.tp,
+                              f"must divide expert_ffn_hidden_size={model.moe.expert_ffn_hidden_size}")
+    if s.seq_len % s.cp:
+        raise InfeasibleError("indivisible", "cp", s.cp, f"must divide seq_len={s.seq_len}")
+    if s.cp > 1 and (s.seq_len // s.cp) % 2:
+        raise InfeasibleError("indivisible", "cp", s.cp,
+                              f"seq_len={s.seq_len} must be divisible by 2*cp (load-balanced causal chunks)")
+    if s.pp > model.num_layers:
+        raise InfeasibleError("layers", "pp", s.pp, f"exceeds num_layers={model.num_layers}")
+    if s.vp > 1 and model.num_layers % (s.pp * s.vp):
+        raise InfeasibleError("layers", "vp", s.vp,
+                              f"pp*vp = {s.pp * s.vp} must divide num_layers={model.num_layers}")
+    if s.schedule == "interleaved" and s.vp > 1 and s.num_microbatches % s.pp:
+        raise InfeasibleError("indivisible", "gbs", s.gbs,
+                              f"interleaved schedule needs micro-batches ({s.num_microbatches}) divisible by pp={s.pp}")
+    if s.ep > 1:
+        if model.moe is None:
+            raise InfeasibleError("experts", "ep", s.ep, f"model {model.name} has no experts")
+        if model.moe.num_experts % s.ep:
+            raise InfeasibleError("experts", "ep", s.ep, f"must divide num_experts={model.moe.num_experts}")
+        if (s.dp * s.cp) % s.ep:
+            raise InfeasibleError("indivisible", "ep", s.ep, f"must divide dp*cp = {s.dp * s.cp}")
+    if s.precision == "fp8" and "fp8" not in cluster.gpu.dense_flops_per_s:
+        raise InfeasibleError("unsupported", "precision", s.precision, f"{cluster.gpu.id} has no fp8 tensor cores")

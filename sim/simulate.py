@@ -1,0 +1,39 @@
+"""One entry point for both engines: ``simulate(plan, engine=...)``."""
+
+from __future__ import annotations
+
+from sim.errors import InputError
+from sim.plan import Plan
+from sim.result import StepResult
+
+ENGINES: tuple[str, ...] = ("analytic", "event")
+
+
+def simulate(plan: Plan, *, engine: str = "analytic", trace_path: str | None = None,
+             calibration: str | None = None) -> StepResult:
+    """Predict one training step.  ``engine="event"`` runs the simpy discrete-event engine."""
+    from sim.collectives import Network
+    from sim.compute import default_efficiency
+
+    if engine not in ENGINES:
+        raise InputError("engine", engine, f"must be one of {', '.join(ENGINES)}")
+    eff = default_efficiency()
+    net_kwargs: dict[str, object] = {}
+    if calibration is not None:
+        from sim.calibration import load_calibration
+
+        cal = load_calibration(calibration)
+        eff = cal.apply_efficiency(eff)
+        plan = cal.apply_plan(plan)
+        net_kwargs = cal.network_kwargs(plan.cluster)
+    net = Network(plan.cluster, **net_kwargs)  # type: ignore[arg-type]
+    if engine == "event":
+        from sim.event.engine import simulate_event
+
+        return simulate_event(plan, net=net, eff=eff, trace_path=trace_path)
+    from sim.analytic import simulate_analytic
+
+    result = simulate_analytic(plan, net=net, eff=eff)
+    if trace_path is not None:
+        raise InputError("trace", trace_path, "--trace needs --engine event")
+    return result

@@ -1,0 +1,107 @@
+"""End-to-end tests of the `planner` CLI: JSON keys, exit codes, one-line errors."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from planner.cli import main
+
+REQUIRED = ["step_time_s", "tokens_per_s", "mfu", "hfu", "model_flops_per_step", "memory_peak_bytes",
+            "fits_memory", "breakdown", "warnings"]
+BASE = ["simulate", "--model", "gpt3-175b", "--gpu", "a100-80gb", "--num-gpus", "1024"]
+GOOD = "tp=8,pp=16,mbs=1,gbs=1536,sp=1,recompute=selective"
+
+
+def run(argv, capsys):
+    code = main(argv)
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+def test_simulate_json_has_interface_keys(capsys):
+    code, out, err = run(BASE + ["--strategy", GOOD, "--json"], capsys)
+    assert code == 0, err
+    d = json.loads(out)
+    for k in REQUIRED:
+        assert k in d
+    for k in ("compute_s", "exposed_comm_s", "bubble_s"):
+        assert k in d["breakdown"]
+    assert 0 < d["mfu"] <= d["hfu"] <= 1
+    assert d["fits_memory"] is True
+    assert sum(d["breakdown"][k] for k in ("compute_s", "exposed_comm_s", "bubble_s", "optimizer_s", "overhead_s")) \
+        == pytest.approx(d["step_time_s"], rel=1e-6)
+
+
+def test_simulate_readable_summary(capsys):
+    code, out, _ = run(BASE + ["--strategy", GOOD], capsys)
+    assert code == 0
+    assert "step time" in out and "MFU" in out and "where the time goes" in out
+
+
+def test_dp_derived_and_interleaved(capsys):
+    code, out, err = run(BASE + ["--strategy", "tp=8,pp=16,vp=3,mbs=1,gbs=1536,sp=1,recompute=selective", "--json"],
+                         capsys)
+    assert code == 0, err
+    d = json.loads(out)
+    assert "dp=8" in d["strategy"] and "schedule=interleaved" in d["strategy"]
+
+
+def test_not_fitting_is_not_an_error(capsys):
+    code, out, _ = run(BASE + ["--strategy", "tp=1,pp=1,mbs=1,gbs=1024", "--json"], capsys)
+    assert code == 0
+    d = json.loads(out)
+    assert d["fits_memory"] is False
+    assert any("memory" in w for w in d["warnings"])
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["simulate", "--model", "gpt3-175b", "--gpu", "no-such-gpu", "--num-gpus", "8", "--strategy", "tp=8"], "gpu"),
+    (["simulate", "--model", "nope", "--gpu", "a100-80gb", "--num-gpus", "8", "--strategy", "tp=8"], "model"),
+    (BASE[:-1] + ["1000", "--strategy", "tp=8,pp=16"], "num_gpus"),
+    (BASE + ["--strategy", "tp=7"], "tp"),
+    (BASE + ["--strategy", "tp=8,pp=16,dp=4"], "strategy"),
+    (BASE + ["--strategy", "tp=8,pp=16,mbs=3,gbs=1536"], "gbs"),
+    (BASE + ["--strategy", "tp=-1"], "tp"),
+    (BASE + ["--strategy", "tp=8,pp=16,bogus=3"], "bogus"),
+    (BASE + ["--strategy", "tp=8,recompute=sometimes"], "recompute"),
+    (BASE + ["--strategy", "tp=8", "--nic", "carrier-pigeon"], "nic"),
+    (BASE + ["--strategy", "tp=8", "--topology", "hypercube"], "topology"),
+    (["simulate", "--model", "gpt3-175b", "--gpu", "a100-80gb", "--num-gpus", "abc", "--strategy", "tp=8"], "num-gpus"),
+    (BASE + ["--strategy", "tp=8", "--seq-len", "0"], "seq"),
+    (["simulate", "--model", "/nonexistent/model.yaml", "--gpu", "a100-80gb", "--num-gpus", "8", "--strategy", "tp=8"], "model"),
+])
+def test_bad_input_exits_2_with_one_line(argv, needle, capsys):
+    code, out, err = run(argv, capsys)
+    assert code == 2
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1, err
+    assert needle in lines[0]
+    assert "Traceback" not in err
+
+
+def test_catalog_lists_interface_ids(capsys):
+    code, out, _ = run(["catalog", "--json"], capsys)
+    assert code == 0
+    d = json.loads(out)
+    gpu_ids = {r["id"] for r in d["gpus"]}
+    for gid in ("v100-32gb", "a100-40gb", "a100-80gb", "h100-80gb", "h100-96gb", "h800-80gb", "h200-141gb",
+                "b200-180gb", "gb200-186gb", "gb300-288gb", "mi250x-128gb", "mi300x-192gb"):
+        assert gid in gpu_ids
+    link_ids = {r["id"] for r in d["links"]}
+    for nid in ("ib-hdr-200", "ib-ndr-400", "ib-xdr-800", "roce-100", "roce-200", "roce-400", "eth-10", "eth-25",
+                "eth-40", "eth-100", "efa-400"):
+        assert nid in link_ids
+    model_ids = {r["id"] for r in d["models"]}
+    for mid in ("gpt3-175b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3.1-405b", "mixtral-8x7b", "deepseek-v3"):
+        assert mid in model_ids
+
+
+def test_console_script_subprocess():
+    exe = [sys.executable, "-m", "planner.cli"]
+    ok = subprocess.run(exe + BASE + ["--strategy", GOOD, "--json"], capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    bad = subprocess.run(exe + ["simulate", "--model", "gpt3-175b", "--gpu", "no-such-gpu", "--num-gpus", "8",
+                                "--strategy", "tp=8", "--json"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
