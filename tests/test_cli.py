@@ -62,7 +62,7 @@ def test_not_fitting_is_not_an_error(capsys):
     (BASE[:-1] + ["1000", "--strategy", "tp=8,pp=16"], "num_gpus"),
     (BASE + ["--strategy", "tp=7"], "tp"),
     (BASE + ["--strategy", "tp=8,pp=16,dp=4"], "strategy"),
-    (BASE + ["--strategy", "tp=8,pp=16,mbs=3,gbs=1536"], "gbs"),
+    (BASE + ["--strategy", "tp=8,pp=16,mbs=5,gbs=1536"], "gbs"),
     (BASE + ["--strategy", "tp=-1"], "tp"),
     (BASE + ["--strategy", "tp=8,pp=16,bogus=3"], "bogus"),
     (BASE + ["--strategy", "tp=8,recompute=sometimes"], "recompute"),
