@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from sim.collectives import Network
 from sim.compute import KernelEfficiency
-from sim.costs import StageCost, StepCosts, step_costs
+from sim.costs import StageCost, StepCosts, default_network, step_costs
 from sim.memory import memory_breakdown
 from sim.ops import model_flops_per_step
 from sim.plan import Plan
@@ -61,7 +61,7 @@ def simulate_analytic(plan: Plan, *, net: Network | None = None, eff: KernelEffi
                       costs: StepCosts | None = None) -> StepResult:
     """Predict one optimizer step of ``plan`` with the closed-form model."""
     model, cluster, s = plan.model, plan.cluster, plan.strategy
-    net = net or Network(cluster)
+    net = net or default_network(cluster)
     costs = costs or step_costs(plan, net, eff)
     stages = costs.stages
     m, v, p = s.num_microbatches, s.vp, s.pp

@@ -31,6 +31,11 @@ class KernelEfficiency:
     # Shape factor: GEMMs whose smallest dimension is below ``gemm_half_dim`` lose
     # efficiency as d / (d + gemm_half_dim) (tile under-fill); 0 disables it.
     gemm_half_dim: float = 0.0
+    # HBM traffic of element-wise (memory-bound) ops when a compiler fuses neighbours,
+    # relative to one kernel per op.
+    fused_elementwise_traffic: float = 1.0
+    # Fixed cost of one collective call (NCCL launch and synchronisation), seconds.
+    collective_overhead_s: float = 0.0
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -43,13 +48,41 @@ class KernelEfficiency:
 
 
 @functools.cache
-def default_efficiency() -> KernelEfficiency:
+def _efficiency_yaml() -> dict:
     from sim.catalog import catalog_dir
 
     with open(catalog_dir() / "efficiency.yaml", encoding="utf-8") as fh:
-        data = yaml.safe_load(fh)
-    d = dict(data["default"])
-    return KernelEfficiency(**{k: (v if k == "source" else float(v)) for k, v in d.items()})
+        return yaml.safe_load(fh)
+
+
+@functools.cache
+def default_efficiency() -> KernelEfficiency:
+    """Kernel efficiency: the documented defaults plus the values ``scripts/fit_efficiency.py``
+    fitted from microbenchmarks (the ``fitted`` block)."""
+    data = _efficiency_yaml()
+    d = {k: (v if k == "source" else float(v)) for k, v in dict(data["default"]).items()}
+    fitted = data.get("fitted") or {}
+    if "gemm" in fitted:
+        d["gemm_half_dim"] = float(fitted["gemm"]["gemm_half_dim"])
+    if "collective_overhead_s" in fitted:
+        d["collective_overhead_s"] = float(fitted["collective_overhead_s"])
+    return KernelEfficiency(**d)
+
+
+@functools.cache
+def _network_efficiency() -> tuple[tuple[str, float], ...]:
+    fitted = _efficiency_yaml().get("fitted") or {}
+    out = []
+    if "scale_up" in fitted:
+        out.append(("scale-up", float(fitted["scale_up"]["bandwidth_efficiency"])))
+    if "scale_out" in fitted:
+        out.append(("scale-out", float(fitted["scale_out"]["bandwidth_efficiency"])))
+    return tuple(out)
+
+
+def network_efficiency() -> dict[str, float]:
+    """Collective bandwidth efficiency per network tier, fitted from NCCL bus-bandwidth curves."""
+    return dict(_network_efficiency())
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +99,7 @@ def matmul_efficiency(gpu: Gpu, precision: str, op: Op, eff: KernelEfficiency) -
     return base
 
 
-def op_time(gpu: Gpu, precision: str, op: Op, eff: KernelEfficiency) -> OpTime:
+def op_time(gpu: Gpu, precision: str, op: Op, eff: KernelEfficiency, *, fused: bool = False) -> OpTime:
     """Forward and backward seconds of ``op`` on ``gpu``.
 
     ``precision`` is the GEMM precision (fp8 applies to linear layers only; attention and
@@ -75,8 +108,8 @@ def op_time(gpu: Gpu, precision: str, op: Op, eff: KernelEfficiency) -> OpTime:
     hbm = gpu.hbm_bytes_per_s * gpu.hbm_efficiency
     over = eff.kernel_overhead_s
     if op.kind == "memory":
-        t = op.hbm_bytes / hbm
-        return OpTime(t + over, 2.0 * t + 2 * over)
+        t = op.hbm_bytes / hbm * (eff.fused_elementwise_traffic if fused else 1.0)
+        return OpTime(t + over, op.backward_bytes_factor * t + 2 * over)
     if op.kind == "attention":
         peak = gpu.peak_flops_per_s("bf16") * gpu.achievable_matmul_fraction("bf16")
         fwd = max(op.flops / (peak * eff.attention_fwd_vs_matmul), op.hbm_bytes / hbm)
@@ -92,11 +125,12 @@ def op_time(gpu: Gpu, precision: str, op: Op, eff: KernelEfficiency) -> OpTime:
     return OpTime(fwd + over, bwd + 2 * over)
 
 
-def ops_time(gpu: Gpu, precision: str, ops: tuple[Op, ...], eff: KernelEfficiency) -> tuple[float, float]:
+def ops_time(gpu: Gpu, precision: str, ops: tuple[Op, ...], eff: KernelEfficiency, *,
+             fused: bool = False) -> tuple[float, float]:
     """Summed (forward, backward) seconds of a sequence of ops executed back to back."""
     f = b = 0.0
     for op in ops:
-        t = op_time(gpu, precision, op, eff)
+        t = op_time(gpu, precision, op, eff, fused=fused)
         f += t.fwd_s
         b += t.bwd_s
     assert math.isfinite(f) and math.isfinite(b)

@@ -16,11 +16,16 @@ from dataclasses import dataclass
 import yaml
 
 from sim.collectives import Network
-from sim.compute import KernelEfficiency, default_efficiency, ops_time
+from sim.compute import KernelEfficiency, default_efficiency, network_efficiency, ops_time
 from sim.memory import stage_layers, stage_params
 from sim.ops import LayerOps, embedding_ops, head_ops, layer_ops
-from sim.placement import all_groups, group_ranks
 from sim.plan import Plan
+from sim.specs import Cluster
+
+
+def default_network(cluster: Cluster) -> Network:
+    """The cluster's network with collective efficiency calibrated from NCCL measurements."""
+    return Network(cluster, bandwidth_efficiency=network_efficiency())
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -138,9 +143,10 @@ class StepCosts:
 
 def _layer_cost(plan: Plan, net: Network, lops: LayerOps, eff: KernelEfficiency, layer_params: float) -> LayerCost:
     s, gpu = plan.strategy, plan.cluster.gpu
-    fwd, bwd = ops_time(gpu, s.precision, lops.ops, eff)
+    fused = plan.fused_elementwise
+    fwd, bwd = ops_time(gpu, s.precision, lops.ops, eff, fused=fused)
     attn_ops = tuple(op for op in lops.ops if op.recompute_selective)
-    attn_f, _ = ops_time(gpu, s.precision, attn_ops, eff)
+    attn_f, _ = ops_time(gpu, s.precision, attn_ops, eff, fused=fused)
     mm_ops = tuple(op for op in lops.ops if op.kind == "matmul" and not op.recompute_selective)
     mm_f, mm_b = ops_time(gpu, s.precision, mm_ops, eff)
     if s.recompute == "full":
@@ -154,8 +160,7 @@ def _layer_cost(plan: Plan, net: Network, lops: LayerOps, eff: KernelEfficiency,
 
     tp_f = tp_b = 0.0
     if s.tp > 1 and lops.tp_comm_bytes:
-        ranks = group_ranks(s, "tp")
-        one = net.collective_time_s("all_reduce", ranks, lops.tp_comm_bytes)
+        one = net.dim_collective_time_s("all_reduce", s, "tp", lops.tp_comm_bytes) + eff.collective_overhead_s
         tp_f = lops.tp_collectives_per_pass * one
         tp_b = lops.tp_collectives_per_pass * one * (2 if s.recompute == "full" else 1)
     if s.tp_overlap:  # async TP / userbuffers: hidden behind the GEMMs it feeds
@@ -166,8 +171,8 @@ def _layer_cost(plan: Plan, net: Network, lops: LayerOps, eff: KernelEfficiency,
     cp_f = cp_b = 0.0
     ex_cp_f = ex_cp_b = 0.0
     if s.cp > 1 and lops.cp_kv_bytes:
-        ranks = group_ranks(s, "cp")
-        step = net.p2p_time_s(ranks[0], ranks[1], lops.cp_kv_bytes)
+        ring = net.dim_link(s, "cp")  # every rank sends to its ring neighbour at once
+        step = ring.latency_s + lops.cp_kv_bytes / ring.bytes_per_s + eff.collective_overhead_s
         cp_f = (s.cp - 1) * step
         cp_b = 2 * cp_f  # K,V forward again plus dK,dV back around the ring
         # Ring attention overlaps each exchange with the attention block of the previous chunk.
@@ -177,8 +182,7 @@ def _layer_cost(plan: Plan, net: Network, lops: LayerOps, eff: KernelEfficiency,
 
     ep_f = ep_b = 0.0
     if s.ep > 1 and lops.ep_a2a_bytes:
-        ranks = group_ranks(s, "ep")
-        one = net.collective_time_s("all_to_all", ranks, lops.ep_a2a_bytes * s.ep)
+        one = net.dim_collective_time_s("all_to_all", s, "ep", lops.ep_a2a_bytes * s.ep) + eff.collective_overhead_s
         ep_f = lops.ep_a2a_per_pass * one
         ep_b = ep_f * (2 if s.recompute == "full" else 1)
 
@@ -194,7 +198,7 @@ def _layer_cost(plan: Plan, net: Network, lops: LayerOps, eff: KernelEfficiency,
 def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | None = None) -> StepCosts:
     """Cost every piece of one step of ``plan`` (see module docstring)."""
     model, cluster, s = plan.model, plan.cluster, plan.strategy
-    net = net or Network(cluster)
+    net = net or default_network(cluster)
     eff = eff or default_efficiency()
     rt = default_comm_runtime()
     gpu = cluster.gpu
@@ -212,7 +216,7 @@ def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | N
                       + spec.num_shared_experts * model.expert_params / s.tp)
         moe_cost = _layer_cost(plan, net, moe_ops, eff, moe_params)
 
-    head_f, head_b = ops_time(gpu, s.precision, head_ops(model, s), eff)
+    head_f, head_b = ops_time(gpu, s.precision, head_ops(model, s), eff, fused=plan.fused_elementwise)
     head_flops = sum(op.counted_flops for op in head_ops(model, s))
     emb_f, emb_b = ops_time(gpu, s.precision, embedding_ops(model, s), eff)
 
@@ -220,12 +224,10 @@ def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | N
     # (Narayanan et al. 2021, Sec. 4.1 scatter/gather), between adjacent stages.
     p2p_bytes = 2.0 * s.mbs * (s.seq_len // s.cp) * model.hidden_size / s.tp
     p2p_s = 0.0
-    if s.pp > 1:
-        pp_ranks = group_ranks(s, "pp")
-        p2p_s = net.p2p_time_s(pp_ranks[0], pp_ranks[1], p2p_bytes)
+    if s.pp > 1:  # every stage boundary sends at once
+        p2p_s = net.dim_collective_time_s("p2p", s, "pp", p2p_bytes) + eff.collective_overhead_s
 
-    dp_ranks = group_ranks(s, "dp_cp")
-    dp_groups = all_groups(s, "dp_cp") if len(dp_ranks) > 1 else None
+    dp_size = s.dp * s.cp
     ep_dp = max(1, (s.dp * s.cp) // s.ep)
 
     stages = []
@@ -239,11 +241,11 @@ def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | N
 
         grad_sync = param_gather = 0.0
         z3_f = z3_b = 0.0
-        if len(dp_ranks) > 1:
+        if dp_size > 1:
             def coll(op: str, nparams: float, bytes_per: float) -> float:
                 if nparams <= 0:
                     return 0.0
-                return net.collective_time_s(op, dp_ranks, nparams * bytes_per, concurrent_groups=dp_groups)
+                return net.dim_collective_time_s(op, s, "dp_cp", nparams * bytes_per) + eff.collective_overhead_s
 
             g = rt.grad_reduce_bytes_per_param
             pg = rt.param_gather_bytes_per_param

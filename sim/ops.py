@@ -47,10 +47,16 @@ class Op:
         """Backward work relative to forward.
 
         GEMMs: 2x (dgrad + wgrad).  FlashAttention backward: 2.5x forward FLOPs (it recomputes
-        the score matrix; Dao 2023, FlashAttention-2, Sec. 3.1).  Memory-bound ops: 2x bytes
-        (read the saved input and the output gradient, write the input gradient).
+        the score matrix; Dao 2023, FlashAttention-2, Sec. 3.1).
         """
         return 2.5 if self.kind == "attention" else 2.0
+
+    @property
+    def backward_bytes_factor(self) -> float:
+        """Backward HBM traffic relative to forward for memory-bound ops: an element-wise op
+        reads x and writes y forward (2 passes) and reads x and dy and writes dx backward
+        (3 passes): 1.5x.  Norms and softmax follow the same count."""
+        return 1.5
 
     @property
     def counted_flops(self) -> float:

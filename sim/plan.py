@@ -18,12 +18,18 @@ _ALIASES = {"seq": "seq_len", "micro_batch": "mbs", "global_batch": "gbs", "zero
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Plan:
-    """What to simulate.  ``attention`` picks the attention kernel family (flash or unfused)."""
+    """What to simulate.
+
+    ``attention`` picks the attention kernel family (``flash`` or ``unfused``);
+    ``fused_elementwise`` says a compiler or fused kernels merge element-wise passes
+    (``sim.framework`` sets both from a framework profile).
+    """
 
     model: Model
     cluster: Cluster
     strategy: Strategy
     attention: str = "flash"
+    fused_elementwise: bool = False
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_IMPLS:
@@ -124,9 +130,11 @@ def check_feasible(model: Model, cluster: Cluster, s: Strategy) -> None:
                               f"seq_len={s.seq_len} must be divisible by 2*cp (load-balanced causal chunks)")
     if s.pp > model.num_layers:
         raise InfeasibleError("layers", "pp", s.pp, f"exceeds num_layers={model.num_layers}")
-    if s.vp > 1 and model.num_layers % (s.pp * s.vp):
+    if s.vp > 1 and model.num_layers < s.pp * s.vp:
+        # Uneven chunks are allowed (Megatron's --decoder-first/last-pipeline-num-layers), but
+        # every model chunk needs at least one layer.
         raise InfeasibleError("layers", "vp", s.vp,
-                              f"pp*vp = {s.pp * s.vp} must divide num_layers={model.num_layers}")
+                              f"pp*vp = {s.pp * s.vp} exceeds num_layers={model.num_layers}")
     if s.schedule == "interleaved" and s.vp > 1 and s.num_microbatches % s.pp:
         raise InfeasibleError("indivisible", "gbs", s.gbs,
                               f"interleaved schedule needs micro-batches ({s.num_microbatches}) divisible by pp={s.pp}")

@@ -26,6 +26,10 @@ def simulate(plan: Plan, *, engine: str = "analytic", trace_path: str | None = N
         eff = cal.apply_efficiency(eff)
         plan = cal.apply_plan(plan)
         net_kwargs = cal.network_kwargs(plan.cluster)
+    if not net_kwargs:
+        from sim.compute import network_efficiency
+
+        net_kwargs = {"bandwidth_efficiency": network_efficiency()}
     net = Network(plan.cluster, **net_kwargs)  # type: ignore[arg-type]
     if engine == "event":
         from sim.event.engine import simulate_event

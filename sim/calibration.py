@@ -1,0 +1,288 @@
+"""Calibration profiles: a measured machine that stands in for catalog hardware.
+
+A profile (``catalogs/calibration/<id>.yaml``, written by ``planner validate fit``) holds,
+in the catalog schema (``catalogs/gpus.yaml``, ``links.yaml``, ``efficiency.yaml``):
+
+* ``device``: a GPU record for the device one rank drives, with its *achieved* peaks
+  (best GEMM throughput as ``dense_tflops`` x ``matmul_efficiency``, memory-bound op
+  bandwidth as ``hbm_tb_per_s`` x ``hbm_efficiency``);
+* ``links``: the fitted alpha-beta parameters of each link tier that was measured
+  (``kind: scale-up`` inside a node, ``kind: nic`` between nodes): per-rank bus bandwidth
+  as ``gb_per_s_per_direction`` and per-step latency as ``latency_us``;
+* ``efficiency``: the kernel-efficiency knobs of ``sim.compute.KernelEfficiency``
+  (attention vs GEMM, GEMM shape factor, per-kernel overhead);
+* ``host``: how the device was measured: ``device_type``, ``compute_dtype`` (the dtype the
+  workloads train in), ranks per host, cores per host, threads per rank.
+
+``sim.simulate.simulate(plan, calibration=...)`` calls, in order, ``apply_efficiency``,
+``apply_plan`` (the profile's device and links replace the plan's ``--gpu``, scale-up and,
+when measured, NIC records) and ``network_kwargs``.  Two physical corrections apply to CPU
+hosts, both documented in docs/validate.md:
+
+* element size: the cost model counts activations at 2 bytes per element (bf16); a device
+  that trains in fp32 moves 4, so its memory-bound bandwidth is divided by
+  ``bytes(compute_dtype) / 2`` when standing in for the bf16 recipe;
+* core sharing: ranks time-share a host's cores, so with more ranks per host than were
+  measured, each rank gets ``measured_ranks / ranks`` of the measured throughput and
+  bandwidth (and of the memory).
+
+This module imports neither torch nor ``validate``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from sim.errors import InputError
+from sim.specs import Gpu, Link
+
+SCHEMA_VERSION = 1
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+MODEL_ACTIVATION_BYTES = 2  # sim.ops.BYTES_BF16: what the cost model counts per element
+_EFF_KEYS = ("attention_fwd_vs_matmul", "attention_bwd_vs_matmul", "kernel_overhead_s", "gemm_half_dim")
+_TOP_KEYS = frozenset({"schema_version", "id", "name", "source", "notes", "host", "device", "links",
+                       "efficiency", "memory", "fit", "measured"})
+
+
+def calibration_dir() -> Path:
+    from sim.catalog import catalog_dir
+
+    return catalog_dir() / "calibration"
+
+
+def list_calibrations() -> list[str]:
+    """Ids of the profiles in ``catalogs/calibration/``."""
+    out = []
+    for p in sorted(calibration_dir().glob("*.yaml")):
+        try:
+            data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError):
+            continue
+        if isinstance(data, Mapping) and isinstance(data.get("id"), str):
+            out.append(data["id"])
+    return out
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Host:
+    device_type: str  # cpu | cuda
+    compute_dtype: str  # dtype the workloads train in on this device
+    ranks_per_host: int  # ranks that ran at once while measuring
+    host_cores: int
+    threads_per_rank: int
+    num_nodes: int = 1
+
+    @property
+    def element_ratio(self) -> float:
+        """Bytes per activation element on the device over the cost model's 2."""
+        return DTYPE_BYTES[self.compute_dtype] / MODEL_ACTIVATION_BYTES
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Calibration:
+    """A loaded profile (see module docstring)."""
+
+    id: str
+    name: str
+    gpu: Gpu
+    scale_up: Link | None
+    nic: Link | None
+    efficiency: Mapping[str, float]
+    host: Host
+    memory: Mapping[str, float] = field(default_factory=dict)
+    source: str = ""
+    path: str = ""
+
+    # ------------------------------------------------------------------ hooks used by simulate
+
+    def apply_efficiency(self, eff):  # (KernelEfficiency) -> KernelEfficiency
+        """The kernel-efficiency knobs with the profile's fitted values."""
+        changes = {k: float(v) for k, v in self.efficiency.items() if k in _EFF_KEYS}
+        return replace(eff, **changes, source=f"calibration {self.id}")
+
+    def device_for(self, ranks_per_host: int) -> Gpu:
+        """The device one rank sees with ``ranks_per_host`` ranks per host (module docstring)."""
+        g = self.gpu
+        share = 1.0
+        if self.host.device_type == "cpu" and ranks_per_host > self.host.ranks_per_host:
+            share = self.host.ranks_per_host / ranks_per_host
+        ratio = self.host.element_ratio
+        if share == 1.0 and ratio == 1.0:
+            return g
+        flops = type(g.dense_flops_per_s)({p: v * share for p, v in g.dense_flops_per_s.items()})
+        return replace(g, dense_flops_per_s=flops, hbm_bytes_per_s=g.hbm_bytes_per_s * share / ratio,
+                       hbm_bytes=g.hbm_bytes * share)
+
+    def apply_plan(self, plan):  # (Plan) -> Plan
+        """``plan`` on the calibrated device and links."""
+        c = plan.cluster
+        gpu = self.device_for(c.gpus_per_node)
+        changes: dict[str, object] = {"gpu": gpu}
+        if self.scale_up is not None:
+            changes["scale_up"] = self.scale_up
+        if self.nic is not None:
+            changes["nic"] = self.nic
+        return replace(plan, cluster=replace(c, **changes))
+
+    def network_kwargs(self, cluster) -> dict[str, object]:  # (Cluster) -> dict
+        """Keyword arguments for ``sim.network.Network``: the fitted link records already
+        carry achieved (bus) bandwidths, so every tier runs at efficiency 1."""
+        return {"bandwidth_efficiency": {"scale-up": 1.0, "scale-out": 1.0}}
+
+    def memory_runtime(self, default):  # (MemoryRuntime) -> MemoryRuntime
+        """Framework memory constants of this host (``memory`` section), else ``default``."""
+        changes = {k: float(v) for k, v in self.memory.items() if k in ("workspace_bytes", "fragmentation_fraction")}
+        return replace(default, **changes) if changes else default
+
+    def describe(self) -> dict[str, object]:
+        g = self.gpu
+        return {
+            "id": self.id, "name": self.name, "device": g.id, "compute_dtype": self.host.compute_dtype,
+            "matmul_flops_per_s": g.peak_flops_per_s("bf16") * g.achievable_matmul_fraction("bf16"),
+            "memory_bytes_per_s": g.hbm_bytes_per_s * g.hbm_efficiency,
+            "scale_up": None if self.scale_up is None else {
+                "bytes_per_s": self.scale_up.bytes_per_s_per_direction, "latency_s": self.scale_up.latency_s},
+            "nic": None if self.nic is None else {
+                "bytes_per_s": self.nic.bytes_per_s_per_direction, "latency_s": self.nic.latency_s},
+            "efficiency": dict(self.efficiency),
+        }
+
+
+# ---------------------------------------------------------------------- loading
+
+
+def _fail(where: str, value: object, message: str) -> InputError:
+    return InputError(f"calibration.{where}", value, message)
+
+
+def calibration_from_dict(data: Mapping[str, Any], *, path: str = "<dict>") -> Calibration:
+    """Build and validate a ``Calibration`` from a parsed profile."""
+    from sim.catalog import _gpu_from_record, _index, _link_from_record, _links, catalog_dir
+
+    if not isinstance(data, Mapping):
+        raise _fail("file", path, "must be a mapping")
+    for key in data:
+        if key not in _TOP_KEYS:
+            raise _fail(str(key), data[key], f"unknown key; known: {', '.join(sorted(_TOP_KEYS))}")
+    if data.get("schema_version") != SCHEMA_VERSION:
+        raise _fail("schema_version", data.get("schema_version"), f"must be {SCHEMA_VERSION}")
+    for key in ("id", "device", "host", "efficiency"):
+        if key not in data:
+            raise _fail(key, None, f"{Path(path).name}: missing required key")
+    p = Path(path)
+    raw_links = data.get("links") or []
+    if not isinstance(raw_links, list):
+        raise _fail("links", raw_links, "must be a list of link records")
+    own = [_link_from_record(r, p) for r in raw_links]
+    base = _links(str(catalog_dir()))
+    index = _index([(l.id, l.aliases, l) for l in base.items] + [(l.id, l.aliases, l) for l in own])
+    if not isinstance(data["device"], Mapping):
+        raise _fail("device", data["device"], "must be a gpus.yaml record")
+    gpu = _gpu_from_record(data["device"], p, index)
+    scale_up = next((l for l in own if l.kind == "scale-up"), None)
+    if scale_up is not None and scale_up.id != gpu.nvlink_generation:
+        raise _fail("device.nvlink_generation", gpu.nvlink_generation, f"must name the measured link {scale_up.id}")
+    nic = next((l for l in own if l.kind == "nic"), None)
+
+    h = data["host"]
+    if not isinstance(h, Mapping):
+        raise _fail("host", h, "must be a mapping")
+    try:
+        host = Host(device_type=str(h["device_type"]), compute_dtype=str(h["compute_dtype"]),
+                    ranks_per_host=int(h["ranks_per_host"]), host_cores=int(h["host_cores"]),
+                    threads_per_rank=int(h.get("threads_per_rank", 1)), num_nodes=int(h.get("num_nodes", 1)))
+    except KeyError as exc:
+        raise _fail(f"host.{exc.args[0]}", None, "missing required key") from None
+    except (TypeError, ValueError) as exc:
+        raise _fail("host", dict(h), f"malformed: {exc}") from None
+    if host.compute_dtype not in DTYPE_BYTES:
+        raise _fail("host.compute_dtype", host.compute_dtype, f"must be one of {', '.join(DTYPE_BYTES)}")
+    if host.device_type not in ("cpu", "cuda"):
+        raise _fail("host.device_type", host.device_type, "must be cpu or cuda")
+    if min(host.ranks_per_host, host.host_cores, host.threads_per_rank, host.num_nodes) < 1:
+        raise _fail("host", dict(h), "counts must be >= 1")
+
+    eff = data["efficiency"]
+    if not isinstance(eff, Mapping):
+        raise _fail("efficiency", eff, "must be a mapping")
+    out_eff: dict[str, float] = {}
+    for k, v in eff.items():
+        if k in ("source", "notes"):
+            continue
+        if k not in _EFF_KEYS:
+            raise _fail(f"efficiency.{k}", v, f"unknown key; known: {', '.join(_EFF_KEYS)}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise _fail(f"efficiency.{k}", v, "must be a finite number >= 0")
+        out_eff[k] = float(v)
+    for k in ("attention_fwd_vs_matmul", "attention_bwd_vs_matmul"):
+        if k in out_eff and not 0 < out_eff[k] <= 1.5:
+            raise _fail(f"efficiency.{k}", out_eff[k], "must be in (0, 1.5]")
+    mem = data.get("memory") or {}
+    if not isinstance(mem, Mapping):
+        raise _fail("memory", mem, "must be a mapping")
+    return Calibration(id=str(data["id"]), name=str(data.get("name", data["id"])), gpu=gpu, scale_up=scale_up,
+                       nic=nic, efficiency=out_eff, host=host,
+                       memory={k: float(v) for k, v in mem.items() if isinstance(v, (int, float))},
+                       source=str(data.get("source", "")), path=str(path))
+
+
+def load_calibration(name_or_path: str | Path) -> Calibration:
+    """A profile from a YAML/JSON file, or by id from ``catalogs/calibration/``.
+
+    Raises ``InputError`` (field ``calibration``) naming the known profiles when neither a
+    file nor a known id matches.
+    """
+    text = str(name_or_path).strip()
+    p = Path(text).expanduser()
+    if not p.is_file():
+        want = text.lower().removesuffix(".yaml")
+        match = None
+        for cand in sorted(calibration_dir().glob("*.yaml")):
+            if cand.stem.lower() == want:
+                match = cand
+                break
+            try:
+                d = yaml.safe_load(cand.read_text(encoding="utf-8"))
+            except (OSError, yaml.YAMLError):
+                continue
+            if isinstance(d, Mapping) and str(d.get("id", "")).lower() == want:
+                match = cand
+                break
+        if match is None:
+            known = ", ".join(list_calibrations()) or "none"
+            raise InputError("calibration", text, f"is neither a file nor a known profile; known: {known}")
+        p = match
+    try:
+        raw = p.read_text(encoding="utf-8")
+        data = yaml.safe_load(raw)  # JSON is YAML
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError("calibration", text, f"cannot read: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise InputError("calibration", text, f"malformed YAML/JSON: {str(exc).splitlines()[0]}") from None
+    return calibration_from_dict(data, path=str(p))
+
+
+def dump_profile(data: Mapping[str, Any], path: str | Path, *, header: str = "") -> Path:
+    """Write a profile as YAML (validated first, so a written file always loads)."""
+    calibration_from_dict(data, path=str(path))
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = yaml.safe_dump(_plain(data), sort_keys=False, width=100)
+    lines = "".join(f"# {ln}\n" if ln else "#\n" for ln in header.splitlines())
+    out.write_text(lines + text, encoding="utf-8")
+    return out
+
+
+def _plain(obj: Any) -> Any:
+    if isinstance(obj, Mapping):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, float):
+        return float(f"{obj:.6g}")
+    return obj

@@ -1,0 +1,112 @@
+"""Rank placement in Megatron-LM order, and the process groups each parallel dimension forms.
+
+Megatron-LM (``megatron/core/parallel_state.py``, ``RankGenerator`` with order ``tp-cp-ep-dp-pp``)
+numbers ranks with tensor parallelism fastest-varying, then context parallelism, then data
+parallelism, and pipeline parallelism slowest::
+
+    rank = tp_i + tp * (cp_i + cp * (dp_i + dp * pp_i))
+
+Expert-parallel groups are carved out of consecutive data-parallel indices: an EP group is
+``ep`` consecutive ``dp_i`` with the same ``tp_i``, ``cp_i`` and ``pp_i``.  ``dp_cp`` is the
+combined data x context group over which gradients are reduced when ``cp > 1``.
+
+GPU index equals rank: ranks fill nodes in order, so ``node = rank // gpus_per_node`` and the
+NVLink domain is ``rank // nvlink_domain``.  Every group of every dimension is therefore an
+arithmetic progression ``base, base + stride, ..., base + (size - 1) * stride`` and the groups
+of one dimension tile ``range(strategy.num_gpus)``; ``group_shape`` returns ``(stride, size)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from sim.errors import InfeasibleError, InputError
+from sim.specs import Strategy
+
+DIMS: tuple[str, ...] = ("tp", "cp", "dp", "ep", "pp", "dp_cp")
+
+
+@dataclass(frozen=True, slots=True)
+class RankCoords:
+    """Position of one rank along each parallel dimension (0-based)."""
+
+    tp: int
+    cp: int
+    dp: int
+    pp: int
+
+
+def _check_rank(strategy: Strategy, rank: int) -> None:
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < strategy.num_gpus:
+        raise InputError("rank", rank, f"must be an integer in [0, {strategy.num_gpus})")
+
+
+def rank_to_coords(strategy: Strategy, rank: int) -> RankCoords:
+    """Coordinates of global ``rank`` (TP innermost, then CP, DP, PP outermost)."""
+    _check_rank(strategy, rank)
+    s = strategy
+    tp_i, r = rank % s.tp, rank // s.tp
+    cp_i, r = r % s.cp, r // s.cp
+    dp_i, pp_i = r % s.dp, r // s.dp
+    return RankCoords(tp=tp_i, cp=cp_i, dp=dp_i, pp=pp_i)
+
+
+def coords_to_rank(strategy: Strategy, coords: RankCoords) -> int:
+    """Inverse of :func:`rank_to_coords`."""
+    s = strategy
+    for name, value, size in (("tp", coords.tp, s.tp), ("cp", coords.cp, s.cp),
+                              ("dp", coords.dp, s.dp), ("pp", coords.pp, s.pp)):
+        if not 0 <= value < size:
+            raise InputError(f"coords.{name}", value, f"must be in [0, {size})")
+    return coords.tp + s.tp * (coords.cp + s.cp * (coords.dp + s.dp * coords.pp))
+
+
+def group_shape(strategy: Strategy, dim: str) -> tuple[int, int]:
+    """``(stride, size)`` of the arithmetic progression every ``dim`` group forms.
+
+    Raises ``InfeasibleError(reason="indivisible")`` for ``ep`` that does not divide ``dp``.
+    """
+    s = strategy
+    if dim == "tp":
+        return 1, s.tp
+    if dim == "cp":
+        return s.tp, s.cp
+    if dim == "dp":
+        return s.tp * s.cp, s.dp
+    if dim == "ep":
+        if s.dp % s.ep:
+            raise InfeasibleError("indivisible", "ep", s.ep, f"must divide dp={s.dp}")
+        return s.tp * s.cp, s.ep
+    if dim == "dp_cp":
+        return s.tp, s.cp * s.dp
+    if dim == "pp":
+        return s.tp * s.cp * s.dp, s.pp
+    raise InputError("dim", dim, f"must be one of {', '.join(DIMS)}")
+
+
+def group_ranks(strategy: Strategy, dim: str, *, rank: int = 0) -> tuple[int, ...]:
+    """Ranks of the ``dim`` group that contains ``rank``, in ring order (ascending)."""
+    stride, size = group_shape(strategy, dim)
+    _check_rank(strategy, rank)
+    base = rank - ((rank // stride) % size) * stride
+    return tuple(range(base, base + stride * size, stride))
+
+
+@lru_cache(maxsize=512)
+def _all_groups(num_gpus: int, stride: int, size: int) -> tuple[tuple[int, ...], ...]:
+    span = stride * size
+    return tuple(tuple(range(block + off, block + span, stride))
+                 for block in range(0, num_gpus, span) for off in range(stride))
+
+
+def all_groups(strategy: Strategy, dim: str) -> list[tuple[int, ...]]:
+    """Every ``dim`` group of ``strategy`` (they partition the ranks), sorted by first rank."""
+    stride, size = group_shape(strategy, dim)
+    return list(_all_groups(strategy.num_gpus, stride, size))
+
+
+def pipeline_pairs(strategy: Strategy) -> list[tuple[int, int]]:
+    """``(src, dst)`` of every forward pipeline send: stage ``i`` to stage ``i + 1``."""
+    stride, size = group_shape(strategy, "pp")
+    return [(r, r + stride) for r in range(stride * (size - 1))]
