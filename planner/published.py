@@ -28,7 +28,7 @@ import yaml
 
 from sim.catalog import catalog_dir, get_gpu, get_nic
 from sim.errors import InputError
-from sim.framework import Framework, get_framework
+from sim.framework import Framework, apply_framework, get_framework
 from sim.plan import Plan
 from sim.result import StepResult
 from sim.specs import Cluster, Model, Strategy
@@ -221,8 +221,7 @@ def compare_run(run: dict, *, engine: str = "analytic") -> Comparison:
     tried = 0
     for cand in _candidates(run, values):
         try:
-            plan = Plan(model=model, cluster=cluster, strategy=Strategy(**cand), attention=fw.attention,
-                        fused_elementwise=fw.fused_elementwise)
+            plan = Plan(**apply_framework({"model": model, "cluster": cluster, "strategy": Strategy(**cand)}, fw))
         except InputError:
             continue
         res = simulate(plan, engine=engine)

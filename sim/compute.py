@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Mapping
 
 import yaml
 
 from sim.errors import InputError
-from sim.ops import Op
+from sim.ops import BF16_GEMMS, Op
 from sim.specs import Gpu
 
 
@@ -31,11 +32,13 @@ class KernelEfficiency:
     # Shape factor: GEMMs whose smallest dimension is below ``gemm_half_dim`` lose
     # efficiency as d / (d + gemm_half_dim) (tile under-fill); 0 disables it.
     gemm_half_dim: float = 0.0
-    # HBM traffic of element-wise (memory-bound) ops when a compiler fuses neighbours,
-    # relative to one kernel per op.
-    fused_elementwise_traffic: float = 1.0
+    # HBM traffic of element-wise (memory-bound) ops run eagerly, one kernel per op,
+    # relative to the fused kernels sim/ops.py counts.
+    eager_elementwise_traffic: float = 1.0
     # Fixed cost of one collective call (NCCL launch and synchronisation), seconds.
     collective_overhead_s: float = 0.0
+    # architecture -> kernel -> (fwd, bwd) fraction of dense bf16 peak (catalogs/efficiency.yaml)
+    attention_fractions: Mapping[str, Mapping[str, tuple[float, float]]] = field(default_factory=dict)
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -66,7 +69,10 @@ def default_efficiency() -> KernelEfficiency:
         d["gemm_half_dim"] = float(fitted["gemm"]["gemm_half_dim"])
     if "collective_overhead_s" in fitted:
         d["collective_overhead_s"] = float(fitted["collective_overhead_s"])
-    return KernelEfficiency(**d)
+    table = {}
+    for arch, kernels in (data.get("attention") or {}).items():
+        table[arch] = {k: (float(v["fwd"]), float(v["bwd"])) for k, v in kernels.items() if isinstance(v, dict)}
+    return KernelEfficiency(**d, attention_fractions=table)
 
 
 @functools.cache
@@ -99,7 +105,7 @@ def matmul_efficiency(gpu: Gpu, precision: str, op: Op, eff: KernelEfficiency) -
     return base
 
 
-def op_time(gpu: Gpu, precision: str, op: Op, eff: KernelEfficiency, *, fused: bool = False) -> OpTime:
+def op_time(gpu: Gpu, precision: str, op: Op, eff: KernelEfficiency, *, eager: bool = False) -> OpTime:
     """Forward and backward seconds of ``op`` on ``gpu``.
 
     ``precision`` is the GEMM precision (fp8 applies to linear layers only; attention and
@@ -108,15 +114,19 @@ def op_time(gpu: Gpu, precision: str, op: Op, eff: KernelEfficiency, *, fused: b
     hbm = gpu.hbm_bytes_per_s * gpu.hbm_efficiency
     over = eff.kernel_overhead_s
     if op.kind == "memory":
-        t = op.hbm_bytes / hbm * (eff.fused_elementwise_traffic if fused else 1.0)
+        t = op.hbm_bytes / hbm * (eff.eager_elementwise_traffic if eager else 1.0)
         return OpTime(t + over, op.backward_bytes_factor * t + 2 * over)
     if op.kind == "attention":
-        peak = gpu.peak_flops_per_s("bf16") * gpu.achievable_matmul_fraction("bf16")
-        fwd = max(op.flops / (peak * eff.attention_fwd_vs_matmul), op.hbm_bytes / hbm)
-        bwd = max(op.flops * op.backward_flop_factor / (peak * eff.attention_bwd_vs_matmul),
-                  2 * op.hbm_bytes / hbm)
+        frac = eff.attention_fractions.get(gpu.architecture, {}).get(op.kernel or "flash")
+        if frac is None:
+            m = gpu.achievable_matmul_fraction("bf16")
+            frac = (m * eff.attention_fwd_vs_matmul, m * eff.attention_bwd_vs_matmul)
+        peak = gpu.peak_flops_per_s("bf16")
+        fwd = max(op.flops / (peak * frac[0]), op.hbm_bytes / hbm)
+        bwd = max(op.flops * op.backward_flop_factor / (peak * frac[1]), 2 * op.hbm_bytes / hbm)
         return OpTime(fwd + over, bwd + 2 * over)
-    gemm_precision = precision if op.name not in ("scores_qk", "attn_v") else "bf16"
+    # fp8 applies to linear layers; attention batched GEMMs, router and output layer stay bf16
+    gemm_precision = "bf16" if op.name in BF16_GEMMS else precision
     if gemm_precision == "fp8" and "fp8" not in gpu.dense_flops_per_s:
         gemm_precision = "bf16"
     peak = gpu.peak_flops_per_s(gemm_precision) * matmul_efficiency(gpu, gemm_precision, op, eff)
@@ -126,11 +136,11 @@ def op_time(gpu: Gpu, precision: str, op: Op, eff: KernelEfficiency, *, fused: b
 
 
 def ops_time(gpu: Gpu, precision: str, ops: tuple[Op, ...], eff: KernelEfficiency, *,
-             fused: bool = False) -> tuple[float, float]:
+             eager: bool = False) -> tuple[float, float]:
     """Summed (forward, backward) seconds of a sequence of ops executed back to back."""
     f = b = 0.0
     for op in ops:
-        t = op_time(gpu, precision, op, eff, fused=fused)
+        t = op_time(gpu, precision, op, eff, eager=eager)
         f += t.fwd_s
         b += t.bwd_s
     assert math.isfinite(f) and math.isfinite(b)

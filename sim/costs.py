@@ -33,6 +33,7 @@ class CommRuntime:
     grad_reduce_bytes_per_param: float
     param_gather_bytes_per_param: float
     optimizer_bytes_per_param: float
+    fp16_extra_bytes_per_param: float = 0.0
 
 
 @functools.cache
@@ -44,7 +45,8 @@ def default_comm_runtime() -> CommRuntime:
     c, o = data["communication"], data["optimizer"]
     return CommRuntime(grad_reduce_bytes_per_param=c["grad_reduce_bytes_per_param"],
                        param_gather_bytes_per_param=c["param_gather_bytes_per_param"],
-                       optimizer_bytes_per_param=o["bytes_per_param"])
+                       optimizer_bytes_per_param=o["bytes_per_param"],
+                       fp16_extra_bytes_per_param=o.get("fp16_extra_bytes_per_param", 0.0))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -143,15 +145,20 @@ class StepCosts:
 
 def _layer_cost(plan: Plan, net: Network, lops: LayerOps, eff: KernelEfficiency, layer_params: float) -> LayerCost:
     s, gpu = plan.strategy, plan.cluster.gpu
-    fused = plan.fused_elementwise
-    fwd, bwd = ops_time(gpu, s.precision, lops.ops, eff, fused=fused)
+    eager = plan.eager_elementwise
+    fwd, bwd = ops_time(gpu, s.precision, lops.ops, eff, eager=eager)
     attn_ops = tuple(op for op in lops.ops if op.recompute_selective)
-    attn_f, _ = ops_time(gpu, s.precision, attn_ops, eff, fused=fused)
+    attn_f, _ = ops_time(gpu, s.precision, attn_ops, eff, eager=eager)
     mm_ops = tuple(op for op in lops.ops if op.kind == "matmul" and not op.recompute_selective)
     mm_f, mm_b = ops_time(gpu, s.precision, mm_ops, eff)
     if s.recompute == "full":
         recompute_s = fwd
         recompute_flops = sum(op.counted_flops for op in lops.ops)
+    elif s.recompute == "selective" and plan.selective_policy == "op":
+        # element-wise ops and every other linear layer are recomputed; attention is kept
+        mem_ops = tuple(op for op in lops.ops if op.kind == "memory")
+        recompute_s = ops_time(gpu, s.precision, mem_ops, eff, eager=eager)[0] + mm_f / 2
+        recompute_flops = sum(op.counted_flops for op in mm_ops) / 2
     elif s.recompute == "selective":
         recompute_s = attn_f
         recompute_flops = sum(op.counted_flops for op in attn_ops)
@@ -216,7 +223,7 @@ def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | N
                       + spec.num_shared_experts * model.expert_params / s.tp)
         moe_cost = _layer_cost(plan, net, moe_ops, eff, moe_params)
 
-    head_f, head_b = ops_time(gpu, s.precision, head_ops(model, s), eff, fused=plan.fused_elementwise)
+    head_f, head_b = ops_time(gpu, s.precision, head_ops(model, s), eff, eager=plan.eager_elementwise)
     head_flops = sum(op.counted_flops for op in head_ops(model, s))
     emb_f, emb_b = ops_time(gpu, s.precision, embedding_ops(model, s), eff)
 
@@ -226,6 +233,11 @@ def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | N
     p2p_s = 0.0
     if s.pp > 1:  # every stage boundary sends at once
         p2p_s = net.dim_collective_time_s("p2p", s, "pp", p2p_bytes) + eff.collective_overhead_s
+        if s.tp > 1 and not s.sp:
+            # scatter/gather: each TP rank sends 1/tp of the activation, the receiver
+            # all-gathers it over NVLink (Narayanan et al. 2021, Sec. 4.1); with SP the
+            # activation stays sharded and no gather is needed.
+            p2p_s += net.dim_collective_time_s("all_gather", s, "tp", p2p_bytes * s.tp) + eff.collective_overhead_s
 
     dp_size = s.dp * s.cp
     ep_dp = max(1, (s.dp * s.cp) // s.ep)
@@ -270,7 +282,8 @@ def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | N
 
         shard = s.dp * s.cp if s.zero >= 1 else 1
         local_params = params.dense_params / shard + params.expert_params / (max(1, shard // s.ep) if s.zero >= 1 else 1)
-        opt_s = local_params * rt.optimizer_bytes_per_param / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency)
+        opt_bytes = rt.optimizer_bytes_per_param + (rt.fp16_extra_bytes_per_param if s.precision == "fp16" else 0.0)
+        opt_s = local_params * opt_bytes / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency)
 
         stages.append(StageCost(
             stage=i, layers=tuple(layers), layer_costs=costs, extra_fwd_s=extra_f, extra_bwd_s=extra_b,

@@ -2,8 +2,8 @@
 
 A profile fixes the attention kernel family (FlashAttention or a materialised score
 matrix), whether data-parallel gradient reduction overlaps backward, and whether element-wise
-kernels are fused by a compiler.  ``apply_framework`` turns a strategy and profile into the
-``Plan`` fields the cost model reads.
+kernels are fused by a compiler.  ``apply_framework`` gives the ``Plan`` fields the cost model reads;
+the strategy's ``dp_overlap`` comes from the profile too.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from sim.errors import InputError
 class Framework:
     id: str
     name: str
-    attention: str  # flash | unfused
+    attention: str  # flash | flash2 | unfused
     dp_overlap: bool
-    fused_elementwise: bool
+    eager_elementwise: bool
+    selective_recompute: str  # attention | op
     aliases: tuple[str, ...] = ()
     source: str = ""
     notes: str = ""
@@ -37,7 +38,8 @@ def _frameworks() -> dict[str, Framework]:
     out: dict[str, Framework] = {}
     for rec in data["frameworks"]:
         fw = Framework(id=rec["id"], name=rec["name"], attention=rec["attention"],
-                       dp_overlap=bool(rec["dp_overlap"]), fused_elementwise=bool(rec["fused_elementwise"]),
+                       dp_overlap=bool(rec["dp_overlap"]), eager_elementwise=rec["elementwise"] == "eager",
+                       selective_recompute=rec.get("selective_recompute", "attention"),
                        aliases=tuple(rec.get("aliases", ())), source=rec.get("source", ""),
                        notes=rec.get("notes", ""))
         for key in (fw.id, *fw.aliases):
@@ -52,6 +54,12 @@ def get_framework(name: str) -> Framework:
         known = sorted({f.id for f in table.values()})
         raise InputError("framework", name, f"unknown framework; known: {', '.join(known)}")
     return fw
+
+
+def apply_framework(plan_kwargs: dict, fw: Framework) -> dict:
+    """Plan keyword arguments for ``fw`` (attention kernel, element-wise fusion, policy)."""
+    return {**plan_kwargs, "attention": fw.attention, "eager_elementwise": fw.eager_elementwise,
+            "selective_policy": fw.selective_recompute}
 
 
 def list_frameworks() -> list[Framework]:

@@ -31,6 +31,7 @@ import yaml
 from sim.specs import Cluster, Model, Strategy
 
 BYTES_ACT = 2
+LOSS_BYTES_PER_LOGIT = 2 + 4 + 4 + 4
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -88,7 +89,8 @@ class MemoryBreakdown:
 
 
 def activation_bytes_per_layer(model: Model, strategy: Strategy, *, moe: bool = False,
-                               attention: str = "flash", dropout: bool | None = None) -> float:
+                               attention: str = "flash", dropout: bool | None = None,
+                               selective_policy: str = "attention") -> float:
     """Saved activations of one layer for one micro-batch on one GPU (bytes).
 
     With ``attention="unfused"``, ``dropout=True`` and a GPT layer this equals Korthikanti et
@@ -103,6 +105,8 @@ def activation_bytes_per_layer(model: Model, strategy: Strategy, *, moe: bool = 
     rep = tok if not strategy.sp else tok / tp  # tensors replicated across TP without SP
     if strategy.recompute == "full":
         return BYTES_ACT * rep * h  # only the layer input (Korthikanti eq. in Sec. 5)
+    if strategy.recompute == "selective" and selective_policy == "op":
+        return _op_sac_bytes(model, strategy, moe=moe, tokens=tok, rep=rep)
 
     q_w, kv_w = model.q_size, model.kv_size
     v_w = model.num_attention_heads * model.v_dim_per_head if model.is_mla else kv_w
@@ -130,7 +134,7 @@ def activation_bytes_per_layer(model: Model, strategy: Strategy, *, moe: bool = 
     per_token = replicated * (rep / tok) + sharded / tp
     total = per_token * tok
 
-    if attention == "flash":
+    if attention in ("flash", "flash2"):
         total += 4 * b * (model.num_attention_heads / tp) * s_loc  # fp32 logsumexp
     elif strategy.recompute != "selective":
         a = model.num_attention_heads
@@ -138,6 +142,20 @@ def activation_bytes_per_layer(model: Model, strategy: Strategy, *, moe: bool = 
         per_elem = 2 + ((1 + 2) if drop else 0)
         total += per_elem * a * s_loc * s * b / tp
     return total
+
+
+def _op_sac_bytes(model: Model, strategy: Strategy, *, moe: bool, tokens: float, rep: float) -> float:
+    """torchtitan's op-level selective checkpointing (Liang et al. 2024, Sec. 3.2.3): keep the
+    layer input, the attention output and every other matmul output; recompute the rest."""
+    tp, h = strategy.tp, model.hidden_size
+    if moe and model.moe is not None:
+        f = model.moe.expert_ffn_hidden_size * (model.moe.top_k + model.moe.num_shared_experts)
+    else:
+        f = model.ffn_hidden_size
+    mm_out = model.q_size + 2 * model.kv_size + h + (model.num_ffn_matrices - 1) * f + h
+    sharded = model.q_size + mm_out / 2
+    return BYTES_ACT * (rep * h + tokens * sharded / tp) + 4 * strategy.mbs * model.num_attention_heads / tp * (
+        strategy.seq_len // strategy.cp)
 
 
 def _mlp_saved(ffn_type: str, f: int) -> float:
@@ -235,13 +253,16 @@ def model_state_bytes(params: StageParams, strategy: Strategy) -> tuple[float, f
 
 
 def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
-                     attention: str = "flash", runtime: MemoryRuntime | None = None) -> MemoryBreakdown:
+                     attention: str = "flash", runtime: MemoryRuntime | None = None,
+                     selective_policy: str = "attention") -> MemoryBreakdown:
     """Memory of the most loaded GPU (the pipeline stage with the largest total)."""
     rt = runtime or default_runtime()
     layers_per_stage = stage_layers(model, strategy)
     best: MemoryBreakdown | None = None
-    dense_act = activation_bytes_per_layer(model, strategy, moe=False, attention=attention)
-    moe_act = (activation_bytes_per_layer(model, strategy, moe=True, attention=attention)
+    dense_act = activation_bytes_per_layer(model, strategy, moe=False, attention=attention,
+                                           selective_policy=selective_policy)
+    moe_act = (activation_bytes_per_layer(model, strategy, moe=True, attention=attention,
+                                          selective_policy=selective_policy)
                if model.moe is not None else 0.0)
     tok = strategy.mbs * strategy.seq_len // strategy.cp
     for stage, layers in enumerate(layers_per_stage):
@@ -260,8 +281,10 @@ def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
         if first and model_has_dropout(model):
             act += tok * model.hidden_size * inflight_microbatches(strategy, stage)  # embedding dropout mask
         if last:
-            # logits (bf16) plus fp32 copy for the loss, one micro-batch at a time
-            act += tok * model.vocab_size / strategy.tp * (BYTES_ACT + 4)
+            # Loss peak, one micro-batch at a time: bf16 logits, their fp32 up-cast, the fp32
+            # softmax kept for backward and the fp32 gradient (PyTorch cross_entropy on
+            # .float() logits; Megatron's vocab-parallel cross-entropy keeps the same set).
+            act += tok * model.vocab_size / strategy.tp * LOSS_BYTES_PER_LOGIT
         reserve = rt.workspace_bytes + rt.fragmentation_fraction * (w + g + o + act)
         cand = MemoryBreakdown(weights_bytes=w, gradients_bytes=g, optimizer_bytes=o, activations_bytes=act,
                                reserve_bytes=reserve, stage=stage, capacity_bytes=cluster.gpu.hbm_bytes)

@@ -41,6 +41,7 @@ class Op:
     model_flops: float | None = None  # FLOPs counted by MFU when they differ from executed
     recompute_selective: bool = False  # recomputed under selective recomputation
     tp_sharded: bool = True
+    kernel: str = ""  # attention kernel family for kind == "attention" (flash | flash2)
 
     @property
     def backward_flop_factor(self) -> float:
@@ -97,8 +98,8 @@ def _mem(name: str, hbm_bytes: float, **kw: object) -> Op:
 def layer_ops(model: Model, strategy: Strategy, *, moe: bool, attention: str = "flash") -> LayerOps:
     """Forward ops of one layer on one GPU for one micro-batch.
 
-    ``attention`` is ``"flash"`` (fused, causal blocks skipped, no s^2 tensor in HBM) or
-    ``"unfused"`` (score matrix materialised, softmax and dropout as memory passes, as
+    ``attention`` is ``"flash"`` / ``"flash2"`` (fused, causal blocks skipped, no s^2 tensor
+    in HBM; the best kernel for the GPU, or FlashAttention-2 specifically) or ``"unfused"`` (score matrix materialised, softmax and dropout as memory passes, as
     Megatron-LM did before FlashAttention).
     """
     tp, cp = strategy.tp, strategy.cp
@@ -129,13 +130,16 @@ def layer_ops(model: Model, strategy: Strategy, *, moe: bool, attention: str = "
         ops.append(_gemm("qkv_proj", tokens, (a_loc + 2 * kv_loc) * model.dim_per_head, h))
         kv_width = 2 * kv_loc * model.dim_per_head
 
+    if model.uses_rope:  # rotary embedding of q and k: read and write both once (fused)
+        ops.append(_mem("rope", 2 * act * tokens * (a_loc * d_qk + (kv_width // 2 if not model.is_mla else a_loc * d_qk))))
+
     # Attention core.  Scores over the full (global) sequence: with CP each GPU's queries
     # attend to all s keys (ring attention), so work is b*a*s_loc*s*d.
     full_flops = 2.0 * b * a_loc * s_loc * s * (d_qk + d_v)
-    if attention == "flash":
+    if attention in ("flash", "flash2"):
         hbm = act * tokens * (a_loc * d_qk + kv_width + a_loc * d_v) + 4 * b * a_loc * s_loc
         ops.append(Op("attention", "attention", full_flops / 2, hbm, model_flops=full_flops,
-                      recompute_selective=True))
+                      recompute_selective=True, kernel=attention))
     else:
         sq = b * a_loc * s_loc * s  # score elements
         ops.append(_gemm("scores_qk", s_loc, s, d_qk, batch=b * a_loc, recompute_selective=True))
@@ -180,9 +184,30 @@ def layer_ops(model: Model, strategy: Strategy, *, moe: bool, attention: str = "
             ep_count = 2  # dispatch + combine
     ops.append(_mem("residual_dropout_mlp", 4 * act * norm_tokens * h))
 
+    if strategy.precision == "fp8":
+        ops = _with_fp8_casts(ops)
+
     tp_bytes = act * tokens * h if tp > 1 else 0.0
     cp_bytes = act * b * s_loc * kv_width if cp > 1 else 0.0
     return LayerOps(tuple(ops), tp_bytes, 2 if tp > 1 else 0, cp_bytes, ep_bytes, ep_count)
+
+
+FP8_CAST_BYTES_PER_ELEMENT = 3.0  # read bf16, write fp8 (scale from delayed/fused amax)
+BF16_GEMMS = frozenset({"scores_qk", "attn_v", "logits", "router"})
+
+
+def _with_fp8_casts(ops: list[Op]) -> list[Op]:
+    """Add the quantisation passes fp8 linear layers pay: the input and the weight are cast to
+    fp8 before each GEMM (Micikevicius et al. 2022, "FP8 Formats for Deep Learning", Sec. 4;
+    Transformer Engine / torchao float8 training).  Backward casts of the output gradient ride
+    on the memory-op backward factor."""
+    out: list[Op] = []
+    for op in ops:
+        if op.kind == "matmul" and op.name not in BF16_GEMMS:
+            elems = op.batch * (op.m * op.k + op.k * op.n)
+            out.append(_mem(f"fp8_cast_{op.name}", FP8_CAST_BYTES_PER_ELEMENT * elems))
+        out.append(op)
+    return out
 
 
 def head_ops(model: Model, strategy: Strategy) -> tuple[Op, ...]:

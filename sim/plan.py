@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from sim.errors import InfeasibleError, InputError
 from sim.specs import Cluster, Model, Strategy
 
-ATTENTION_IMPLS: tuple[str, ...] = ("flash", "unfused")
+ATTENTION_IMPLS: tuple[str, ...] = ("flash", "flash2", "unfused")
+SELECTIVE_POLICIES: tuple[str, ...] = ("attention", "op")
 
 _INT_KEYS = ("tp", "pp", "dp", "cp", "ep", "vp", "mbs", "gbs", "zero", "seq_len")
 _BOOL_KEYS = ("sp", "tp_overlap", "dp_overlap")
@@ -20,20 +21,27 @@ _ALIASES = {"seq": "seq_len", "micro_batch": "mbs", "global_batch": "gbs", "zero
 class Plan:
     """What to simulate.
 
-    ``attention`` picks the attention kernel family (``flash`` or ``unfused``);
-    ``fused_elementwise`` says a compiler or fused kernels merge element-wise passes
-    (``sim.framework`` sets both from a framework profile).
+    ``attention`` picks the attention kernel family (``flash``: the best fused kernel for the
+    GPU; ``flash2``: FlashAttention-2; ``unfused``: materialised scores).  ``eager_elementwise``
+    says element-wise ops run one kernel each (eager PyTorch) instead of fused.
+    ``selective_policy`` is what ``recompute=selective`` recomputes: ``attention`` (Megatron,
+    Korthikanti et al. 2022) or ``op`` (torchtitan's op-level policy: element-wise ops and every
+    other linear layer).  ``sim.framework`` sets these from a framework profile.
     """
 
     model: Model
     cluster: Cluster
     strategy: Strategy
     attention: str = "flash"
-    fused_elementwise: bool = False
+    eager_elementwise: bool = False
+    selective_policy: str = "attention"
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_IMPLS:
             raise InputError("attention", self.attention, f"must be one of {', '.join(ATTENTION_IMPLS)}")
+        if self.selective_policy not in SELECTIVE_POLICIES:
+            raise InputError("selective_policy", self.selective_policy,
+                             f"must be one of {', '.join(SELECTIVE_POLICIES)}")
         check_feasible(self.model, self.cluster, self.strategy)
 
 

@@ -80,6 +80,7 @@ class Gpu:
     price_usd: float | None = None
     price_usd_per_hour: float | None = None
     vendor: str = "nvidia"
+    architecture: str = ""  # volta | ampere | hopper | blackwell | cdna2 | cdna3 (kernel families)
     aliases: tuple[str, ...] = ()
     source: str = ""
     notes: str = ""
@@ -188,6 +189,8 @@ class Model:
     tied_embeddings: bool = False
     moe: MoeSpec | None = None
     max_seq_len: int | None = None
+    # "rope" or "learned"; None = rope for SwiGLU (Llama-family) models, learned for GeLU (GPT).
+    position_embedding: str | None = None
     # Multi-head latent attention (DeepSeek-V2/V3).  Active when ``kv_lora_rank`` is set:
     # Q is down-projected to ``q_lora_rank`` (None = full-rank Q), K/V share a
     # ``kv_lora_rank`` latent; QK heads are ``head_dim + qk_rope_head_dim`` wide, V heads
@@ -218,6 +221,8 @@ class Model:
                 or self.qk_rope_head_dim < 0:
             raise InputError("model.qk_rope_head_dim", self.qk_rope_head_dim, "must be an integer >= 0")
         _choice("model.ffn_type", self.ffn_type, FFN_TYPES)
+        if self.position_embedding is not None:
+            _choice("model.position_embedding", self.position_embedding, ("rope", "learned"))
         if not isinstance(self.tied_embeddings, bool):
             raise InputError("model.tied_embeddings", self.tied_embeddings, "must be true or false")
         if self.moe is not None and self.moe.first_k_dense_layers > self.num_layers:
@@ -225,6 +230,12 @@ class Model:
                              f"exceeds num_layers={self.num_layers}")
 
     # Derived shapes ------------------------------------------------------------------
+    @property
+    def uses_rope(self) -> bool:
+        if self.position_embedding is not None:
+            return self.position_embedding == "rope"
+        return self.ffn_type == "swiglu"
+
     @property
     def kv_heads(self) -> int:
         return self.num_kv_heads or self.num_attention_heads

@@ -1,0 +1,72 @@
+"""Accuracy against the published reference runs, locked per row.
+
+Every row of catalogs/reference/published_runs.yaml is simulated with the calibrated model
+(no per-run parameter) and must stay within its group's tolerance; the tolerance and the reason
+for it are data here, next to the source they refer to.  A change that makes any row worse than
+its tolerance, or the summary worse than the recorded figures, fails CI.
+"""
+
+import pytest
+
+from planner.published import compare_all, load_runs, summary
+
+# (id prefix, step-time tolerance, why)
+TOLERANCES = [
+    ("megatron-sc21-t1-", 0.16, "Narayanan et al. 2021 Table 1: mbs/vp unstated (filled by rule); we run "
+                                "~1-13% fast on pipelined rows (unmodelled 2021 pipeline overheads)"),
+    ("korthikanti22-", 0.12, "Korthikanti et al. 2022: layer timings of the same paper calibrate the GEMM "
+                             "shape factor; whole-iteration overheads beyond the layers are ~3-9%"),
+    ("torchtitan-2412-t1-", 0.30, "torchtitan on 500 W H100 (peak unknown, +-8%): eager/compiled FSDP "
+                                  "overheads not fully captured; known gap, see docs/accuracy.md"),
+    ("torchtitan-2412-t3-", 0.30, "as t1, 128 GPUs"),
+    ("torchtitan-2412-t2-", 0.42, "context-parallel ring attention at 32k-262k tokens: per-step attention "
+                                  "kernels run below the FlashAttention-2 headline efficiency we use"),
+]
+MEMORY_TOLERANCE = 0.10  # issue 4 target: memory within 10% where published
+
+
+def _tol(run_id: str) -> float:
+    for prefix, tol, _ in TOLERANCES:
+        if run_id.startswith(prefix):
+            return tol
+    raise AssertionError(f"no tolerance recorded for {run_id}")
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return {r.run_id: r for r in compare_all()}
+
+
+@pytest.mark.parametrize("run_id", [r["id"] for r in load_runs()])
+def test_step_time_within_tolerance(rows, run_id):
+    r = rows[run_id]
+    assert abs(r.step_error) <= _tol(run_id), (run_id, r.as_dict())
+
+
+@pytest.mark.parametrize("run_id", [r["id"] for r in load_runs() if r["measured"].get("memory_gib_per_gpu")])
+def test_memory_within_10_percent(rows, run_id):
+    r = rows[run_id]
+    assert r.memory_error is not None
+    assert abs(r.memory_error) <= MEMORY_TOLERANCE, (run_id, r.as_dict())
+
+
+def test_summary_does_not_regress(rows):
+    s = summary(list(rows.values()))
+    assert s["num_runs"] == 30
+    assert s["median_abs_step_error"] <= 0.11
+    assert s["median_abs_memory_error"] <= 0.06
+
+
+def test_utilisation_follows_source_definition(rows):
+    # Narayanan's "% of peak" counts recomputation: compare with our HFU, which must be close.
+    r = rows["megatron-sc21-t1-gpt18.4b-256gpu"]
+    assert r.published.hfu == pytest.approx(0.43)
+    assert r.predicted.hfu == pytest.approx(r.published.hfu, rel=0.06)
+    assert r.predicted.mfu < r.predicted.hfu  # full recomputation
+    k = rows["korthikanti22-175b-sp-selective-64gpu"]
+    assert k.predicted.mfu == pytest.approx(k.published.mfu, rel=0.12)
+
+
+def test_every_run_resolves_to_catalog_hardware(rows):
+    for r in rows.values():
+        assert r.plan.cluster.gpu.id in ("a100-80gb", "h100-96gb")
