@@ -35,6 +35,10 @@ class KernelEfficiency:
     # HBM traffic of element-wise (memory-bound) ops run eagerly, one kernel per op,
     # relative to the fused kernels sim/ops.py counts.
     eager_elementwise_traffic: float = 1.0
+    # Host-side floor of one op (framework dispatch of the op's kernels, Python): an op whose
+    # GPU time is shorter cannot finish faster than the host can issue it.  Fitted on the
+    # vTrain single-node measurements (scripts/fit_efficiency.py).
+    host_op_floor_s: float = 0.0
     # Fixed cost of one collective call (NCCL launch and synchronisation), seconds.
     collective_overhead_s: float = 0.0
     # architecture -> kernel -> (fwd, bwd) fraction of dense bf16 peak (catalogs/efficiency.yaml)
@@ -62,13 +66,19 @@ def _efficiency_yaml() -> dict:
 def default_efficiency() -> KernelEfficiency:
     """Kernel efficiency: the documented defaults plus the values ``scripts/fit_efficiency.py``
     fitted from microbenchmarks (the ``fitted`` block)."""
+    return efficiency_from_catalog(include_fitted=True)
+
+
+def efficiency_from_catalog(*, include_fitted: bool) -> KernelEfficiency:
     data = _efficiency_yaml()
     d = {k: (v if k == "source" else float(v)) for k, v in dict(data["default"]).items()}
-    fitted = data.get("fitted") or {}
+    fitted = (data.get("fitted") or {}) if include_fitted else {}
     if "gemm" in fitted:
         d["gemm_half_dim"] = float(fitted["gemm"]["gemm_half_dim"])
     if "collective_overhead_s" in fitted:
         d["collective_overhead_s"] = float(fitted["collective_overhead_s"])
+    if "host" in fitted:
+        d["host_op_floor_s"] = float(fitted["host"]["host_op_floor_s"])
     table = {}
     for arch, kernels in (data.get("attention") or {}).items():
         table[arch] = {k: (float(v["fwd"]), float(v["bwd"])) for k, v in kernels.items() if isinstance(v, dict)}
@@ -113,25 +123,26 @@ def op_time(gpu: Gpu, precision: str, op: Op, eff: KernelEfficiency, *, eager: b
     """
     hbm = gpu.hbm_bytes_per_s * gpu.hbm_efficiency
     over = eff.kernel_overhead_s
+    floor = eff.host_op_floor_s
     if op.kind == "memory":
         t = op.hbm_bytes / hbm * (eff.eager_elementwise_traffic if eager else 1.0)
-        return OpTime(t + over, op.backward_bytes_factor * t + 2 * over)
+        return OpTime(max(t, floor) + over, max(op.backward_bytes_factor * t, 2 * floor) + 2 * over)
     if op.kind == "attention":
         frac = eff.attention_fractions.get(gpu.architecture, {}).get(op.kernel or "flash")
         if frac is None:
             m = gpu.achievable_matmul_fraction("bf16")
             frac = (m * eff.attention_fwd_vs_matmul, m * eff.attention_bwd_vs_matmul)
         peak = gpu.peak_flops_per_s("bf16")
-        fwd = max(op.flops / (peak * frac[0]), op.hbm_bytes / hbm)
-        bwd = max(op.flops * op.backward_flop_factor / (peak * frac[1]), 2 * op.hbm_bytes / hbm)
+        fwd = max(op.flops / (peak * frac[0]), op.hbm_bytes / hbm, floor)
+        bwd = max(op.flops * op.backward_flop_factor / (peak * frac[1]), 2 * op.hbm_bytes / hbm, 2 * floor)
         return OpTime(fwd + over, bwd + 2 * over)
     # fp8 applies to linear layers; attention batched GEMMs, router and output layer stay bf16
     gemm_precision = "bf16" if op.name in BF16_GEMMS else precision
     if gemm_precision == "fp8" and "fp8" not in gpu.dense_flops_per_s:
         gemm_precision = "bf16"
     peak = gpu.peak_flops_per_s(gemm_precision) * matmul_efficiency(gpu, gemm_precision, op, eff)
-    fwd = max(op.flops / peak, op.hbm_bytes / hbm)
-    bwd = max(op.flops * op.backward_flop_factor / peak, 2 * op.hbm_bytes / hbm)
+    fwd = max(op.flops / peak, op.hbm_bytes / hbm, floor)
+    bwd = max(op.flops * op.backward_flop_factor / peak, 2 * op.hbm_bytes / hbm, 2 * floor)
     return OpTime(fwd + over, bwd + 2 * over)
 
 

@@ -1,0 +1,52 @@
+"""The vTrain measurements (Bang et al., MICRO'24; MIT licence, catalogs/reference/vtrain/):
+1,549 Megatron-DeepSpeed iteration times on A100, as plans of this project.
+
+The single-node rows (small models, 0.2-1.3 B, where host-side dispatch rather than the GPU
+bounds many ops) calibrate one framework constant, ``host_op_floor_s``; the multi-node rows
+(3.6-175 B on 64-512 GPUs) are held out and only tested.  Per the data's README: GPT decoder,
+4h GeLU MLP, tied embeddings, GPT-2 vocabulary padded to 50,304, fp16, full recomputation,
+non-interleaved 1F1B.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+from dataclasses import dataclass
+
+from sim.catalog import catalog_dir, get_gpu, get_nic
+from sim.framework import apply_framework, get_framework
+from sim.plan import Plan
+from sim.specs import Cluster, Model, Strategy
+
+VOCAB_PADDED = 50304  # 50,257 padded by Megatron to a multiple of 128
+
+
+@dataclass(frozen=True, slots=True)
+class VtrainRow:
+    plan: Plan
+    measured_step_time_s: float
+
+
+@functools.cache
+def load_vtrain(which: str) -> tuple[VtrainRow, ...]:
+    """``which``: ``single`` or ``multi``."""
+    path = catalog_dir() / "reference" / "vtrain" / f"ground_truth_{which}.csv"
+    fw = get_framework("megatron-lm-2021")
+    gpu, nic = get_gpu("a100-80gb"), get_nic("ib-hdr-200")
+    out = []
+    with open(path, encoding="utf-8-sig", newline="") as fh:
+        for r in csv.DictReader(fh):
+            h, n = int(r["hidden size"]), int(r["# GPUs"])
+            model = Model(name=f"gpt-h{h}", num_layers=int(r["# layers"]), hidden_size=h,
+                          num_attention_heads=int(r["attention heads"]), ffn_hidden_size=4 * h,
+                          vocab_size=VOCAB_PADDED, tied_embeddings=True)
+            gpn = min(8, n)
+            cluster = Cluster(gpu=gpu, num_gpus=n, nic=nic, gpus_per_node=gpn, nvlink_domain=gpn, nics_per_node=8)
+            strategy = Strategy(tp=int(r["tensor parallelism"]), pp=int(r["pipeline parallelism"]),
+                                dp=int(r["data parallelism"]), mbs=int(r["micro batch"]), gbs=int(r["global batch"]),
+                                seq_len=int(r["sequence length"]), recompute="full", precision="fp16",
+                                dp_overlap=fw.dp_overlap)
+            plan = Plan(**apply_framework({"model": model, "cluster": cluster, "strategy": strategy}, fw))
+            out.append(VtrainRow(plan, float(r["iteration time (ms)"]) / 1e3))
+    return tuple(out)
