@@ -302,7 +302,7 @@ _GPU_KEYS = frozenset({
     "id", "name", "aliases", "vendor", "dense_tflops", "hbm_gib", "hbm_tb_per_s",
     "nvlink_gb_per_s_per_direction", "nvlink_generation", "nvlink_domain_size", "pcie_generation",
     "tdp_w", "gpus_per_node", "nics_per_node", "default_nic", "price_usd", "price_usd_per_hour",
-    "price_source", "matmul_efficiency", "hbm_efficiency", "architecture", "source", "notes",
+    "price_source", "matmul_efficiency", "hbm_efficiency", "architecture", "num_sms", "source", "notes",
 })
 _LINK_KEYS = frozenset({
     "id", "name", "aliases", "kind", "technology", "gbit_per_s_per_direction", "gb_per_s_per_direction",
@@ -414,7 +414,8 @@ def _gpu_from_record(rec: Mapping[str, Any], path: Path, links: _Index) -> Gpu:
         price_usd=r.number("price_usd", optional=True),
         price_usd_per_hour=price_hour,
         vendor=r.text("vendor", default="nvidia"),
-        architecture=r.text("architecture"),
+        architecture=r.text("architecture", default=""),
+        num_sms=r.integer("num_sms", optional=True),
         aliases=tuple(a.strip() for a in rec.get("aliases") or ()),
         source=r.text("source"),
         notes=notes,

@@ -32,6 +32,8 @@ class KernelEfficiency:
     # Shape factor: GEMMs whose smallest dimension is below ``gemm_half_dim`` lose
     # efficiency as d / (d + gemm_half_dim) (tile under-fill); 0 disables it.
     gemm_half_dim: float = 0.0
+    # Dense bf16 FLOP/s per SM of the GPU the half dimension was fitted on (A100: 312e12/108).
+    gemm_reference_flops_per_sm: float = 0.0
     # HBM traffic of element-wise (memory-bound) ops run eagerly, one kernel per op,
     # relative to the fused kernels sim/ops.py counts.
     eager_elementwise_traffic: float = 1.0
@@ -107,11 +109,25 @@ class OpTime:
     bwd_s: float
 
 
+def gemm_half_dim(gpu: Gpu, precision: str, eff: KernelEfficiency) -> float:
+    """The GEMM dimension at which the shape factor halves efficiency, on ``gpu``.
+
+    Fitted on A100 (``catalogs/efficiency.yaml``) and scaled by throughput per SM: the fixed
+    cycles of a tile (prologue, pipeline fill, epilogue) weigh more on an SM that finishes its
+    main loop faster, so a faster SM needs proportionally deeper/larger problems (an
+    assumption, not a fit: no layer timings on other GPUs are in the microbenchmarks).
+    """
+    if eff.gemm_half_dim <= 0 or not gpu.num_sms or not eff.gemm_reference_flops_per_sm:
+        return eff.gemm_half_dim
+    per_sm = gpu.peak_flops_per_s(precision) / gpu.num_sms
+    return eff.gemm_half_dim * per_sm / eff.gemm_reference_flops_per_sm
+
+
 def matmul_efficiency(gpu: Gpu, precision: str, op: Op, eff: KernelEfficiency) -> float:
     base = gpu.achievable_matmul_fraction(precision)
     if eff.gemm_half_dim > 0 and op.kind == "matmul":
         d = min(op.m, op.n, op.k)
-        base *= d / (d + eff.gemm_half_dim)
+        base *= d / (d + gemm_half_dim(gpu, precision, eff))
     return base
 
 

@@ -81,6 +81,7 @@ class Gpu:
     price_usd_per_hour: float | None = None
     vendor: str = "nvidia"
     architecture: str = ""  # volta | ampere | hopper | blackwell | cdna2 | cdna3 (kernel families)
+    num_sms: int | None = None  # streaming multiprocessors / compute units per package
     aliases: tuple[str, ...] = ()
     source: str = ""
     notes: str = ""
