@@ -189,7 +189,7 @@ def _layer_cost(plan: Plan, net: Network, lops: LayerOps, eff: KernelEfficiency,
 
     ep_f = ep_b = 0.0
     if s.ep > 1 and lops.ep_a2a_bytes:
-        one = net.dim_collective_time_s("all_to_all", s, "ep", lops.ep_a2a_bytes * s.ep) + eff.collective_overhead_s
+        one = net.dim_collective_time_s("all_to_all", s, "ep", lops.ep_a2a_bytes) + eff.collective_overhead_s
         ep_f = lops.ep_a2a_per_pass * one
         ep_b = ep_f * (2 if s.recompute == "full" else 1)
 

@@ -126,8 +126,8 @@ def activation_bytes_per_layer(model: Model, strategy: Strategy, *, moe: bool = 
         f = spec.expert_ffn_hidden_size
         mlp_tokens = spec.top_k  # per token: top_k expert copies
         shared = spec.num_shared_experts
+        # each routed copy (and each shared expert) keeps its input and its MLP internals
         ffn = BYTES_ACT * (mlp_tokens + shared) * (_mlp_saved(model.ffn_type, f) + h)
-        ffn += BYTES_ACT * h * spec.top_k * tp  # permuted tokens kept for the combine
     else:
         ffn = BYTES_ACT * _mlp_saved(model.ffn_type, model.ffn_hidden_size)
     sharded += ffn
