@@ -23,6 +23,7 @@ setup-test: $(TSTAMP)
 run: setup
 	$(VENV)/bin/planner simulate --model gpt3-175b --gpu a100-80gb --num-gpus 1024 \
 	    --strategy tp=8,pp=16,vp=3,mbs=1,gbs=1536,sp=1,recompute=selective
+	$(VENV)/bin/planner recommend --model gpt3-175b --gpu a100-80gb --num-gpus 1024 --gbs 1536
 
 test: setup-test
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider

@@ -1,0 +1,297 @@
+"""``planner recommend``: the best parallel strategies for a model on a cluster (docs/recommend.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+from sim.errors import InputError
+from sim.specs import RECOMPUTES, SCHEDULES, TRAIN_PRECISIONS
+
+DEFAULT_TOKENS_PER_BATCH = 1 << 22  # ~4M tokens per step when --gbs is not given (Llama 2/3 scale)
+GIB = 2**30
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from planner.inputs import add_cluster_args, add_model_args
+
+    p = sub.add_parser("recommend", help="search the parallel-strategy space and recommend the best plans")
+    add_model_args(p)
+    add_cluster_args(p)
+    g = p.add_argument_group("batch and objective")
+    g.add_argument("--gbs", type=int, default=None, help="global batch in sequences (default: ~4M tokens per step)")
+    g.add_argument("--batch-tokens", type=float, default=None, help="global batch in tokens (instead of --gbs)")
+    g.add_argument("--tokens", type=float, default=None, help="training token budget (time and cost to train)")
+    g.add_argument("--objective", default="throughput", choices=("throughput", "time", "cost"))
+    g.add_argument("--min-gpus", type=int, default=None,
+                   help="also consider using fewer GPUs (halvings of --num-gpus down to this)")
+    s = p.add_argument_group("search space (comma-separated values restrict a dimension)")
+    for dim in ("tp", "pp", "cp", "ep", "vp", "mbs"):
+        s.add_argument(f"--{dim}", default=None, help=f"allowed {dim} values, e.g. 1,2,4,8")
+    s.add_argument("--zero", default=None, help="allowed ZeRO stages (0-3; 3 = FSDP)")
+    s.add_argument("--sp", default=None, help="sequence parallelism: 0, 1 or 0,1")
+    s.add_argument("--recompute", default=None, help="|".join(RECOMPUTES))
+    s.add_argument("--schedule", default=None, help="|".join(SCHEDULES))
+    s.add_argument("--precision", default=None, help="|".join(TRAIN_PRECISIONS) + " (default: bf16 and fp8 where the GPU has it)")
+    s.add_argument("--max-tp", type=int, default=64)
+    s.add_argument("--max-cp", type=int, default=16)
+    s.add_argument("--max-vp", type=int, default=8)
+    s.add_argument("--max-mbs", type=int, default=16)
+    o = p.add_argument_group("output")
+    o.add_argument("--top", type=int, default=5, help="plans to show (default 5)")
+    o.add_argument("--rerank", type=int, default=None, help="plans re-ranked by the event engine (default --top; 0 = off)")
+    o.add_argument("--rerank-budget", type=float, default=3.0,
+                   help="seconds of event-engine simulation for re-ranking (default 3)")
+    o.add_argument("--workers", type=int, default=None,
+                   help="processes for the search (default: all cores on clusters of 4096+ GPUs, else 1)")
+    o.add_argument("--tie-tolerance", type=float, default=1e-3,
+                   help="relative objective difference treated as a tie; the simpler plan wins (default 0.001)")
+    o.add_argument("--framework", default=None, help="framework profile (catalogs/frameworks.yaml); default: default")
+    o.add_argument("--attention", default=None, help="attention kernel (sim.plan.ATTENTION_IMPLS)")
+    o.add_argument("--export", default=None,
+                   help="write the best plan as megatron, torchtitan, deepspeed, torchrun, slurm, k8s (comma list or all)")
+    o.add_argument("--out", default=None, help="directory for --export (default: print the files)")
+    o.add_argument("--no-suggest", action="store_true", help="when nothing fits, do not search for what would")
+    o.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_recommend)
+
+
+def _int_list(name: str, text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    out = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            v = int(part, 10)
+        except ValueError:
+            raise InputError(name, part, "must be a comma-separated list of integers") from None
+        if v < 0 or v > 1 << 22:
+            raise InputError(name, v, "out of range")
+        out.append(v)
+    if not out:
+        raise InputError(name, text, "needs at least one value")
+    return tuple(dict.fromkeys(out))
+
+
+def _str_list(name: str, text: str | None, choices: tuple[str, ...]) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    out = [t.strip().lower() for t in str(text).split(",") if t.strip()]
+    for v in out:
+        if v not in choices:
+            raise InputError(name, v, f"must be one of {', '.join(choices)}")
+    if not out:
+        raise InputError(name, text, "needs at least one value")
+    return tuple(dict.fromkeys(out))
+
+
+def space_from_args(args: argparse.Namespace):
+    from planner.search import SearchSpace
+
+    kw: dict[str, object] = {}
+    for dim in ("tp", "pp", "cp", "ep", "vp", "mbs"):
+        v = _int_list(dim, getattr(args, dim))
+        if v is not None:
+            if any(x < 1 for x in v):
+                raise InputError(dim, min(v), "must be >= 1")
+            kw[dim] = v
+    z = _int_list("zero", args.zero)
+    if z is not None:
+        kw["zero"] = z
+    sp = _int_list("sp", args.sp)
+    if sp is not None:
+        if any(x not in (0, 1) for x in sp):
+            raise InputError("sp", args.sp, "must be 0, 1 or 0,1")
+        kw["sp"] = tuple(bool(x) for x in sp)
+    for name, choices in (("recompute", RECOMPUTES), ("schedule", SCHEDULES), ("precision", TRAIN_PRECISIONS)):
+        v = _str_list(name, getattr(args, name), choices)
+        if v is not None:
+            kw[name] = v
+    for name in ("max_tp", "max_cp", "max_vp", "max_mbs"):
+        v = getattr(args, name)
+        if v < 1 or v > 1 << 16:
+            raise InputError(name.replace("_", "-"), v, "must be in [1, 65536]")
+        kw[name] = v
+    return SearchSpace(**kw)  # type: ignore[arg-type]
+
+
+def settings_from_args(args: argparse.Namespace):
+    from planner.recommend import Settings
+
+    return Settings.from_framework(args.framework, attention=args.attention)
+
+
+def gbs_from_args(args: argparse.Namespace, seq_len: int) -> tuple[int, str | None]:
+    if args.gbs is not None and args.batch_tokens is not None:
+        raise InputError("gbs", args.gbs, "give --gbs or --batch-tokens, not both")
+    if args.gbs is not None:
+        if args.gbs < 1 or args.gbs > 1 << 30:
+            raise InputError("gbs", args.gbs, "must be in [1, 2^30]")
+        return args.gbs, None
+    tokens = args.batch_tokens if args.batch_tokens is not None else DEFAULT_TOKENS_PER_BATCH
+    if not math.isfinite(tokens) or tokens < seq_len or tokens > 1 << 40:
+        raise InputError("batch-tokens", tokens, f"must be at least one sequence ({seq_len} tokens)")
+    gbs = max(1, round(tokens / seq_len))
+    note = None if args.batch_tokens is not None else \
+        f"--gbs not given: assumed {gbs} sequences ({gbs * seq_len:,} tokens) per step"
+    return gbs, note
+
+
+def _fmt_s(t: float) -> str:
+    return f"{t:.3f} s" if t >= 1 else f"{t * 1e3:.2f} ms"
+
+
+def _short_strategy(s: str) -> str:
+    keep = []
+    for part in s.split(","):
+        k, _, v = part.partition("=")
+        if k in ("gbs", "seq"):
+            continue
+        keep.append(part)
+    return " ".join(keep)
+
+
+def print_table(out: dict) -> None:
+    lines = [f"{out['model']} on {out['num_gpus']} x {out['gpu']} ({out['nic']}, {out['topology']}), "
+             f"gbs {out['gbs']} x {out['seq_len']} tokens, objective: {out['objective']['kind']}",
+             f"searched {out['candidates_considered']:,} candidates in {out['search_time_s']:.2f} s "
+             f"({out['timings_s'].get('total_s', out['search_time_s']):.2f} s with re-ranking and explanation): "
+             f"{out['candidates_evaluated']:,} fit and were timed, {out['rejected_total']:,} rejected",
+             f"ranking: {out['ranking']['note']}", ""]
+    if out["plans"]:
+        obj = out["objective"]["kind"]
+        extra_head = {"time": "  time to train", "cost": "  cost to train"}.get(obj, "")
+        lines.append(f"{'#':>2}  {'step time':>10}  {'tokens/s':>11}  {'MFU':>6}  {'memory':>14}{extra_head}  strategy")
+        for p in out["plans"]:
+            mem = f"{p['memory_peak_bytes'] / GIB:.1f}/{p['memory_capacity_bytes'] / GIB:.0f} GiB"
+            extra = ""
+            if obj == "time" and "time_to_train_s" in p:
+                extra = f"  {p['time_to_train_s'] / 86400:>10.2f} d"
+            elif obj == "cost" and "cost_to_train_usd" in p:
+                extra = f"  ${p['cost_to_train_usd']:>12,.0f}"
+            elif obj == "cost":
+                extra = f"  ${p['usd_per_million_tokens']:.3f}/Mtok"
+            gpus = f" [{p['num_gpus']} GPUs]" if p["num_gpus"] != out["num_gpus"] else ""
+            lines.append(f"{p['rank']:>2}  {_fmt_s(p['step_time_s']):>10}  {p['tokens_per_s']:>11,.0f}  "
+                         f"{p['mfu']:>6.1%}  {mem:>14}{extra}  {_short_strategy(p['strategy'])}{gpus}")
+        lines.append("")
+        lines.append("why #1:")
+    else:
+        lines.append("no plan fits.")
+    for line in out["explanation"].get("lines", []):
+        lines.append(f"  {line}")
+    if out["suggestions"]:
+        lines.append("what would fit (each verified by re-running the search):")
+        for sgg in out["suggestions"]:
+            lines.append(f"  {sgg['what']}: {_short_strategy(sgg['best_strategy'])}, step {_fmt_s(sgg['step_time_s'])}, "
+                         f"{sgg['memory_peak_bytes'] / GIB:.1f} GiB")
+    for w in out["warnings"]:
+        lines.append(f"warning: {w}")
+    if out["plans"]:
+        lines.append(f"reproduce: {out['reproduce']}")
+        if out.get("framework"):
+            lines.append(f"   (with the {out['framework']} framework profile the plans assume)")
+    print("\n".join(lines))
+
+
+def cmd_recommend(args: argparse.Namespace) -> int:
+    from planner.exports import LaunchSpec, job_name, parse_formats, render, write
+    from planner.inputs import cluster_from_args, model_from_args, seq_len_from_args
+    from planner.recommend import ObjectiveSpec, recommend
+
+    model = model_from_args(args)
+    cluster = cluster_from_args(args)
+    seq_len = seq_len_from_args(args) or 2048
+    gbs, note = gbs_from_args(args, seq_len)
+    space = space_from_args(args)
+    settings = settings_from_args(args)
+    formats = parse_formats(args.export) if args.export is not None else []
+    if args.out is not None and not formats:
+        raise InputError("out", args.out, "needs --export FORMAT")
+    if args.tokens is not None and (not math.isfinite(args.tokens) or args.tokens <= 0 or args.tokens > 1e18):
+        raise InputError("tokens", args.tokens, "must be a positive number of tokens")
+    if args.rerank is not None and not 0 <= args.rerank <= 100:
+        raise InputError("rerank", args.rerank, "must be in [0, 100]")
+    if not (math.isfinite(args.rerank_budget) and 0 <= args.rerank_budget <= 3600):
+        raise InputError("rerank-budget", args.rerank_budget, "must be in [0, 3600] seconds")
+    if args.workers is not None and not 1 <= args.workers <= 64:
+        raise InputError("workers", args.workers, "must be in [1, 64]")
+    objective = ObjectiveSpec(kind=args.objective, tokens=args.tokens)
+    rec = recommend(model, cluster, gbs=gbs, seq_len=seq_len, space=space, objective=objective, settings=settings,
+                    top=args.top, rerank=args.rerank, rerank_budget_s=args.rerank_budget, min_gpus=args.min_gpus,
+                    tie_tolerance=args.tie_tolerance, suggest=not args.no_suggest, workers=args.workers)
+    if note:
+        rec.warnings.insert(0, note)
+    out = rec.to_dict()
+    if rec.best is not None:
+        b = rec.best
+        out["reproduce"] = (f"planner simulate --model {args.model} --gpu {args.gpu} --num-gpus {b.num_gpus}"
+                            f"{_cluster_flags(args)} --strategy {b.strategy.to_string()} --engine {b.engine}")
+
+    exports: dict[str, object] = {}
+    if formats:
+        best = rec.best
+        if best is None:
+            raise InputError("export", args.export, "no plan fits, nothing to export")
+        steps = None
+        if args.tokens:
+            steps = math.ceil(args.tokens / best.strategy.tokens_per_step)
+        spec = LaunchSpec(model=model, strategy=best.strategy, num_gpus=best.num_gpus,
+                          gpus_per_node=best.cluster.gpus_per_node, gpu=best.cluster.gpu.id,
+                          attention=settings.attention, job_name=job_name(model, best.num_gpus), steps=steps,
+                          time_limit_s=best.result.step_time_s * steps if steps else None)
+        for fmt in formats:
+            if args.out is not None:
+                paths, warns = write(fmt, spec, args.out)
+                exports[fmt] = {"files": [str(p) for p in paths], "warnings": warns}
+            else:
+                r = render(fmt, spec)
+                exports[fmt] = {"files": r.files, "warnings": r.warnings}
+        out["exports"] = exports
+
+    if args.json:
+        print(json.dumps(out, indent=2, default=_json_default))
+        return 0
+    print_table(out)
+    for fmt, info in exports.items():
+        for w in info["warnings"]:  # type: ignore[index]
+            print(f"export {fmt}: warning: {w}")
+        files = info["files"]  # type: ignore[index]
+        if isinstance(files, dict):
+            for name, text in files.items():
+                print(f"\n===== {fmt}: {name} =====\n{text}", end="")
+        else:
+            print(f"export {fmt}: wrote {', '.join(files)}")
+    return 0
+
+
+def _cluster_flags(args: argparse.Namespace) -> str:
+    """The cluster flags the user gave, for the `planner simulate` line."""
+    import shlex
+
+    out = []
+    for flag in ("gpus_per_node", "nvlink_domain", "nic", "nics_per_node", "seq_len"):
+        v = getattr(args, flag, None)
+        if v is not None:
+            out.append(f"--{flag.replace('_', '-')} {shlex.quote(str(v))}")
+    if getattr(args, "topology", "fat-tree") != "fat-tree":
+        out.append(f"--topology {shlex.quote(str(args.topology))}")
+    if getattr(args, "oversubscription", 1.0) != 1.0:
+        out.append(f"--oversubscription {args.oversubscription}")
+    if getattr(args, "tree_levels", 2) != 2:
+        out.append(f"--tree-levels {args.tree_levels}")
+    return "".join(" " + f for f in out)
+
+
+def _json_default(o: object) -> object:
+    import numpy as np
+
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")

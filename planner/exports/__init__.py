@@ -1,0 +1,118 @@
+"""Write a recommended plan in the formats people launch training with.
+
+``render(fmt, spec)`` returns the files (name -> text) and warnings for one format;
+``write(fmt, spec, out_dir)`` writes them.  Formats:
+
+* ``megatron``: ``megatron_args.sh``, a bash array of Megatron-LM ``pretrain_gpt.py`` arguments;
+* ``torchtitan``: ``torchtitan.toml``, a torchtitan job config;
+* ``deepspeed``: ``ds_config.json`` plus ``deepspeed_launch.sh`` (Megatron-DeepSpeed arguments);
+* ``torchrun``: ``launch_torchrun.sh``, one node's ``torchrun`` command (Megatron-LM);
+* ``slurm``: ``train.sbatch``, an ``sbatch`` script that runs torchrun on every node;
+* ``k8s``: ``pytorchjob.yaml``, a Kubeflow ``PyTorchJob`` (``kubeflow.org/v1``).
+
+Each tool's real option names are used.  Where a tool cannot express part of the plan (a
+schedule it lacks, ZeRO-1 in FSDP-only torchtitan, an uneven layer split) the closest setting
+is written and a warning says what differs.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sim.errors import InputError
+from sim.specs import Model, Strategy
+
+FORMATS: tuple[str, ...] = ("megatron", "torchtitan", "deepspeed", "torchrun", "slurm", "k8s")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LaunchSpec:
+    """Everything an export needs: the plan and where it runs."""
+
+    model: Model
+    strategy: Strategy
+    num_gpus: int
+    gpus_per_node: int
+    gpu: str = ""
+    attention: str = "flash"
+    job_name: str = "train"
+    steps: int | None = None  # optimizer steps to run (from a token budget), None = unknown
+    time_limit_s: float | None = None  # expected wall time (Slurm --time), None = unset
+    image: str = "nvcr.io/nvidia/pytorch:24.09-py3"
+    megatron_path: str = "/opt/Megatron-LM"
+
+    @property
+    def num_nodes(self) -> int:
+        return max(1, self.num_gpus // self.gpus_per_node)
+
+    @property
+    def procs_per_node(self) -> int:
+        return min(self.gpus_per_node, self.num_gpus)
+
+
+@dataclass(slots=True)
+class Rendered:
+    files: dict[str, str]
+    warnings: list[str] = field(default_factory=list)
+
+
+def job_name(model: Model, num_gpus: int) -> str:
+    """A DNS-1123 label (Kubernetes, Slurm-friendly) from the model name and GPU count."""
+    base = re.sub(r"[^a-z0-9]+", "-", model.name.lower()).strip("-") or "model"
+    return f"{base[:40].strip('-')}-{num_gpus}gpu"
+
+
+def render(fmt: str, spec: LaunchSpec) -> Rendered:
+    if fmt == "megatron":
+        from planner.exports.megatron import render_megatron
+
+        return render_megatron(spec)
+    if fmt == "torchtitan":
+        from planner.exports.torchtitan import render_torchtitan
+
+        return render_torchtitan(spec)
+    if fmt == "deepspeed":
+        from planner.exports.deepspeed import render_deepspeed
+
+        return render_deepspeed(spec)
+    if fmt in ("torchrun", "slurm", "k8s"):
+        from planner.exports import launchers
+
+        return {"torchrun": launchers.render_torchrun, "slurm": launchers.render_slurm,
+                "k8s": launchers.render_k8s}[fmt](spec)
+    raise InputError("export", fmt, f"unknown format; known: {', '.join(FORMATS)}")
+
+
+def parse_formats(text: str) -> list[str]:
+    """``megatron,slurm`` or ``all`` -> list of formats (InputError on unknown names)."""
+    names = [t.strip().lower() for t in str(text).split(",") if t.strip()]
+    if not names:
+        raise InputError("export", text, f"needs a format: {', '.join(FORMATS)} or all")
+    if names == ["all"]:
+        return list(FORMATS)
+    for n in names:
+        if n not in FORMATS:
+            raise InputError("export", n, f"unknown format; known: {', '.join(FORMATS)}, all")
+    return list(dict.fromkeys(names))
+
+
+def write(fmt: str, spec: LaunchSpec, out_dir: str | Path) -> tuple[list[Path], list[str]]:
+    """Write ``fmt``'s files into ``out_dir`` (created); returns (paths, warnings)."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise InputError("out", str(out_dir), "exists and is not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError("out", str(out_dir), f"cannot create directory: {exc.strerror}") from None
+    rendered = render(fmt, spec)
+    paths = []
+    for name, text in rendered.files.items():
+        p = out / name
+        p.write_text(text, encoding="utf-8")
+        if name.endswith(".sh") or name.endswith(".sbatch"):
+            p.chmod(0o755)
+        paths.append(p)
+    return paths, rendered.warnings

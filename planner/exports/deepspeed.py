@@ -1,0 +1,97 @@
+"""A DeepSpeed config (``ds_config.json``) and a Megatron-DeepSpeed launch script.
+
+DeepSpeed's batch identity is ``train_batch_size = train_micro_batch_size_per_gpu *
+gradient_accumulation_steps * data-parallel size`` (DeepSpeed config docs, "Batch size related
+parameters"); ``zero_optimization.stage`` is the ZeRO stage; ``bf16.enabled``/``fp16.enabled``
+the precision; ``tensor_parallel.autotp_size`` the tensor-parallel degree (AutoTP training).
+Pipeline, context (Ulysses) and expert degrees are set by the training script, so
+``deepspeed_launch.sh`` passes them as Megatron-DeepSpeed arguments
+(``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size`` or
+``--no-pipeline-parallel``, ``--ds-sequence-parallel-size``, ``--expert-model-parallel-size``,
+``--zero-stage``, ``--deepspeed_config``).
+"""
+
+from __future__ import annotations
+
+import json
+
+from planner.exports import LaunchSpec, Rendered
+from planner.exports.megatron import format_array, header
+
+
+def deepspeed_config(spec: LaunchSpec) -> tuple[dict[str, object], list[str]]:
+    s = spec.strategy
+    warn: list[str] = []
+    cfg: dict[str, object] = {
+        "train_batch_size": s.gbs,
+        "train_micro_batch_size_per_gpu": s.mbs,
+        "gradient_accumulation_steps": s.num_microbatches,
+        "gradient_clipping": 1.0,
+        "steps_per_print": 10,
+        "zero_optimization": {
+            "stage": s.zero,
+            "overlap_comm": bool(s.dp_overlap),
+            "contiguous_gradients": True,
+            "reduce_scatter": True,
+        },
+        "bf16": {"enabled": s.precision in ("bf16", "fp8")},
+        "fp16": {"enabled": s.precision == "fp16"},
+        "activation_checkpointing": {
+            "partition_activations": bool(s.recompute != "none" and s.tp > 1),
+            "contiguous_memory_optimization": False,
+            "cpu_checkpointing": False,
+        },
+        "tensor_parallel": {"autotp_size": s.tp},
+        "wall_clock_breakdown": False,
+    }
+    if s.zero == 3:
+        cfg["zero_optimization"].update({"stage3_prefetch_bucket_size": "auto",  # type: ignore[union-attr]
+                                         "stage3_param_persistence_threshold": "auto"})
+    if s.pp > 1 and s.zero >= 2:
+        warn.append(f"DeepSpeed's pipeline engine supports ZeRO stage 0-1 only; zero={s.zero} with pp={s.pp} "
+                    "needs Megatron-style pipelining")
+    if s.precision == "fp8":
+        warn.append("DeepSpeed has no fp8 switch in its config: bf16 is enabled; use Transformer Engine layers for fp8")
+    if s.recompute == "selective":
+        warn.append("DeepSpeed activation checkpointing is per layer (full); selective recomputation is set by "
+                    "the model code (Megatron-DeepSpeed --recompute-granularity selective)")
+    if s.cp > 1:
+        warn.append(f"cp={s.cp} is ring attention in the plan; DeepSpeed's sequence parallelism (Ulysses) "
+                    "splits heads instead and needs heads divisible by the degree")
+    if s.schedule in ("gpipe", "zero-bubble") or s.vp > 1:
+        warn.append(f"DeepSpeed pipeline runs 1F1B without interleaving: schedule={s.schedule}, vp={s.vp} "
+                    "is not expressible (slower than the plan's prediction)")
+    return cfg, warn
+
+
+def launch_args(spec: LaunchSpec) -> list[str]:
+    s, m = spec.strategy, spec.model
+    a = ["--deepspeed", "--deepspeed_config", "ds_config.json", "--zero-stage", str(s.zero),
+         "--tensor-model-parallel-size", str(s.tp)]
+    a += ["--pipeline-model-parallel-size", str(s.pp)] if s.pp > 1 else ["--no-pipeline-parallel"]
+    if s.cp > 1:
+        a += ["--ds-sequence-parallel-size", str(s.cp)]
+    if m.moe is not None:
+        a += ["--num-experts", str(m.moe.num_experts), "--expert-model-parallel-size", str(s.ep)]
+    if s.sp:
+        a += ["--sequence-parallel"]
+    a += ["--micro-batch-size", str(s.mbs), "--global-batch-size", str(s.gbs),
+          "--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden_size),
+          "--ffn-hidden-size", str(m.ffn_hidden_size), "--num-attention-heads", str(m.num_attention_heads),
+          "--seq-length", str(s.seq_len), "--max-position-embeddings", str(max(s.seq_len, m.max_seq_len or 0))]
+    if s.recompute != "none":
+        a += ["--deepspeed-activation-checkpointing", "--recompute-granularity", s.recompute]
+    a += ["--fp16"] if s.precision == "fp16" else ["--bf16"]
+    return a
+
+
+def render_deepspeed(spec: LaunchSpec) -> Rendered:
+    cfg, warn = deepspeed_config(spec)
+    script = ("#!/usr/bin/env bash\n" + header(spec, "Megatron-DeepSpeed launch") + "set -euo pipefail\n"
+              "MEGATRON_DEEPSPEED=${MEGATRON_DEEPSPEED:-/opt/Megatron-DeepSpeed}\n"
+              + format_array("DS_ARGS", launch_args(spec)) + "\n"
+              f"deepspeed --num_nodes {spec.num_nodes} --num_gpus {spec.procs_per_node} "
+              "${HOSTFILE:+--hostfile \"$HOSTFILE\"} "
+              "\"$MEGATRON_DEEPSPEED/pretrain_gpt.py\" \"${DS_ARGS[@]}\" \"$@\"\n")
+    return Rendered(files={"ds_config.json": json.dumps(cfg, indent=2) + "\n", "deepspeed_launch.sh": script},
+                    warnings=warn)

@@ -1,0 +1,176 @@
+"""Megatron-LM ``pretrain_gpt.py`` arguments (names from ``megatron/training/arguments.py``).
+
+Mapping of the plan:
+
+* degrees: ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
+  ``--context-parallel-size``, ``--expert-model-parallel-size``; interleaving:
+  ``--num-layers-per-virtual-pipeline-stage L/(pp*vp)``; ``--sequence-parallel``;
+* batch: ``--micro-batch-size``, ``--global-batch-size`` (Megatron derives data parallelism
+  and the number of micro-batches from them and the world size);
+* ZeRO: 1 -> ``--use-distributed-optimizer`` (shards optimizer states; gradients are
+  reduce-scattered into the shard); 2/3 -> Megatron-FSDP ``--use-megatron-fsdp
+  --data-parallel-sharding-strategy optim_grads`` / ``optim_grads_params``;
+* recomputation: ``--recompute-granularity selective`` or ``full`` with
+  ``--recompute-method uniform --recompute-num-layers 1``;
+* precision: ``--bf16``, ``--fp16``, fp8 as ``--bf16 --fp8-format hybrid`` (Transformer Engine);
+* overlap: ``--overlap-grad-reduce``/``--overlap-param-gather`` (data parallel),
+  ``--tp-comm-overlap``.
+
+Megatron-LM has no GPipe or zero-bubble schedule in ``pretrain_gpt.py``: those plans are
+written with its 1F1B (interleaved when ``vp > 1``) schedule and a warning.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from planner.exports import LaunchSpec, Rendered
+
+
+def megatron_args(spec: LaunchSpec) -> tuple[list[str], list[str]]:
+    """(argument tokens, warnings)."""
+    m, s = spec.model, spec.strategy
+    warn: list[str] = []
+    a: list[str] = []
+
+    def opt(flag: str, value: object | None = None) -> None:
+        a.append(flag)
+        if value is not None:
+            a.append(str(value))
+
+    # Architecture.
+    opt("--num-layers", m.num_layers)
+    opt("--hidden-size", m.hidden_size)
+    opt("--ffn-hidden-size", m.ffn_hidden_size)
+    opt("--num-attention-heads", m.num_attention_heads)
+    if m.is_mla:
+        opt("--multi-latent-attention")
+        if m.q_lora_rank is not None:
+            opt("--q-lora-rank", m.q_lora_rank)
+        opt("--kv-lora-rank", m.kv_lora_rank)
+        opt("--qk-head-dim", m.dim_per_head)
+        opt("--qk-pos-emb-head-dim", m.qk_rope_head_dim)
+        opt("--v-head-dim", m.v_dim_per_head)
+    else:
+        if m.kv_heads != m.num_attention_heads:
+            opt("--group-query-attention")
+            opt("--num-query-groups", m.kv_heads)
+        if m.head_dim is not None and m.head_dim * m.num_attention_heads != m.hidden_size:
+            opt("--kv-channels", m.head_dim)
+    opt("--seq-length", s.seq_len)
+    opt("--max-position-embeddings", max(s.seq_len, m.max_seq_len or 0))
+    if m.ffn_type == "swiglu":  # Llama-style block
+        opt("--swiglu")
+        opt("--normalization", "RMSNorm")
+        opt("--position-embedding-type", "rope")
+        opt("--disable-bias-linear")
+    if not m.tied_embeddings:
+        opt("--untie-embeddings-and-output-weights")
+    if m.moe is not None:
+        e = m.moe
+        opt("--num-experts", e.num_experts)
+        opt("--moe-router-topk", e.top_k)
+        opt("--moe-ffn-hidden-size", e.expert_ffn_hidden_size)
+        if e.num_shared_experts:
+            opt("--moe-shared-expert-intermediate-size", e.num_shared_experts * e.expert_ffn_hidden_size)
+        if e.first_k_dense_layers or e.layer_frequency > 1:
+            pattern = "[" + ",".join("1" if m.is_moe_layer(i) else "0" for i in range(m.num_layers)) + "]"
+            opt("--moe-layer-freq", pattern)
+        opt("--moe-grouped-gemm")
+    opt("--tokenizer-type", "NullTokenizer")
+    opt("--vocab-size", m.vocab_size)
+    opt("--mock-data")  # replace with --data-path and your tokenizer
+
+    # Parallelism.
+    opt("--tensor-model-parallel-size", s.tp)
+    opt("--pipeline-model-parallel-size", s.pp)
+    if s.pp > 1 and m.num_layers % s.pp:
+        warn.append(f"num_layers={m.num_layers} is not divisible by pp={s.pp}: set "
+             "--decoder-first-pipeline-num-layers/--decoder-last-pipeline-num-layers to match the plan's split")
+    if s.vp > 1:
+        if m.num_layers % (s.pp * s.vp) == 0:
+            opt("--num-layers-per-virtual-pipeline-stage", m.num_layers // (s.pp * s.vp))
+        else:
+            opt("--num-virtual-stages-per-pipeline-rank", s.vp)
+            warn.append(f"pp*vp={s.pp * s.vp} does not divide num_layers={m.num_layers}: uneven virtual stages need "
+                 "--pipeline-model-parallel-layout in Megatron-LM")
+    if s.schedule in ("gpipe", "zero-bubble"):
+        warn.append(f"Megatron-LM pretrain_gpt.py has no {s.schedule} schedule: written with its "
+             f"{'interleaved ' if s.vp > 1 else ''}1F1B schedule (slower than the plan's prediction)")
+    if s.sp:
+        opt("--sequence-parallel")
+    if s.cp > 1:
+        opt("--context-parallel-size", s.cp)
+    if m.moe is not None:
+        opt("--expert-model-parallel-size", s.ep)
+        if s.ep > 1:
+            opt("--moe-token-dispatcher-type", "alltoall")
+    if s.tp_overlap:
+        opt("--tp-comm-overlap")
+
+    # Batch.
+    opt("--micro-batch-size", s.mbs)
+    opt("--global-batch-size", s.gbs)
+    if spec.steps is not None:
+        opt("--train-iters", spec.steps)
+
+    # Memory.
+    if s.recompute == "selective":
+        opt("--recompute-granularity", "selective")
+    elif s.recompute == "full":
+        opt("--recompute-granularity", "full")
+        opt("--recompute-method", "uniform")
+        opt("--recompute-num-layers", 1)
+    if s.zero >= 1:
+        opt("--use-distributed-optimizer")
+    if s.zero >= 2:
+        opt("--use-megatron-fsdp")
+        opt("--data-parallel-sharding-strategy", "optim_grads" if s.zero == 2 else "optim_grads_params")
+        opt("--no-gradient-accumulation-fusion")
+        opt("--ckpt-format", "fsdp_dtensor")
+    if s.dp_overlap:
+        opt("--overlap-grad-reduce")
+        if s.zero >= 1:
+            opt("--overlap-param-gather")
+
+    # Precision and kernels.
+    if s.precision == "fp16":
+        opt("--fp16")
+    else:
+        opt("--bf16")
+    if s.precision == "fp8":
+        opt("--fp8-format", "hybrid")
+    opt("--attention-backend", "flash" if spec.attention == "flash" else "unfused")
+    return a, warn
+
+
+def format_array(name: str, tokens: list[str], indent: str = "  ") -> str:
+    """A bash array with one option (and its value) per line."""
+    lines = [f"{name}=("]
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+            lines.append(f"{indent}{tok} {shlex.quote(tokens[i + 1])}")
+            i += 2
+        else:
+            lines.append(f"{indent}{tok}")
+            i += 1
+    lines.append(")")
+    return "\n".join(lines)
+
+
+def header(spec: LaunchSpec, what: str) -> str:
+    s = spec.strategy
+    return (f"# {what} for {spec.model.name} on {spec.num_gpus} x {spec.gpu or 'GPU'} "
+            f"({spec.num_nodes} nodes x {spec.procs_per_node}), written by `planner recommend`.\n"
+            f"# strategy: {s.to_string()}\n"
+            f"# data parallel {s.dp}, {s.num_microbatches} micro-batches of {s.mbs} per step\n")
+
+
+def render_megatron(spec: LaunchSpec) -> Rendered:
+    tokens, warn = megatron_args(spec)
+    text = ("#!/usr/bin/env bash\n" + header(spec, "Megatron-LM pretrain_gpt.py arguments")
+            + "# Use: source megatron_args.sh; torchrun ... pretrain_gpt.py \"${MEGATRON_ARGS[@]}\"\n"
+            + format_array("MEGATRON_ARGS", tokens) + "\n")
+    return Rendered(files={"megatron_args.sh": text}, warnings=warn)

@@ -1,0 +1,121 @@
+"""A torchtitan job config (TOML; sections and keys of ``torchtitan/config/job_config.py``).
+
+* ``[parallelism]``: ``data_parallel_replicate_degree`` / ``data_parallel_shard_degree`` carry
+  the data-parallel degree: ZeRO-0 is plain replication (DDP), ZeRO-3 is FSDP
+  (``shard = dp``), ZeRO-1/2 become FSDP with ``fsdp_reshard_after_forward = "never"``
+  (parameters stay gathered between forward and backward, ZeRO-2's memory and traffic;
+  torchtitan has no optimizer-only sharding, so a ZeRO-1 plan gets a warning);
+  ``tensor_parallel_degree``, ``context_parallel_degree``, ``expert_parallel_degree``,
+  ``pipeline_parallel_degree``, ``pipeline_parallel_schedule`` (``torch.distributed.pipelining``
+  names: ``1F1B``, ``GPipe``, ``Interleaved1F1B``, ``InterleavedZeroBubble``,
+  ``ZBVZeroBubble``), ``pipeline_parallel_microbatch_size``,
+  ``pipeline_parallel_layers_per_stage``;
+* ``[training]``: ``local_batch_size`` is the batch of one data-parallel rank per optimizer step
+  with pipelining (split into micro-batches of ``pipeline_parallel_microbatch_size``) and the
+  micro-batch without it (torchtitan then accumulates ``global / (local * dp)`` steps);
+  ``global_batch_size``, ``seq_len``;
+* ``[activation_checkpoint] mode``: ``none``, ``selective`` (``selective_ac_option = "op"``) or
+  ``full``; fp8 enables the ``float8`` model converter.
+"""
+
+from __future__ import annotations
+
+from planner.exports import LaunchSpec, Rendered
+
+SCHEDULES = {("1f1b", False): "1F1B", ("gpipe", False): "GPipe", ("interleaved", True): "Interleaved1F1B",
+             ("zero-bubble", True): "InterleavedZeroBubble", ("zero-bubble", False): "ZBVZeroBubble"}
+
+
+def _toml_value(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    text = str(v).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{text}"'
+
+
+def dumps(sections: dict[str, dict[str, object]], comment: str = "") -> str:
+    lines = [f"# {c}" for c in comment.splitlines()] if comment else []
+    for name, table in sections.items():
+        lines.append("")
+        lines.append(f"[{name}]")
+        for k, v in table.items():
+            lines.append(f"{k} = {_toml_value(v)}")
+    return "\n".join(lines) + "\n"
+
+
+def torchtitan_config(spec: LaunchSpec) -> tuple[dict[str, dict[str, object]], list[str]]:
+    m, s = spec.model, spec.strategy
+    warn: list[str] = []
+    if s.zero == 0:
+        replicate, shard, reshard = s.dp, 1, "default"
+    elif s.zero in (1, 2):
+        replicate, shard, reshard = 1, s.dp, "never"
+        if s.zero == 1 and s.dp > 1:
+            warn.append("torchtitan has no ZeRO-1 (optimizer-only sharding): written as FSDP without resharding "
+                        "after forward (ZeRO-2), which uses less memory and the same traffic")
+    else:
+        replicate, shard, reshard = 1, s.dp, "default"
+    interleaved = s.vp > 1
+    schedule = SCHEDULES.get((s.schedule, interleaved), "Interleaved1F1B" if interleaved else "1F1B")
+    parallel: dict[str, object] = {
+        "data_parallel_replicate_degree": replicate,
+        "data_parallel_shard_degree": shard,
+        "fsdp_reshard_after_forward": reshard,
+        "tensor_parallel_degree": s.tp,
+        "enable_async_tensor_parallel": bool(s.tp_overlap),
+        "context_parallel_degree": s.cp,
+        "expert_parallel_degree": s.ep,
+        "pipeline_parallel_degree": s.pp,
+    }
+    if s.pp > 1:
+        parallel["pipeline_parallel_schedule"] = schedule
+        parallel["pipeline_parallel_microbatch_size"] = s.mbs
+        chunks = s.pp * (2 if schedule == "ZBVZeroBubble" else s.vp)
+        if m.num_layers % chunks == 0:
+            parallel["pipeline_parallel_layers_per_stage"] = m.num_layers // chunks
+        else:
+            warn.append(f"num_layers={m.num_layers} does not split evenly into {chunks} pipeline stages; "
+                        "torchtitan will place the remainder itself")
+        if schedule == "ZBVZeroBubble":
+            warn.append("zero-bubble without interleaving maps to torchtitan's ZBVZeroBubble (two stages per rank)")
+    if s.sp and s.tp == 1:
+        warn.append("sequence parallelism needs tp > 1")
+    local = s.gbs // s.dp if s.pp > 1 else s.mbs
+    training: dict[str, object] = {"local_batch_size": local, "global_batch_size": s.gbs, "seq_len": s.seq_len,
+                                   "mixed_precision_param": "float16" if s.precision == "fp16" else "bfloat16",
+                                   "mixed_precision_reduce": "float32"}
+    if spec.steps is not None:
+        training["steps"] = spec.steps
+    flavor = "custom"
+    name = "deepseek_v3" if m.is_mla else ("llama3" if m.ffn_type == "swiglu" and m.moe is None else
+                                           ("llama4" if m.moe is not None else "llama3"))
+    warn.append(f"[model] name/flavor are placeholders ({name}/{flavor}): register {m.name}'s architecture "
+                "as a torchtitan model flavor")
+    model: dict[str, object] = {"name": name, "flavor": flavor,
+                                "converters": ["float8"] if s.precision == "fp8" else []}
+    ac: dict[str, object] = {"mode": s.recompute}
+    if s.recompute == "selective":
+        ac["selective_ac_option"] = "op"
+    sections = {
+        "job": {"description": f"{m.name} on {spec.num_gpus} GPUs: {s.to_string()}", "dump_folder": "./outputs"},
+        "model": model,
+        "training": training,
+        "parallelism": parallel,
+        "activation_checkpoint": ac,
+    }
+    if s.precision == "fp8":
+        sections["float8"] = {"enable_fsdp_float8_all_gather": s.zero >= 1}
+    return sections, warn
+
+
+def render_torchtitan(spec: LaunchSpec) -> Rendered:
+    sections, warn = torchtitan_config(spec)
+    comment = (f"torchtitan job config for {spec.model.name} on {spec.num_gpus} GPUs, written by `planner recommend`.\n"
+               f"strategy: {spec.strategy.to_string()}\n"
+               f"run: torchrun --nnodes {spec.num_nodes} --nproc_per_node {spec.procs_per_node} "
+               "-m torchtitan.train --job.config_file torchtitan.toml")
+    return Rendered(files={"torchtitan.toml": dumps(sections, comment)}, warnings=warn)

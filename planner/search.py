@@ -1,0 +1,382 @@
+"""Enumerate the strategy space, prune it, and time every surviving candidate.
+
+The space (``SearchSpace``) is every combination of
+
+* a *layout*: ``tp, cp, pp`` (all divisors of the GPU count, within caps), ``dp`` (what is
+  left), ``ep`` (divisors of the expert count, MoE models only) and ``precision`` (bf16, plus
+  fp8 where the GPU has fp8 tensor cores);
+* micro-batch size (powers of two), sequence parallelism (with ``tp > 1``), recomputation
+  (``none|selective|full``), ZeRO stage (0-3; only 0 when there is no data parallelism to shard
+  over) and a pipeline schedule with its ``vp`` (``1f1b``, ``gpipe``, ``zero-bubble`` with any
+  ``vp``, ``interleaved`` with ``vp >= 2``; just ``1f1b`` without pipelining).
+
+Pruning happens in this order, and every rejected combination is counted under the reason
+``sim.plan.check_feasible`` gives (``heads``, ``indivisible``, ``layers``, ``experts``,
+``unsupported``, ...), ``batch`` (the global batch is not divisible by ``mbs * dp``) or ``oom``
+(``sim.memory.memory_breakdown`` exceeds the GPU's memory).  A layout that fails a check
+rejects all its combinations at once under that reason (so a combination that would fail two
+checks is counted once, under the layout's).  Survivors are timed with
+``planner.fastmodel.FastModel``, which equals ``sim.analytic.simulate_analytic``; a layout
+where nothing fits in memory is never timed.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import os
+import time
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+from sim.collectives import Network
+from sim.compute import KernelEfficiency
+from sim.errors import InfeasibleError, InputError
+from sim.placement import group_shape
+from sim.plan import check_feasible
+from sim.specs import RECOMPUTES, SCHEDULES, TRAIN_PRECISIONS, Cluster, Model, Strategy
+
+from planner.fastmodel import FastModel, Grid, Layout
+
+REASON_BATCH = "batch"
+REASON_OOM = "oom"
+
+
+def divisors(n: int) -> list[int]:
+    """Sorted divisors of ``n``."""
+    small, large = [], []
+    for d in range(1, math.isqrt(n) + 1):
+        if n % d == 0:
+            small.append(d)
+            if d != n // d:
+                large.append(n // d)
+    return small + large[::-1]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchSpace:
+    """Which values each dimension may take.  ``None`` means "all sensible values" (see the
+    module docstring and the ``max_*`` caps); a tuple restricts the dimension to those values."""
+
+    tp: tuple[int, ...] | None = None
+    pp: tuple[int, ...] | None = None
+    cp: tuple[int, ...] | None = None
+    ep: tuple[int, ...] | None = None
+    vp: tuple[int, ...] | None = None
+    mbs: tuple[int, ...] | None = None
+    zero: tuple[int, ...] = (0, 1, 2, 3)
+    sp: tuple[bool, ...] = (False, True)
+    recompute: tuple[str, ...] = RECOMPUTES
+    schedule: tuple[str, ...] = SCHEDULES
+    precision: tuple[str, ...] | None = None
+    max_tp: int = 64
+    max_cp: int = 16
+    max_vp: int = 8
+    max_mbs: int = 16
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "cp", "ep", "vp", "mbs"):
+            values = getattr(self, name)
+            if values is None:
+                continue
+            if not values:
+                raise InputError(name, values, "needs at least one value")
+            for v in values:
+                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                    raise InputError(name, v, "must be a positive integer")
+        for name in ("max_tp", "max_cp", "max_vp", "max_mbs"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InputError(name, v, "must be a positive integer")
+        for name, choices in (("zero", (0, 1, 2, 3)), ("sp", (False, True)), ("recompute", RECOMPUTES),
+                              ("schedule", SCHEDULES)):
+            values = getattr(self, name)
+            if not values:
+                raise InputError(name, values, "needs at least one value")
+            for v in values:
+                if v not in choices or (name == "zero" and isinstance(v, bool)):
+                    raise InputError(name, v, f"must be one of {', '.join(map(str, choices))}")
+        if self.precision is not None:
+            if not self.precision:
+                raise InputError("precision", self.precision, "needs at least one value")
+            for v in self.precision:
+                if v not in TRAIN_PRECISIONS:
+                    raise InputError("precision", v, f"must be one of {', '.join(TRAIN_PRECISIONS)}")
+
+    def precisions(self, cluster: Cluster) -> tuple[str, ...]:
+        if self.precision is not None:
+            return self.precision
+        return tuple(p for p in ("bf16", "fp8") if p in cluster.gpu.dense_flops_per_s) or ("bf16",)
+
+    def replace(self, **changes: object) -> "SearchSpace":
+        from dataclasses import replace
+
+        return replace(self, **changes)
+
+
+@dataclass(slots=True)
+class Candidates:
+    """Every timed candidate that fits: parallel arrays plus the layouts/grids to decode them."""
+
+    layouts: list[Layout]
+    grids: list[Grid]
+    layout_id: np.ndarray
+    flat_index: np.ndarray
+    step_time_s: np.ndarray
+    memory_peak_bytes: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.step_time_s.size)
+
+    def strategy(self, i: int, *, gbs: int, seq_len: int, dp_overlap: bool = True) -> Strategy:
+        lid = int(self.layout_id[i])
+        s = self.grids[lid].strategy(self.layouts[lid], int(self.flat_index[i]), gbs=gbs, seq_len=seq_len)
+        return s if dp_overlap else s.with_(dp_overlap=False)
+
+
+@dataclass(slots=True)
+class SearchResult:
+    model: Model
+    cluster: Cluster
+    gbs: int
+    seq_len: int
+    candidates: Candidates
+    considered: int
+    rejected: Counter
+    search_time_s: float
+    fastmodel: FastModel
+    layouts_timed: int = 0
+    closest_oom: tuple[float, Strategy] | None = None  # smallest peak memory among plans that do not fit
+
+    @property
+    def evaluated(self) -> int:
+        return len(self.candidates)
+
+    def strategy(self, i: int) -> Strategy:
+        return self.candidates.strategy(i, gbs=self.gbs, seq_len=self.seq_len,
+                                        dp_overlap=self.fastmodel.dp_overlap)
+
+
+def _check_restrictions(model: Model, cluster: Cluster, space: SearchSpace) -> None:
+    """Restrictions that leave nothing to search are input errors, named by their flag."""
+    n = cluster.num_gpus
+    for dim in ("tp", "pp", "cp"):
+        values = getattr(space, dim)
+        if values is not None and not any(n % v == 0 for v in values):
+            raise InputError(dim, ",".join(map(str, values)), f"no value divides num_gpus={n}")
+    if space.tp is not None and tuple(space.sp) == (True,) and set(space.tp) == {1}:
+        raise InputError("sp", 1, "sequence parallelism needs tp > 1, and only tp=1 is allowed")
+    if space.pp is not None and set(space.pp) == {1} and space.vp is not None and 1 not in space.vp:
+        raise InputError("vp", ",".join(map(str, space.vp)), "interleaving needs pp > 1, and only pp=1 is allowed")
+
+
+def _layouts(model: Model, cluster: Cluster, space: SearchSpace) -> list[Layout]:
+    _check_restrictions(model, cluster, space)
+    n = cluster.num_gpus
+    out = []
+    tps = [t for t in divisors(n) if t <= space.max_tp] if space.tp is None else [t for t in space.tp if n % t == 0]
+    eps = (1,)
+    if model.moe is not None:
+        eps = tuple(space.ep) if space.ep is not None else tuple(e for e in divisors(model.moe.num_experts) if e <= n)
+    elif space.ep is not None and any(e > 1 for e in space.ep):
+        eps = tuple(space.ep)  # let check_feasible say why (no experts)
+    for precision in space.precisions(cluster):
+        for tp in tps:
+            rest = n // tp
+            cps = [c for c in divisors(rest) if c <= space.max_cp] if space.cp is None else \
+                [c for c in space.cp if rest % c == 0]
+            for cp in cps:
+                rest2 = rest // cp
+                pps = divisors(rest2) if space.pp is None else [p for p in space.pp if rest2 % p == 0]
+                for pp in pps:
+                    if space.pp is None and pp > model.num_layers:
+                        continue  # beyond the layer count: not a candidate at all
+                    dp = rest2 // pp
+                    for ep in eps:
+                        out.append(Layout(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, precision=precision))
+    return out
+
+
+def _pipes(space: SearchSpace, pp: int) -> list[tuple[int, str]]:
+    if pp == 1:
+        return [(1, "1f1b")]
+    vps = list(space.vp) if space.vp is not None else list(range(2, space.max_vp + 1))
+    vps = [v for v in vps if v > 1]
+    out: list[tuple[int, str]] = []
+    for sched in space.schedule:
+        if sched in ("1f1b", "gpipe"):
+            out.append((1, sched))
+        elif sched == "zero-bubble":
+            out += [(1, sched)] + [(v, sched) for v in vps]
+        elif sched == "interleaved":
+            out += [(v, sched) for v in vps]
+    if space.vp is not None and 1 not in space.vp:
+        out = [(v, s) for v, s in out if v > 1]
+    return out
+
+
+@dataclass(slots=True)
+class _Chunk:
+    """What evaluating some layouts produced (merged in layout order by ``search``)."""
+
+    considered: int
+    rejected: Counter
+    timed: list[tuple[int, Layout, Grid, np.ndarray, np.ndarray, np.ndarray]]  # (order, ..., flat, time, peak)
+    closest: tuple[float, Strategy] | None
+
+
+def _evaluate_layouts(fm: FastModel, space: SearchSpace, work: list[tuple[int, Layout]]) -> _Chunk:
+    model, cluster, gbs, seq_len = fm.model, fm.cluster, fm.gbs, fm.seq_len
+    rejected: Counter = Counter()
+    considered = 0
+    timed = []
+    pipe_cache: dict[tuple, str | None] = {}
+    mbs_raw = tuple(space.mbs) if space.mbs is not None else \
+        tuple(1 << k for k in range(int(math.log2(space.max_mbs)) + 1))
+    closest: tuple[float, Strategy] | None = None
+
+    for order, lay in work:
+        sps = tuple(sorted(set(space.sp))) if lay.tp > 1 else ((False,) if False in space.sp else ())
+        if not sps:
+            continue  # sp=1 only was asked for and tp=1 cannot use it: not a candidate
+        zeros = tuple(sorted(set(space.zero))) if lay.dp * lay.cp > 1 else (min(space.zero),)
+        rcs = tuple(dict.fromkeys(space.recompute))
+        pipes = _pipes(space, lay.pp)
+        if not pipes:
+            continue
+        inner = len(sps) * len(rcs) * len(zeros)
+        total = len(mbs_raw) * inner * len(pipes)
+        considered += total
+        # Layout-level feasibility (everything check_feasible tests that vp/gbs do not change).
+        try:
+            rep = fm.representative(lay)
+            check_feasible(model, cluster, rep)
+            if lay.ep > 1:
+                group_shape(rep, "ep")
+        except InfeasibleError as exc:
+            rejected[exc.reason] += total
+            continue
+        mbs_ok = []
+        for mbs in mbs_raw:
+            if gbs % (mbs * lay.dp):
+                rejected[REASON_BATCH] += inner * len(pipes)
+            else:
+                mbs_ok.append(mbs)
+        if not mbs_ok:
+            continue
+        pipe_ok = []
+        for mbs in mbs_ok:
+            m = gbs // (mbs * lay.dp)
+            row = []
+            for vp, sched in pipes:
+                key = (lay.pp, vp, sched, m)
+                if key not in pipe_cache:
+                    try:
+                        check_feasible(model, cluster, Strategy(
+                            tp=lay.tp, pp=lay.pp, dp=lay.dp, cp=lay.cp, ep=lay.ep, vp=vp, mbs=mbs, gbs=gbs,
+                            seq_len=seq_len, precision=lay.precision, schedule=sched))
+                        pipe_cache[key] = None
+                    except InfeasibleError as exc:
+                        pipe_cache[key] = exc.reason
+                reason = pipe_cache[key]
+                if reason is not None:
+                    rejected[reason] += inner
+                row.append(reason is None)
+            pipe_ok.append(tuple(row))
+        if not any(any(r) for r in pipe_ok):
+            continue
+        grid = Grid(mbs=tuple(mbs_ok), sp=sps, recompute=rcs, zero=zeros, pipes=tuple(pipes), pipe_ok=tuple(pipe_ok))
+        ev = fm.evaluate(lay, grid)
+        n_valid = int(ev.valid.sum())
+        n_fit = int(ev.fits.sum())
+        rejected[REASON_OOM] += n_valid - n_fit
+        if n_valid > n_fit:
+            over = np.where(ev.valid & ~ev.fits, ev.memory_peak_bytes, np.inf).ravel()
+            j = int(np.argmin(over))
+            if closest is None or over[j] < closest[0]:
+                closest = (float(over[j]), grid.strategy(lay, j, gbs=gbs, seq_len=seq_len))
+        if ev.step_time_s is None or n_fit == 0:
+            continue
+        flat = np.flatnonzero(ev.fits.ravel())
+        timed.append((order, lay, grid, flat.astype(np.int64), ev.step_time_s.ravel()[flat],
+                      ev.memory_peak_bytes.ravel()[flat]))
+    return _Chunk(considered=considered, rejected=rejected, timed=timed, closest=closest)
+
+
+_FORKED: tuple[FastModel, SearchSpace] | None = None  # set before forking workers
+
+
+def _work_in_child(work: list[tuple[int, Layout]]) -> _Chunk:
+    assert _FORKED is not None
+    return _evaluate_layouts(_FORKED[0], _FORKED[1], work)
+
+
+def default_workers(cluster: Cluster) -> int:
+    """Processes for a search: the network model dominates on big clusters (routing every flow
+    of 10^4 GPUs per group shape), so those use every core; small ones stay in-process."""
+    if cluster.num_gpus < 4096 or "fork" not in mp.get_all_start_methods():
+        return 1
+    return max(1, min(os.cpu_count() or 1, 8))
+
+
+def _parallel(fm: FastModel, space: SearchSpace, layouts: list[Layout], workers: int) -> list[_Chunk]:
+    """Split layouts over forked processes; layouts sharing a data-parallel group shape go to the
+    same process so each network shape is routed once."""
+    global _FORKED
+    buckets: list[list[tuple[int, Layout]]] = [[] for _ in range(workers)]
+    shapes: dict[tuple[int, int], int] = {}
+    for order, lay in enumerate(layouts):
+        shape = (lay.tp, lay.dp * lay.cp)
+        if shape not in shapes:
+            shapes[shape] = min(range(workers), key=lambda w: len(buckets[w]))
+        buckets[shapes[shape]].append((order, lay))
+    _FORKED = (fm, space)
+    try:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("fork")) as pool:
+            return list(pool.map(_work_in_child, [b for b in buckets if b]))
+    finally:
+        _FORKED = None
+
+
+def search(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: SearchSpace | None = None,
+           plan_kwargs: Mapping[str, object] | None = None, dp_overlap: bool = True,
+           net: Network | None = None, eff: KernelEfficiency | None = None,
+           workers: int | None = None) -> SearchResult:
+    """Enumerate, prune and time the strategy space (module docstring).  ``workers``: processes
+    (default ``default_workers``); results do not depend on it."""
+    t0 = time.perf_counter()
+    space = space or SearchSpace()
+    if isinstance(gbs, bool) or not isinstance(gbs, int) or gbs < 1:
+        raise InputError("gbs", gbs, "must be a positive integer")
+    fm = FastModel(model, cluster, gbs=gbs, seq_len=seq_len, plan_kwargs=plan_kwargs, dp_overlap=dp_overlap,
+                   net=net, eff=eff)
+    layouts = _layouts(model, cluster, space)
+    workers = default_workers(cluster) if workers is None else workers
+    if workers > 1 and len(layouts) > 1:
+        chunks = _parallel(fm, space, layouts, min(workers, len(layouts)))
+    else:
+        chunks = [_evaluate_layouts(fm, space, list(enumerate(layouts)))]
+
+    rejected: Counter = Counter()
+    closest: tuple[float, Strategy] | None = None
+    for ch in chunks:
+        rejected.update(ch.rejected)
+        if ch.closest is not None and (closest is None or ch.closest[0] < closest[0]):
+            closest = ch.closest
+    timed = sorted((t for ch in chunks for t in ch.timed), key=lambda t: t[0])
+
+    def cat(parts: list[np.ndarray], dtype: type) -> np.ndarray:
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+
+    cands = Candidates(layouts=[t[1] for t in timed], grids=[t[2] for t in timed],
+                       layout_id=cat([np.full(t[3].size, i, dtype=np.int32) for i, t in enumerate(timed)], np.int32),
+                       flat_index=cat([t[3] for t in timed], np.int64), step_time_s=cat([t[4] for t in timed], float),
+                       memory_peak_bytes=cat([t[5] for t in timed], float))
+    return SearchResult(model=model, cluster=cluster, gbs=gbs, seq_len=seq_len, candidates=cands,
+                        considered=sum(ch.considered for ch in chunks), rejected=rejected,
+                        search_time_s=time.perf_counter() - t0, fastmodel=fm, layouts_timed=len(timed),
+                        closest_oom=closest)

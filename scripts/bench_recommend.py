@@ -1,0 +1,115 @@
+"""Benchmark `planner recommend`: candidates per second and wall time of the search.
+
+Targets (issue 5): GPT-3 175B on 1024 A100 with a full space of 10^4+ candidates in about 2 s or
+less on a 2-core machine; 16k-GPU clusters under 10 s.  Also measures the fast model against
+``simulate_analytic`` per plan.
+
+    .venv/bin/python scripts/bench_recommend.py [--quick] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import time
+
+import numpy as np
+
+from planner.recommend import recommend
+from planner.search import SearchSpace, search
+from sim.analytic import simulate_analytic
+from sim.catalog import get_gpu, get_model, get_nic
+from sim.specs import Cluster
+
+CASES = [
+    # name, model, gpu, num_gpus, gbs, seq_len
+    ("gpt3-175b / 1024 A100-80GB / gbs 1536", "gpt3-175b", "a100-80gb", 1024, 1536, 2048),
+    ("gpt3-175b / 16384 A100-80GB / gbs 16384", "gpt3-175b", "a100-80gb", 16384, 16384, 2048),
+    ("llama3.1-405b / 16384 H100 / gbs 2048 x 8192", "llama3.1-405b", "h100-80gb", 16384, 2048, 8192),
+    ("mixtral-8x7b / 512 H100 / gbs 1024 x 4096", "mixtral-8x7b", "h100-80gb", 512, 1024, 4096),
+]
+
+
+def cluster(gpu: str, n: int) -> Cluster:
+    g = get_gpu(gpu)
+    return Cluster(gpu=g, num_gpus=n, nic=get_nic(g.default_nic), gpus_per_node=g.gpus_per_node,
+                   nvlink_domain=max(g.nvlink_domain_size, g.gpus_per_node), nics_per_node=g.nics_per_node)
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and its finished children (the search may fork workers)."""
+    ch = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + ch.ru_utime + ch.ru_stime
+
+
+def bench_case(name: str, model_id: str, gpu: str, n: int, gbs: int, seq: int) -> dict[str, object]:
+    model, cl = get_model(model_id), cluster(gpu, n)
+    serial_wall = time.perf_counter()
+    serial_cpu = _cpu_s()
+    r = search(model, cl, gbs=gbs, seq_len=seq, workers=1)
+    serial_wall, serial_cpu = time.perf_counter() - serial_wall, _cpu_s() - serial_cpu
+    t0 = time.perf_counter()
+    rec = recommend(model, cl, gbs=gbs, seq_len=seq, space=SearchSpace())
+    wall = time.perf_counter() - t0
+    best = rec.best
+    return {
+        "search_serial_wall_s": serial_wall, "search_serial_cpu_s": serial_cpu, "serial_evaluated": r.evaluated,
+        "case": name, "candidates_considered": rec.considered, "candidates_evaluated": rec.evaluated,
+        "search_s": rec.timings_s.get("search_s"), "rerank_s": rec.timings_s.get("rerank_s"),
+        "explain_s": rec.timings_s.get("explain_s"), "total_s": wall,
+        "evaluated_per_s": rec.evaluated / rec.timings_s["search_s"] if rec.timings_s.get("search_s") else None,
+        "ranking": rec.ranking_engine,
+        "best": best.strategy.to_string() if best else None,
+        "best_step_time_s": best.result.step_time_s if best else None,
+        "best_mfu": best.result.mfu if best else None,
+    }
+
+
+def bench_per_plan(samples: int = 200) -> dict[str, object]:
+    """Seconds per plan: simulate_analytic vs the fast model (amortised over a search)."""
+    model, cl = get_model("gpt3-175b"), cluster("a100-80gb", 1024)
+    r = search(model, cl, gbs=1536, seq_len=2048)
+    rng = np.random.default_rng(0)
+    idx = rng.choice(r.evaluated, size=min(samples, r.evaluated), replace=False)
+    plans = [r.fastmodel.plan(r.strategy(int(i))) for i in idx]
+    t0 = time.perf_counter()
+    worst = 0.0
+    for i, p in zip(idx, plans):
+        res = simulate_analytic(p, net=r.fastmodel.net)
+        worst = max(worst, abs(r.candidates.step_time_s[i] / res.step_time_s - 1))
+    exact = (time.perf_counter() - t0) / len(plans)
+    return {"simulate_analytic_s_per_plan": exact, "fast_s_per_plan": r.search_time_s / max(1, r.considered),
+            "fast_s_per_timed_plan": r.search_time_s / max(1, r.evaluated), "worst_relative_difference": worst,
+            "sampled": len(plans)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="only the 1024-GPU case")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    cases = CASES[:1] if args.quick else CASES
+    out = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+           "cases": [bench_case(*c) for c in cases], "per_plan": bench_per_plan()}
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return
+    print(f"machine: {out['machine']['cpus']} CPUs, Python {out['machine']['python']}, "
+          f"load average {os.getloadavg()[0]:.1f} (wall times grow with other work; CPU times do not)")
+    for c in out["cases"]:
+        print(f"{c['case']}: {c['candidates_considered']:,} candidates, {c['candidates_evaluated']:,} timed; "
+              f"search {c['search_s']:.2f} s, total {c['total_s']:.2f} s (rerank {c['rerank_s']:.2f} s, "
+              f"explain {c['explain_s']:.2f} s, ranking: {c['ranking']})")
+        print(f"    one process: search {c['search_serial_wall_s']:.2f} s wall, {c['search_serial_cpu_s']:.2f} s CPU")
+        print(f"    best: {c['best']}  step {c['best_step_time_s']:.3f} s  MFU {c['best_mfu']:.1%}")
+    pp = out["per_plan"]
+    print(f"per plan: simulate_analytic {pp['simulate_analytic_s_per_plan'] * 1e3:.2f} ms, fast model "
+          f"{pp['fast_s_per_plan'] * 1e6:.1f} us per candidate ({pp['fast_s_per_timed_plan'] * 1e6:.1f} us per timed "
+          f"plan); worst relative difference {pp['worst_relative_difference']:.1e} over {pp['sampled']} plans")
+
+
+if __name__ == "__main__":
+    main()

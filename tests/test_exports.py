@@ -1,0 +1,195 @@
+"""Every export parses (JSON, TOML, YAML, ``bash -n``) and round-trips the plan's degrees,
+batch sizes and ZeRO stage."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tomllib
+
+import pytest
+import yaml
+
+from planner.exports import FORMATS, LaunchSpec, parse_formats, render, write
+from sim.catalog import get_model
+from sim.errors import InputError
+from sim.plan import parse_strategy
+
+BASH = shutil.which("bash")
+
+# (model, num_gpus, strategy): dense pipeline + interleaving, FSDP, CP + GQA, MoE + EP, fp8, ZeRO-1.
+PLANS = [
+    ("gpt3-175b", 1024, "tp=8,pp=16,vp=3,mbs=1,gbs=1536,sp=1,recompute=selective,zero=1"),
+    ("llama3-70b", 64, "tp=8,pp=1,cp=2,mbs=1,gbs=64,seq=8192,zero=3,sp=1,recompute=full"),
+    ("llama3-8b", 16, "tp=1,pp=1,mbs=2,gbs=64,zero=0,recompute=none"),
+    ("mixtral-8x7b", 64, "tp=2,pp=2,ep=4,mbs=1,gbs=256,zero=2,sp=1,recompute=selective,precision=fp8"),
+    ("gpt3-175b", 256, "tp=4,pp=8,mbs=1,gbs=512,zero=1,recompute=full,schedule=zero-bubble"),
+    ("llama3-70b", 128, "tp=8,pp=4,vp=5,mbs=1,gbs=256,zero=0,sp=1,recompute=none,precision=fp16,schedule=interleaved"),
+]
+
+
+def _spec(model_id: str, n: int, text: str) -> LaunchSpec:
+    model = get_model(model_id)
+    s = parse_strategy(text, num_gpus=n)
+    return LaunchSpec(model=model, strategy=s, num_gpus=n, gpus_per_node=min(8, n), gpu="h100-80gb",
+                      job_name="test-job", steps=1000, time_limit_s=3600.0)
+
+
+def _bash_array(script: str, name: str, tmp_path) -> list[str]:
+    """Source a script's array definition (not its commands) and print the array."""
+    lines = script.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith(f"{name}=("))
+    end = next(i for i in range(start, len(lines)) if lines[i] == ")")
+    f = tmp_path / "array.sh"
+    f.write_text("\n".join(lines[start:end + 1]) + "\n")
+    out = subprocess.run([BASH, "-c", f'source "{f}"; printf "%s\\n" "${{{name}[@]}}"'], check=True,
+                         capture_output=True, text=True).stdout
+    return out.splitlines()
+
+
+def _options(tokens: list[str]) -> dict[str, str | bool]:
+    out: dict[str, str | bool] = {}
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        assert tok.startswith("--"), tok
+        if i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+            out[tok] = tokens[i + 1]
+            i += 2
+        else:
+            out[tok] = True
+            i += 1
+    return out
+
+
+def _bash_n(text: str, tmp_path) -> None:
+    f = tmp_path / "script.sh"
+    f.write_text(text)
+    r = subprocess.run([BASH, "-n", str(f)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def _check_megatron(opts: dict, spec: LaunchSpec) -> None:
+    s, m = spec.strategy, spec.model
+    assert int(opts["--tensor-model-parallel-size"]) == s.tp
+    assert int(opts["--pipeline-model-parallel-size"]) == s.pp
+    assert int(opts.get("--context-parallel-size", 1)) == s.cp
+    assert int(opts.get("--expert-model-parallel-size", 1)) == s.ep
+    assert int(opts["--micro-batch-size"]) == s.mbs
+    assert int(opts["--global-batch-size"]) == s.gbs
+    assert int(opts["--seq-length"]) == s.seq_len
+    assert bool(opts.get("--sequence-parallel", False)) == s.sp
+    vp = m.num_layers // (s.pp * int(opts["--num-layers-per-virtual-pipeline-stage"])) \
+        if "--num-layers-per-virtual-pipeline-stage" in opts else int(opts.get("--num-virtual-stages-per-pipeline-rank", 1))
+    assert vp == s.vp
+    # Megatron derives dp from the world size; the micro-batch count follows.
+    dp = spec.num_gpus // (s.tp * s.pp * s.cp)
+    assert dp == s.dp and s.gbs // (s.mbs * dp) == s.num_microbatches
+    assert opts.get("--recompute-granularity", "none") == s.recompute
+    strategy = opts.get("--data-parallel-sharding-strategy")
+    zero = {"optim": 1, "optim_grads": 2, "optim_grads_params": 3}[strategy] if strategy else \
+        (1 if "--use-distributed-optimizer" in opts else 0)
+    assert zero == s.zero
+    precision = "fp8" if "--fp8-format" in opts else ("fp16" if "--fp16" in opts else "bf16")
+    assert precision == s.precision
+
+
+@pytest.mark.skipif(BASH is None, reason="needs bash")
+@pytest.mark.parametrize("model_id,n,text", PLANS)
+def test_every_format_parses_and_round_trips(model_id, n, text, tmp_path):
+    spec = _spec(model_id, n, text)
+    s = spec.strategy
+
+    meg = render("megatron", spec).files["megatron_args.sh"]
+    _bash_n(meg, tmp_path)
+    _check_megatron(_options(_bash_array(meg, "MEGATRON_ARGS", tmp_path)), spec)
+
+    for fmt, name in (("torchrun", "launch_torchrun.sh"), ("slurm", "train.sbatch")):
+        text_ = render(fmt, spec).files[name]
+        _bash_n(text_, tmp_path)
+        _check_megatron(_options(_bash_array(text_, "MEGATRON_ARGS", tmp_path)), spec)
+    run = render("torchrun", spec).files["launch_torchrun.sh"]
+    assert f"NNODES=${{NNODES:-{spec.num_nodes}}}" in run and "exec torchrun" in run
+    sb = render("slurm", spec).files["train.sbatch"]
+    sbatch = dict(line[len("#SBATCH "):].split("=", 1) for line in sb.splitlines() if line.startswith("#SBATCH --")
+                  and "=" in line)
+    assert int(sbatch["--nodes"]) * int(sbatch["--gpus-per-node"]) == spec.num_gpus
+    assert sbatch["--ntasks-per-node"] == "1" and sbatch["--time"] == "0-01:06:00"
+    assert "srun" in sb and "torchrun" in sb
+
+    tt = tomllib.loads(render("torchtitan", spec).files["torchtitan.toml"])
+    par, tr = tt["parallelism"], tt["training"]
+    dp = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
+    assert (dp, par["tensor_parallel_degree"], par["pipeline_parallel_degree"], par["context_parallel_degree"],
+            par["expert_parallel_degree"]) == (s.dp, s.tp, s.pp, s.cp, s.ep)
+    assert dp * s.tp * s.pp * s.cp == spec.num_gpus
+    assert tr["global_batch_size"] == s.gbs and tr["seq_len"] == s.seq_len
+    if s.pp > 1:
+        assert par["pipeline_parallel_microbatch_size"] == s.mbs
+        assert tr["local_batch_size"] // par["pipeline_parallel_microbatch_size"] == s.num_microbatches
+    else:  # gradient accumulation: global / (local * dp) steps
+        assert tr["local_batch_size"] == s.mbs
+        assert tr["global_batch_size"] // (tr["local_batch_size"] * dp) == s.num_microbatches
+    if par["data_parallel_shard_degree"] == 1:
+        zero = 0
+    else:
+        zero = 2 if par["fsdp_reshard_after_forward"] == "never" else 3
+    assert zero == (2 if s.zero == 1 and s.dp > 1 else s.zero if s.dp > 1 else 0)
+    assert tt["activation_checkpoint"]["mode"] == s.recompute
+    assert ("float8" in tt["model"]["converters"]) == (s.precision == "fp8")
+
+    ds = render("deepspeed", spec)
+    cfg = json.loads(ds.files["ds_config.json"])
+    assert cfg["train_batch_size"] == s.gbs
+    assert cfg["train_micro_batch_size_per_gpu"] == s.mbs
+    assert cfg["gradient_accumulation_steps"] == s.num_microbatches
+    assert cfg["train_batch_size"] == cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * s.dp
+    assert cfg["zero_optimization"]["stage"] == s.zero
+    assert cfg["tensor_parallel"]["autotp_size"] == s.tp
+    assert cfg["bf16"]["enabled"] == (s.precision != "fp16") and cfg["fp16"]["enabled"] == (s.precision == "fp16")
+    launch = ds.files["deepspeed_launch.sh"]
+    _bash_n(launch, tmp_path)
+    args = _options(_bash_array(launch, "DS_ARGS", tmp_path))
+    assert int(args["--tensor-model-parallel-size"]) == s.tp and int(args["--zero-stage"]) == s.zero
+    assert int(args.get("--pipeline-model-parallel-size", 1)) == s.pp
+    assert ("--no-pipeline-parallel" in args) == (s.pp == 1)
+
+    job = yaml.safe_load(render("k8s", spec).files["pytorchjob.yaml"])
+    assert job["apiVersion"] == "kubeflow.org/v1" and job["kind"] == "PyTorchJob"
+    reps = job["spec"]["pytorchReplicaSpecs"]
+    assert sum(r["replicas"] for r in reps.values()) == spec.num_nodes
+    assert reps["Master"]["replicas"] == 1
+    c = reps["Master"]["template"]["spec"]["containers"][0]
+    assert c["name"] == "pytorch"
+    assert c["resources"]["limits"]["nvidia.com/gpu"] * spec.num_nodes == spec.num_gpus
+    assert int(job["spec"]["nprocPerNode"]) == spec.procs_per_node
+    cmd = c["command"]
+    assert cmd[0] == "torchrun" and cmd[cmd.index("--nnodes") + 1] == str(spec.num_nodes)
+    script_at = next(i for i, t in enumerate(cmd) if t.endswith("pretrain_gpt.py"))
+    _check_megatron(_options(cmd[script_at + 1:]), spec)
+
+
+def test_unsupported_settings_warn_instead_of_lying():
+    spec = _spec("gpt3-175b", 256, "tp=4,pp=8,mbs=1,gbs=512,zero=1,recompute=full,schedule=zero-bubble")
+    assert any("zero-bubble" in w for w in render("megatron", spec).warnings)
+    assert any("ZeRO-1" in w for w in render("torchtitan", spec).warnings)
+    uneven = _spec("llama3-70b", 128, "tp=8,pp=4,vp=3,mbs=1,gbs=256,schedule=interleaved")  # 80 layers / 12
+    assert any("uneven" in w for w in render("megatron", uneven).warnings)
+
+
+def test_write_creates_files_and_rejects_bad_input(tmp_path):
+    spec = _spec("llama3-8b", 16, "tp=1,pp=1,mbs=2,gbs=64")
+    for fmt in FORMATS:
+        paths, _ = write(fmt, spec, tmp_path / "out")
+        assert paths and all(p.exists() and p.stat().st_size > 0 for p in paths)
+    assert parse_formats("all") == list(FORMATS)
+    assert parse_formats("slurm, k8s") == ["slurm", "k8s"]
+    with pytest.raises(InputError, match="export"):
+        parse_formats("helm")
+    with pytest.raises(InputError, match="export"):
+        render("helm", spec)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(InputError, match="out"):
+        write("slurm", spec, blocker)

@@ -1,0 +1,125 @@
+"""The fast vectorised model equals ``simulate_analytic`` / ``memory_breakdown``, and the search's
+pruning keeps exactly the plans that are feasible and fit (two implementations checking each
+other)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from planner.recommend import Settings
+from planner.search import SearchSpace, divisors, search
+from sim.analytic import simulate_analytic
+from sim.catalog import get_gpu, get_model, get_nic
+from sim.errors import InputError
+from sim.memory import memory_breakdown
+from sim.plan import Plan
+from sim.specs import Cluster, Strategy
+
+REL = 1e-9  # the fast path sums n identical layers as n*x: ~1e-15 apart
+
+
+def cluster(gpu: str, n: int, *, gpn: int = 8, domain: int | None = None) -> Cluster:
+    g = get_gpu(gpu)
+    return Cluster(gpu=g, num_gpus=n, nic=get_nic(g.default_nic), gpus_per_node=gpn,
+                   nvlink_domain=domain or gpn, nics_per_node=g.nics_per_node)
+
+
+def _frameworks() -> list[str | None]:
+    try:
+        from sim.framework import list_frameworks
+    except ImportError:
+        return [None]
+    ids = [f.id for f in list_frameworks()]
+    return [None] + [f for f in ("torchtitan", "megatron-lm-2021") if f in ids]
+
+
+CASES = [
+    # model, gpu, num_gpus, gbs, seq_len, space
+    ("gpt3-175b", "a100-80gb", 64, 64, 2048, SearchSpace()),
+    ("llama3-8b", "h100-80gb", 32, 64, 8192, SearchSpace(max_mbs=4)),
+    ("mixtral-8x7b", "h100-80gb", 64, 128, 4096, SearchSpace(max_mbs=4, max_vp=4)),
+    ("deepseek-v3", "h200-141gb", 128, 256, 4096, SearchSpace(tp=(1, 2, 8), cp=(1,), ep=(4, 8, 32), mbs=(1, 2),
+                                                               max_vp=2)),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("framework", _frameworks())
+def test_fast_model_equals_simulate_analytic(case, framework):
+    model_id, gpu, n, gbs, seq, space = case
+    model, cl = get_model(model_id), cluster(gpu, n)
+    st = Settings.from_framework(framework)
+    r = search(model, cl, gbs=gbs, seq_len=seq, space=space, plan_kwargs=st.kwargs, dp_overlap=st.dp_overlap)
+    assert r.evaluated > 100
+    rng = np.random.default_rng(hash((model_id, framework)) % 2**32)
+    best = int(np.argmin(r.candidates.step_time_s))
+    sample = {best, *rng.choice(r.evaluated, size=min(25, r.evaluated), replace=False).tolist()}
+    for i in sample:
+        s = r.strategy(int(i))
+        res = simulate_analytic(r.fastmodel.plan(s), net=r.fastmodel.net)
+        assert r.candidates.step_time_s[i] == pytest.approx(res.step_time_s, rel=REL), s.to_string()
+        assert r.candidates.memory_peak_bytes[i] == pytest.approx(res.memory_peak_bytes, rel=REL), s.to_string()
+        assert res.fits_memory
+
+
+def _brute_force(model, cl, gbs, seq, space: SearchSpace) -> tuple[set[str], int]:
+    """Every combination of the space, checked the slow way: Strategy + Plan + memory_breakdown."""
+    n = cl.num_gpus
+    fits, total = set(), 0
+    mbs_all = [1 << k for k in range(space.max_mbs.bit_length()) if 1 << k <= space.max_mbs]
+    for tp in [t for t in divisors(n) if t <= space.max_tp]:
+        for cp in [c for c in divisors(n // tp) if c <= space.max_cp]:
+            for pp in [p for p in divisors(n // (tp * cp)) if p <= model.num_layers]:
+                dp = n // (tp * cp * pp)
+                pipes = [(1, "1f1b")] if pp == 1 else \
+                    [(1, "1f1b"), (1, "gpipe"), (1, "zero-bubble")] + \
+                    [(v, sch) for v in range(2, space.max_vp + 1) for sch in ("interleaved", "zero-bubble")]
+                for mbs in mbs_all:
+                    for vp, sched in pipes:
+                        for sp in ((False, True) if tp > 1 else (False,)):
+                            for rc in space.recompute:
+                                for z in (space.zero if dp * cp > 1 else (0,)):
+                                    total += 1
+                                    try:
+                                        s = Strategy(tp=tp, cp=cp, pp=pp, dp=dp, vp=vp, mbs=mbs, gbs=gbs, seq_len=seq,
+                                                     zero=z, sp=sp, recompute=rc, schedule=sched)
+                                        Plan(model=model, cluster=cl, strategy=s)
+                                    except InputError:
+                                        continue
+                                    if memory_breakdown(model, cl, s).fits:
+                                        fits.add(s.to_string())
+    return fits, total
+
+
+def test_pruning_keeps_exactly_the_feasible_plans_that_fit():
+    model, cl = get_model("gpt-7.5b"), cluster("a100-40gb", 16)
+    space = SearchSpace(max_tp=8, max_cp=2, max_mbs=2, max_vp=2, zero=(0, 3), recompute=("none", "full"),
+                        precision=("bf16",))
+    r = search(model, cl, gbs=24, seq_len=2048, space=space)
+    found = {r.strategy(i).to_string() for i in range(r.evaluated)}
+    expected, total = _brute_force(model, cl, 24, 2048, space)
+    assert r.considered == total
+    assert r.evaluated + sum(r.rejected.values()) == r.considered
+    assert r.rejected["oom"] > 0 and r.rejected["batch"] > 0
+    assert len(found) > 50
+    assert found == expected
+
+
+def test_restricted_space_only_yields_allowed_values():
+    model, cl = get_model("llama3-8b"), cluster("h100-80gb", 32)
+    space = SearchSpace(tp=(2, 4), pp=(1, 2), cp=(1,), mbs=(1,), zero=(1,), recompute=("selective",),
+                        schedule=("1f1b",), precision=("bf16",))
+    r = search(model, cl, gbs=64, seq_len=4096, space=space)
+    assert r.evaluated > 0
+    for i in range(r.evaluated):
+        s = r.strategy(i)
+        assert s.tp in (2, 4) and s.pp in (1, 2) and s.cp == 1 and s.mbs == 1
+        assert s.zero == 1 and s.recompute == "selective" and s.schedule == "1f1b" and s.vp == 1
+
+
+def test_space_validates_its_values():
+    for bad in ({"tp": (0,)}, {"zero": (4,)}, {"recompute": ("some",)}, {"schedule": ("dualpipe",)},
+                {"precision": ("fp4",)}, {"max_mbs": 0}, {"mbs": ()}):
+        with pytest.raises(InputError):
+            SearchSpace(**bad)
