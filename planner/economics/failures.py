@@ -1,0 +1,142 @@
+"""Failure rates per component (``catalogs/failures.yaml``) and a cluster's MTBF.
+
+Each component's rate is its published interruption count divided by the exposure of the
+observation (units x seconds), i.e. a constant-rate (exponential) model per unit:
+``lambda_c = count_c / (units_c * T_obs)``.  A cluster with ``n_c`` units of each kind fails
+as a Poisson process of rate ``Lambda = sum_c n_c * lambda_c``, so ``MTBF = 1 / Lambda``
+(whole cluster, any interruption).  Units come from the same fabric the simulator uses
+(``sim.topology.topology_metrics``: NICs and scale-out cables; a single node has none).
+
+Known error: the only per-category public log is Llama 3's (16,384 H100, 54 days); rates
+differ by GPU generation, operator, burn-in and software maturity (the paper itself notes
+infant-mortality effects).  Treat MTBF as +-2x.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from sim.errors import InputError
+from sim.specs import Cluster
+from sim.topology import topology_metrics
+
+from planner.economics.records import Rec, load_document, load_records
+
+FILE = "failures.yaml"
+UNITS = ("gpu", "node", "nic", "cable")
+SECONDS_PER_DAY = 86400.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ComponentRate:
+    id: str
+    per: str  # gpu | node | nic | cable
+    needs_node: bool  # the failed node must be swapped out before the job restarts
+    rate_per_s: float  # per unit
+    count: int  # published interruptions behind the rate
+    source: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FailureModel:
+    components: tuple[ComponentRate, ...]
+    restart_s: float
+    repair_s: float
+    spare_fraction: float
+    observation: str
+
+    def component(self, cid: str) -> ComponentRate:
+        for c in self.components:
+            if c.id == cid:
+                return c
+        raise InputError("component", cid, f"unknown; known: {', '.join(c.id for c in self.components)}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ClusterRates:
+    """Failure rates of one cluster, per second (whole cluster unless named per node)."""
+
+    units: dict[str, int]
+    by_component: dict[str, float]
+    needs_node: dict[str, bool]
+
+    @property
+    def total_per_s(self) -> float:
+        return sum(self.by_component.values())
+
+    @property
+    def mtbf_s(self) -> float:
+        return 1.0 / self.total_per_s if self.total_per_s > 0 else float("inf")
+
+    @property
+    def failures_per_day(self) -> float:
+        return self.total_per_s * SECONDS_PER_DAY
+
+    @property
+    def node_loss_fraction(self) -> float:
+        """Share of failures that take a node out (needs a spare or a repair)."""
+        tot = self.total_per_s
+        return sum(r for c, r in self.by_component.items() if self.needs_node[c]) / tot if tot else 0.0
+
+
+@functools.cache
+def _load(_stamp: object) -> FailureModel:
+    doc = load_document(FILE)
+    obs = doc.get("observation")
+    if not isinstance(obs, dict):
+        raise InputError("catalog", FILE, "needs an 'observation' mapping")
+    o = Rec(obs, f"{FILE}:observation")
+    exposure = {"gpu": o.req("num_gpus", allow_zero=False), "node": o.req("num_nodes", allow_zero=False),
+                "nic": o.req("num_nics", allow_zero=False), "cable": o.req("num_cables", allow_zero=False)}
+    seconds = o.req("days", allow_zero=False) * SECONDS_PER_DAY
+    comps = []
+    for raw in load_records(FILE):
+        r = Rec(raw, f"{FILE}:{raw['id']}")
+        per = r.text("per")
+        if per not in UNITS:
+            raise r.fail("per", f"must be one of {', '.join(UNITS)}")
+        count = r.integer("count")
+        comps.append(ComponentRate(id=raw["id"], per=per, needs_node=r.flag("needs_node"),
+                                   rate_per_s=count / (exposure[per] * seconds), count=count,
+                                   source=r.text("source")))
+    rec = doc.get("recovery")
+    if not isinstance(rec, dict):
+        raise InputError("catalog", FILE, "needs a 'recovery' mapping")
+    rv = Rec(rec, f"{FILE}:recovery")
+    return FailureModel(components=tuple(comps), restart_s=rv.req("restart_s"), repair_s=rv.req("repair_s"),
+                        spare_fraction=rv.fraction("spare_fraction"), observation=o.text("source"))
+
+
+def load_failure_model() -> FailureModel:
+    """The failure model of the active catalogs folder (cached per file version)."""
+    import os
+
+    from planner.economics.records import catalog_path
+
+    try:
+        st = os.stat(catalog_path(FILE))
+        stamp: object = (str(catalog_path(FILE)), st.st_mtime_ns, st.st_size)
+    except OSError:
+        stamp = (str(catalog_path(FILE)), 0, -1)
+    return _load(stamp)
+
+
+def cluster_units(cluster: Cluster) -> dict[str, int]:
+    """How many of each failing unit ``cluster`` has (scale-out parts only with >1 node)."""
+    units = {"gpu": cluster.num_gpus, "node": cluster.num_nodes, "nic": 0, "cable": 0}
+    if cluster.num_nodes > 1:
+        m = topology_metrics(cluster)
+        units["nic"], units["cable"] = m.num_nics, m.num_cables
+    return units
+
+
+def rates_for_units(units: dict[str, int], model: FailureModel) -> ClusterRates:
+    return ClusterRates(units=dict(units),
+                        by_component={c.id: c.rate_per_s * units[c.per] for c in model.components},
+                        needs_node={c.id: c.needs_node for c in model.components})
+
+
+def cluster_rates(cluster: Cluster, model: FailureModel | None = None) -> ClusterRates:
+    """Failure rates of ``cluster`` (module docstring)."""
+    return rates_for_units(cluster_units(cluster), model or load_failure_model())
