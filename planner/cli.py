@@ -23,6 +23,11 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message.replace("\n", " "))
 
 
+def one_line(text: str) -> str:
+    """Make an error message one printable line: control and separator characters escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def _fmt_bytes(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
@@ -75,7 +80,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     cluster = cluster_from_args(args)
     strategy = parse_strategy(args.strategy, num_gpus=cluster.num_gpus, seq_len=seq_len_from_args(args))
     plan = Plan(model=model, cluster=cluster, strategy=strategy, attention=args.attention)
-    result = simulate(plan, engine=args.engine, trace_path=args.trace, calibration=args.calibration)
+    whatif = _whatif_from_args(args)
+    result = simulate(plan, engine=args.engine, trace_path=args.trace, calibration=args.calibration,
+                      whatif=whatif, explicit_ranks=args.explicit_ranks)
     out = result.to_dict()
     out.update({"model": model.name, "gpu": cluster.gpu.id, "nic": cluster.nic.id, "topology": cluster.topology})
     if args.json:
@@ -83,6 +90,17 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     else:
         print_step_summary(out, model=model.name, gpu=cluster.gpu.id, num_gpus=cluster.num_gpus)
     return 0
+
+
+def _whatif_from_args(args: argparse.Namespace) -> "object | None":
+    from sim.event.whatif import WhatIf, parse_layers_per_stage, parse_slow_link, parse_straggler
+
+    if not (args.straggler or args.slow_link or args.layers_per_stage is not None):
+        return None
+    return WhatIf(stragglers=tuple(parse_straggler(x) for x in args.straggler),
+                  slow_links=tuple(parse_slow_link(x) for x in args.slow_link),
+                  layers_per_stage=(parse_layers_per_stage(args.layers_per_stage)
+                                    if args.layers_per_stage is not None else None))
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:
@@ -112,9 +130,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(p)
     add_cluster_args(p)
     p.add_argument("--strategy", required=True, help="e.g. tp=8,pp=16,mbs=1,gbs=1536,sp=1,recompute=selective")
-    p.add_argument("--engine", choices=("analytic", "event"), default="analytic")
+    p.add_argument("--engine", choices=("analytic", "event"), default="event",
+                   help="event: discrete-event simulation (default); analytic: closed forms, fast")
     p.add_argument("--attention", choices=("flash", "unfused"), default="flash")
-    p.add_argument("--trace", default=None, help="write a Chrome trace-event JSON of the step")
+    p.add_argument("--trace", default=None, help="write a Chrome trace-event JSON of the step (event engine)")
+    w = p.add_argument_group("what-ifs (event engine)")
+    w.add_argument("--explicit-ranks", action="store_true",
+                   help="simulate every data-parallel replica instead of one rank per pipeline stage")
+    w.add_argument("--straggler", action="append", default=[], metavar="RANK:PCT",
+                   help="GPU RANK computes PCT%% slower (repeatable), e.g. 17:20")
+    w.add_argument("--slow-link", action="append", default=[], metavar="TARGET:PCT",
+                   help="links run PCT%% slower (100 = half bandwidth; repeatable); TARGET: scale-up, "
+                        "host, scale-out, gpu:N, nic:N, node:N or leaf:N, e.g. node:3:100")
+    w.add_argument("--layers-per-stage", default=None, metavar="N,N,...",
+                   help="transformer layers of each pipeline stage, e.g. 22,26,26,22")
     p.add_argument("--calibration", default=None, help="calibration profile (file or name)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_simulate)
@@ -154,10 +183,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_BAD_INPUT
         return int(args.func(args) or 0)
     except (InputError, UsageError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except (ValueError, OverflowError) as exc:  # input that slipped past the checks
-        print(f"error: invalid input: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+        print(f"error: invalid input: {type(exc).__name__}: {one_line(str(exc))}",
               file=sys.stderr)
         return EXIT_BAD_INPUT
     except BrokenPipeError:
@@ -166,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("error: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001  never a traceback for users
-        print(f"error: internal: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+        print(f"error: internal: {type(exc).__name__}: {one_line(str(exc))}",
               file=sys.stderr)
         return 1
 

@@ -143,9 +143,10 @@ def check_feasible(model: Model, cluster: Cluster, s: Strategy) -> None:
         # every model chunk needs at least one layer.
         raise InfeasibleError("layers", "vp", s.vp,
                               f"pp*vp = {s.pp * s.vp} exceeds num_layers={model.num_layers}")
-    if s.schedule == "interleaved" and s.vp > 1 and s.num_microbatches % s.pp:
+    if s.vp > 1 and s.num_microbatches % s.pp:
         raise InfeasibleError("indivisible", "gbs", s.gbs,
-                              f"interleaved schedule needs micro-batches ({s.num_microbatches}) divisible by pp={s.pp}")
+                              f"{s.schedule} schedule with vp={s.vp} needs micro-batches ({s.num_microbatches}) "
+                              f"divisible by pp={s.pp}")
     if s.ep > 1:
         if model.moe is None:
             raise InfeasibleError("experts", "ep", s.ep, f"model {model.name} has no experts")

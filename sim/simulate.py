@@ -2,21 +2,31 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sim.errors import InputError
 from sim.plan import Plan
 from sim.result import StepResult
+
+if TYPE_CHECKING:
+    from sim.event.whatif import WhatIf
 
 ENGINES: tuple[str, ...] = ("analytic", "event")
 
 
 def simulate(plan: Plan, *, engine: str = "analytic", trace_path: str | None = None,
-             calibration: str | None = None) -> StepResult:
-    """Predict one training step.  ``engine="event"`` runs the simpy discrete-event engine."""
+             calibration: str | None = None, whatif: "WhatIf | None" = None,
+             explicit_ranks: bool = False) -> StepResult:
+    """Predict one training step.  ``engine="event"`` runs the simpy discrete-event engine
+    (``sim.event``), which alone takes ``whatif`` (stragglers, slow links, uneven stages),
+    ``explicit_ranks`` (every data-parallel replica simulated) and ``trace_path``."""
     from sim.collectives import Network
     from sim.compute import default_efficiency
 
     if engine not in ENGINES:
         raise InputError("engine", engine, f"must be one of {', '.join(ENGINES)}")
+    if engine != "event" and (explicit_ranks or (whatif is not None and not whatif.empty)):
+        raise InputError("engine", engine, "what-ifs and --explicit-ranks need --engine event")
     eff = default_efficiency()
     net_kwargs: dict[str, object] = {}
     if calibration is not None:
@@ -34,7 +44,8 @@ def simulate(plan: Plan, *, engine: str = "analytic", trace_path: str | None = N
     if engine == "event":
         from sim.event.engine import simulate_event
 
-        return simulate_event(plan, net=net, eff=eff, trace_path=trace_path)
+        return simulate_event(plan, net=net, eff=eff, trace_path=trace_path, whatif=whatif,
+                              explicit_ranks=explicit_ranks)
     from sim.analytic import simulate_analytic
 
     result = simulate_analytic(plan, net=net, eff=eff)

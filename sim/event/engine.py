@@ -23,11 +23,13 @@ compute, each kind of exposed communication, optimizer, and bubble (the compute 
 from __future__ import annotations
 
 import math
+import os
 from collections import deque
 from typing import TYPE_CHECKING, Generator, NamedTuple
 
 import simpy
 
+from sim.errors import InputError
 from sim.event.resources import CollectiveStream, FairShare, Kind, LinkTable
 from sim.event.scenario import COMM_DIMS, Piece, Scenario, Unit, _bytes
 from sim.event.schedules import w_limit
@@ -59,14 +61,17 @@ class Entry(NamedTuple):
 class Engine:
     """Run one step of ``scenario`` on the links of ``table``."""
 
-    def __init__(self, scenario: Scenario, table: LinkTable) -> None:
+    def __init__(self, scenario: Scenario, table: LinkTable, *, check_links: bool = False) -> None:
         self.sc = sc = scenario
+        for sl in sc.whatif.slow_links:
+            table = table.scaled(table.select(sl.target), sl.capacity_factor)
         self.env = simpy.Environment()
-        self.net = FairShare(self.env, table)
+        self.net = FairShare(self.env, table, check=check_links)
         self.log: list[Entry] = []
         self._ready: dict[tuple, simpy.Event] = {}
         self.unit_end = [0.0] * len(sc.units)
         self._first_fwd_s = [0.0] * len(sc.units)
+        self._splits: dict[tuple[int, int], tuple[float, float, tuple, tuple]] = {}
         self._build_kinds()
         R = sc.replicas
         self.dp_stream = [CollectiveStream(self.net, R) for _ in range(sc.p)]
@@ -125,12 +130,14 @@ class Engine:
     # ------------------------------------------------------------------ processes
 
     def run(self) -> None:
-        for u in self.sc.units:
-            self.env.process(self._unit(u))
+        procs = [self.env.process(self._unit(u)) for u in self.sc.units]
         self.env.run()
+        stuck = [u.index for u, proc in zip(self.sc.units, procs) if proc.is_alive]
+        if stuck:  # pragma: no cover - an ordering bug, never a user error
+            raise RuntimeError(f"event engine: units {stuck[:8]} never finished (dependency cycle)")
 
     def _unit(self, u: Unit) -> Generator:
-        sc, env = self.sc, self.env
+        sc = self.sc
         p, i = sc.p, u.stage
         order = sc.orders[i]
         state = {"grad": None, "buffer": [], "ag": {}, "rs": None}
@@ -218,25 +225,35 @@ class Engine:
                 log.append(Entry(u.index, "pp", f"send {op} to stage {j}", "pp", t, env.now, True, op))
             self._event(key).succeed()
 
+    def _split(self, u: Unit, pc: Piece) -> tuple[float, float, tuple, tuple]:
+        """(compute, compute + folded comm, folded (dim, s), flows (dim, kind, bytes)) of a
+        piece on a unit; cached, a piece is run many times."""
+        key = (u.index, id(pc))
+        out = self._splits.get(key)
+        if out is None:
+            folded: list[tuple[str, float]] = []
+            flows: list[tuple[str, Kind, float]] = []
+            for dim, sec in zip(COMM_DIMS, pc.comm_s):
+                if sec <= 0:
+                    continue
+                ck = (u.index, dim)
+                kind = self._comm.get(ck)
+                ratio = self._fold.get(ck)
+                if kind is None:
+                    folded.append((dim, sec))
+                elif ratio is not None:
+                    folded.append((dim, sec * ratio))
+                else:
+                    flows.append((dim, kind, self.sc.comm_bytes(dim, sec)))
+            dur = pc.compute_s * u.slow
+            out = (dur, dur + sum(x for _, x in folded), tuple(folded), tuple(flows))
+            self._splits[key] = out
+        return out
+
     def _piece(self, u: Unit, op: str, pc: Piece, per_layer: bool) -> Generator:
         env, log = self.env, self.log
-        dur = pc.compute_s * u.slow
-        folded: list[tuple[str, float]] = []
-        flows: list[tuple[str, Kind, float]] = []
-        for dim, sec in zip(COMM_DIMS, pc.comm_s):
-            if sec <= 0:
-                continue
-            key = (u.index, dim)
-            kind = self._comm.get(key)
-            ratio = self._fold.get(key)
-            if kind is None:
-                folded.append((dim, sec))
-            elif ratio is not None:
-                folded.append((dim, sec * ratio))
-            else:
-                flows.append((dim, kind, self.sc.comm_bytes(dim, sec)))
+        dur, total, folded, flows = self._split(u, pc)
         t0 = env.now
-        total = dur + sum(x for _, x in folded)
         if total > 0:
             yield env.timeout(total)
         name = f"{op} {pc.name}" if per_layer else op
@@ -301,7 +318,6 @@ class Engine:
         return out
 
 
-
 def simulate_event(plan: "Plan", *, net: "Network | None" = None, eff: "KernelEfficiency | None" = None,
                    trace_path: str | None = None, whatif: "WhatIf | None" = None, explicit_ranks: bool = False,
                    costs: "StepCosts | None" = None) -> "StepResult":
@@ -320,18 +336,17 @@ def simulate_event(plan: "Plan", *, net: "Network | None" = None, eff: "KernelEf
     from sim.costs import step_costs
     from sim.event.measure import step_result
     from sim.event.trace import write_trace
-    from sim.event.whatif import WhatIf, apply_layers_per_stage
+    from sim.event.whatif import WhatIf
 
     whatif = whatif or WhatIf()
     whatif.check(plan)
+    if trace_path is not None:
+        folder = os.path.dirname(os.path.abspath(trace_path))
+        if not os.path.isdir(folder) or os.path.isdir(trace_path):
+            raise InputError("trace", trace_path, "cannot write: no such folder, or it is a folder")
     net = net or Network(plan.cluster)
     costs = costs or step_costs(plan, net, eff)
-    if whatif.layers_per_stage is not None:
-        costs = apply_layers_per_stage(costs, whatif.layers_per_stage)
-    table = LinkTable(net)
-    for sl in whatif.slow_links:
-        table = table.scaled(table.select(sl.target), sl.capacity_factor)
-    eng = Engine(Scenario(plan, costs, net, explicit=explicit_ranks, whatif=whatif), table)
+    eng = Engine(Scenario(plan, costs, net, explicit=explicit_ranks, whatif=whatif), LinkTable(net))
     eng.run()
     result = step_result(eng, extra={})
     if trace_path is not None:

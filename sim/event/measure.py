@@ -2,10 +2,14 @@
 
 The step time is the latest unit's end of step (its optimizer done and, for ZeRO-1/2, the
 parameter all-gather no longer in the way of the next forward).  The breakdown is measured on
-that *critical* unit's compute stream over ``[0, step]``: every blocking interval of the log
-by category (compute including recomputation, exposed tensor/context/expert-parallel
-collectives, pipeline sends, data-parallel waits, optimizer), and the rest, when the stream
-waited for another stage, is the bubble.  The parts therefore sum to the step time exactly.
+the log, the way one would read a profile: the passes of the *busiest* unit (the pipeline
+bottleneck: most time inside its passes, i.e. compute including recomputation and the
+tensor/context/expert-parallel collectives, sends and ZeRO-3 gathers it waited for), then the
+end of step of the *critical* unit, the one that finishes last (waiting for its gradient
+reduction, optimizer, parameter all-gather).  What is left of the step is the bubble: the
+bottleneck idle for lack of input.  The parts sum to the step time exactly.  (When the two
+units' parts would exceed the step, which needs a very lopsided pipeline, the critical unit's
+own timeline is used.)
 """
 
 from __future__ import annotations
@@ -29,26 +33,52 @@ def critical_unit(unit_end: Sequence[float]) -> int:
     return best
 
 
-def breakdown_from_log(entries: Sequence[Entry], unit: int, step_s: float) -> Breakdown:
-    """Blocking time of ``unit`` per category within ``[0, step_s]``; the rest is bubble."""
-    sums = dict.fromkeys(_CATS, 0.0)
-    recompute = 0.0
+def _sums(entries: Sequence[Entry], step_s: float) -> dict[int, tuple[dict[str, float], dict[str, float], float]]:
+    """Per unit: (blocking seconds per category inside passes, after the passes, recompute)."""
+    out: dict[int, tuple[dict[str, float], dict[str, float], float]] = {}
     for e in entries:
-        if e.unit != unit or not e.blocking:
+        if not e.blocking:
             continue
         lo, hi = max(0.0, e.start), min(step_s, e.end)
-        if hi > lo:
-            sums[e.cat] += hi - lo
-            if e.recompute_s and e.end > e.start:
-                recompute += e.recompute_s * (hi - lo) / (e.end - e.start)
-    exposed = {k: sums[k] for k in ("tp", "cp", "ep", "pp", "dp")}
+        if hi <= lo:
+            continue
+        rec = out.get(e.unit)
+        if rec is None:
+            rec = out[e.unit] = (dict.fromkeys(_CATS, 0.0), dict.fromkeys(_CATS, 0.0), 0.0)
+        (rec[0] if e.op else rec[1])[e.cat] += hi - lo
+        if e.recompute_s:
+            out[e.unit] = (rec[0], rec[1], rec[2] + e.recompute_s * (hi - lo) / (e.end - e.start))
+    return out
+
+
+def breakdown_from_log(entries: Sequence[Entry], unit_end: Sequence[float]) -> tuple[Breakdown, int, int]:
+    """``(breakdown, critical unit, busiest unit)`` of a run (module docstring)."""
+    crit = critical_unit(unit_end)
+    step = unit_end[crit]
+    sums = _sums(entries, step)
+    empty = (dict.fromkeys(_CATS, 0.0), dict.fromkeys(_CATS, 0.0), 0.0)
+    busiest = crit
+    best = -1.0
+    for u in range(len(unit_end)):
+        busy = sum(sums.get(u, empty)[0].values())
+        if busy > best * (1 + 1e-12):
+            best, busiest = busy, u
+    passes, recompute = sums.get(busiest, empty)[0], sums.get(busiest, empty)[2]
+    tail = sums.get(crit, empty)[1]
+    parts = {k: passes[k] + tail[k] for k in _CATS}
+    if sum(parts.values()) > step * (1 + 1e-9):
+        busiest = crit
+        c = sums.get(crit, empty)
+        parts = {k: c[0][k] + c[1][k] for k in _CATS}
+        recompute = c[2]
+    exposed = {k: parts[k] for k in ("tp", "cp", "ep", "pp", "dp")}
     total_exposed = sum(exposed.values())
-    busy = sums["compute"] + total_exposed + sums["optimizer"]
-    bubble = max(0.0, step_s - busy)
-    return Breakdown(compute_s=sums["compute"], exposed_comm_s=total_exposed, bubble_s=bubble,
-                     optimizer_s=sums["optimizer"], exposed_tp_s=exposed["tp"], exposed_cp_s=exposed["cp"],
-                     exposed_ep_s=exposed["ep"], exposed_pp_s=exposed["pp"], exposed_dp_s=exposed["dp"],
-                     recompute_s=recompute)
+    bubble = max(0.0, step - parts["compute"] - total_exposed - parts["optimizer"])
+    bd = Breakdown(compute_s=parts["compute"], exposed_comm_s=total_exposed, bubble_s=bubble,
+                   optimizer_s=parts["optimizer"], exposed_tp_s=exposed["tp"], exposed_cp_s=exposed["cp"],
+                   exposed_ep_s=exposed["ep"], exposed_pp_s=exposed["pp"], exposed_dp_s=exposed["dp"],
+                   recompute_s=recompute)
+    return bd, crit, busiest
 
 
 def step_result(eng: Engine, *, extra: dict[str, object]) -> StepResult:
@@ -58,9 +88,8 @@ def step_result(eng: Engine, *, extra: dict[str, object]) -> StepResult:
     sc = eng.sc
     plan = sc.plan
     model, cluster, s = plan.model, plan.cluster, plan.strategy
-    crit = critical_unit(eng.unit_end)
+    bd, crit, busiest = breakdown_from_log(eng.log, eng.unit_end)
     step = eng.unit_end[crit]
-    bd = breakdown_from_log(eng.log, crit, step)
     mf = model_flops_per_step(model, s)
     replicas = s.tp * s.dp * s.cp
     recompute_flops = sum(st.recompute_flops_per_microbatch for st in sc.costs.stages) * sc.m * replicas
@@ -73,8 +102,10 @@ def step_result(eng: Engine, *, extra: dict[str, object]) -> StepResult:
     unit = sc.units[crit]
     info = {"mode": "explicit" if sc.explicit else "symmetric", "simulated_units": len(sc.units),
             "critical_rank": unit.rep_rank, "critical_stage": unit.stage,
-            "passes": sum(1 for e in eng.log if e.cat == "compute"), "flows": eng.net.num_flows,
-            "max_link_utilisation": eng.net.max_utilisation, "stage_end_s": _stage_ends(eng),
+            "bottleneck_rank": sc.units[busiest].rep_rank, "bottleneck_stage": sc.units[busiest].stage,
+            "passes": len({(e.unit, e.op) for e in eng.log if e.cat == "compute" and e.op}),
+            "flows": eng.net.num_flows,
+            "stage_end_s": _stage_ends(eng),
             "whatif": sc.whatif.as_dict()}
     info.update(extra)
     return StepResult(

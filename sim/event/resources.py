@@ -10,18 +10,23 @@ flows cross it (a stripe counts ``1/stripes``).
 ``FairShare`` runs flows on those links inside a simpy environment.  A *kind* is a fixed set of
 sub-flows that move together: one collective of a group and of every replica it stands for
 (a ring's edges, an all-to-all's ordered pairs, a pipeline send's pairs), so a kind has one
-rate, in bytes/s per sub-flow.  Rates are max-min fair over the active kinds (progressive
-filling; Bertsekas & Gallager, *Data Networks*, 2nd ed., Sec. 6.5.2): alone, a kind runs at
-``min over its links of capacity / load``, which is exactly ``Network.group_link``'s
-equal-share bottleneck for the same groups; when kinds share a link they split it, and any
-capacity one leaves unused goes to the others.  Rates change only when a flow starts or ends
-in the *component* of kinds that share links with it; solutions are cached per component
-(a multiset of kinds), so a step with thousands of sends costs a dictionary lookup per send.
+rate, in bytes/s per sub-flow.  Alone, a kind runs at ``min over its links of capacity /
+load``: exactly ``Network.group_link``'s equal-share bottleneck for the same groups.  When
+kinds overlap in time on a link, the link is shared in proportion to demand: with ``D`` the
+sum over the active flows of their full-speed load as a fraction of the link's capacity, every
+flow on a link with ``D > 1`` keeps ``1 / D`` of its full-speed rate, and a flow runs at the
+fraction of its most overloaded link (demand-proportional scaling, a fluid flow model; it is
+neither max-min nor "proportional fairness" in the sense of Kelly 1997).  No link is ever
+loaded above capacity; with equal full-speed rates this is ``sim.network``'s equal-share
+bottleneck.  Rates are settled once per simulated instant (all flows starting or ending at one
+time together) and only for the kinds that share a link with a changed one.
 
-Known error: a collective is one fluid flow (no per-step ring pipelining; latency runs at full
-speed in front of the bytes); tree and hierarchical algorithms are given the ring's footprint
-on the links, so their contention is approximate; flows of one kind never slow each other
-unless two of the same kind overlap in time.
+Known error: proportional sharing is not work-conserving: a flow slowed on one link does not
+hand the capacity it leaves on its other links to others (max-min fairness would), so sharing
+is slightly pessimistic for flows that meet on a link that is not both their bottlenecks.  A
+collective is one fluid flow (no per-step ring pipelining; its latency runs in front of its
+bytes while it already loads the links); tree and hierarchical algorithms get the ring's
+footprint on the links, so their contention is approximate.
 """
 
 from __future__ import annotations
@@ -183,7 +188,7 @@ class Kind:
 
 
 class Flow:
-    __slots__ = ("kind", "fixed_s", "bytes", "rate", "t_last", "version", "done", "start_s")
+    __slots__ = ("kind", "fixed_s", "bytes", "rate", "t_last", "version", "done")
 
     def __init__(self, kind: Kind, fixed_s: float, nbytes: float, now: float, done: simpy.Event) -> None:
         self.kind = kind
@@ -193,7 +198,6 @@ class Flow:
         self.t_last = now
         self.version = 0
         self.done = done
-        self.start_s = now
 
     def advance(self, now: float) -> None:
         dt = now - self.t_last
@@ -210,16 +214,20 @@ class Flow:
 
 
 class FairShare:
-    """Max-min fair sharing of ``table``'s links by flows in ``env`` (module docstring)."""
+    """Flows in ``env`` sharing ``table``'s links in proportion to demand (module docstring)."""
 
-    def __init__(self, env: simpy.Environment, table: LinkTable) -> None:
+    def __init__(self, env: simpy.Environment, table: LinkTable, *, check: bool = False) -> None:
         self.env = env
         self.table = table
+        self.check = check  # track the highest shared-link utilisation (tests; costs time)
         self.kinds: list[Kind] = []
         self._by_name: dict[str, Kind] = {}
         self._active: dict[int, list[Flow]] = {}
-        self._solutions: dict[tuple, tuple[dict[int, float], float]] = {}
-        self.max_utilisation = 0.0  # highest link load / capacity of any solved sharing
+        self._factor: dict[int, float] = {}  # active kind -> fraction of its full-speed rate
+        self._dirty: set[int] = set()  # kinds whose rate must be recomputed at this instant
+        self._new: list[Flow] = []
+        self._flush_pending = False
+        self.max_utilisation = 0.0  # highest shared-link load / capacity seen (with ``check``)
         self.num_flows = 0
 
     # -- kinds ------------------------------------------------------------------------
@@ -235,42 +243,40 @@ class FairShare:
         return k
 
     def link_neighbours(self) -> None:
-        """Index which kinds share which links: every kind's ``neighbours``, and the links of
-        each distinct set of sharing kinds (the only links a solve needs, see ``_solve``)."""
-        self._cols: list[np.ndarray] = [np.zeros(0, dtype=np.int64) for _ in self.kinds]
-        self._vals: list[np.ndarray] = [np.zeros(0) for _ in self.kinds]
-        if not self.kinds:
-            return
-        link = np.concatenate([k.ids for k in self.kinds])
-        owner = np.concatenate([np.full(len(k.ids), k.index) for k in self.kinds])
-        order = np.lexsort((owner, link))
-        link, owner = link[order], owner[order]
-        starts = np.flatnonzero(np.r_[True, link[1:] != link[:-1]])
-        ends = np.r_[starts[1:], len(link)]
-        multi = np.flatnonzero(ends - starts > 1)
-        groups: dict[tuple[int, ...], list[int]] = {}
-        owners = owner.tolist()
-        links = link.tolist()
-        for j in multi.tolist():
-            a, b = int(starts[j]), int(ends[j])
-            groups.setdefault(tuple(owners[a:b]), []).append(links[a])
-        # Constraint columns: per distinct set of sharing kinds, its distinct (load / capacity)
-        # columns; kept per kind as (column ids, values) for a vectorised solve.
+        """Index the links kinds share: every kind's ``neighbours`` and, per kind, its
+        full-speed demand (fraction of capacity) on each shared link class."""
         cols: list[list[np.ndarray]] = [[] for _ in self.kinds]
         vals: list[list[np.ndarray]] = [[] for _ in self.kinds]
         ncol = 0
-        for group, id_list in groups.items():
-            ids = np.array(id_list, dtype=np.int64)
-            norm = np.stack([self.kinds[a].loads[np.searchsorted(self.kinds[a].ids, ids)] for a in group])
-            norm = np.unique(norm / self.table.cap[ids], axis=1)
-            n = norm.shape[1]
-            for j, a in enumerate(group):
-                cols[a].append(np.arange(ncol, ncol + n))
-                vals[a].append(norm[j])
-                self.kinds[a].neighbours.update(group)
-            ncol += n
+        if self.kinds:
+            link = np.concatenate([k.ids for k in self.kinds])
+            owner = np.concatenate([np.full(len(k.ids), k.index) for k in self.kinds])
+            order = np.lexsort((owner, link))
+            link, owner = link[order], owner[order]
+            starts = np.flatnonzero(np.r_[True, link[1:] != link[:-1]])
+            ends = np.r_[starts[1:], len(link)]
+            multi = np.flatnonzero(ends - starts > 1)
+            groups: dict[tuple[int, ...], list[int]] = {}
+            owners, links = owner.tolist(), link.tolist()
+            for j in multi.tolist():
+                a, b = int(starts[j]), int(ends[j])
+                groups.setdefault(tuple(owners[a:b]), []).append(links[a])
+            # One column per distinct demand pattern of a set of sharing kinds: links whose
+            # every kind puts the same fraction of capacity on them are one constraint.
+            for group, id_list in groups.items():
+                ids = np.array(id_list, dtype=np.int64)
+                dem = np.stack([self.kinds[a].loads[np.searchsorted(self.kinds[a].ids, ids)]
+                                * self.kinds[a].alone_rate for a in group])
+                dem = np.unique(dem / self.table.cap[ids], axis=1)
+                n = dem.shape[1]
+                for j, a in enumerate(group):
+                    cols[a].append(np.arange(ncol, ncol + n))
+                    vals[a].append(dem[j])
+                    self.kinds[a].neighbours.update(group)
+                ncol += n
         self._cols = [np.concatenate(c) if c else np.zeros(0, dtype=np.int64) for c in cols]
-        self._vals = [np.concatenate(v) if v else np.zeros(0) for v in vals]
+        self._dem = [np.concatenate(v) if v else np.zeros(0) for v in vals]
+        self._demand = np.zeros(ncol)  # full-speed demand of the active flows, / capacity
         for k in self.kinds:
             k.neighbours.discard(k.index)
 
@@ -287,16 +293,22 @@ class FairShare:
         done = env.event()
         self.num_flows += 1
         flow = Flow(kind, fixed_s, nbytes, env.now, done)
-        lst = self._active.get(kind.index)
+        k = kind.index
+        lst = self._active.get(k)
+        cols = self._cols[k]
+        if cols.size:
+            self._demand[cols] += self._dem[k]
         if lst is None:
-            self._active[kind.index] = [flow]
+            self._active[k] = [flow]
+            self._factor[k] = 1.0
+            if kind.neighbours.isdisjoint(self._active):  # alone on its links: full speed now
+                flow.rate = kind.alone_rate
+                self._schedule(flow)
+                return done
         else:
             lst.append(flow)
-        if lst is None and not (kind.neighbours and kind.neighbours.intersection(self._active)):
-            flow.rate = kind.alone_rate
-            self._schedule(flow)
-        else:
-            self._resolve(kind.index, new=flow)
+        self._new.append(flow)
+        self._touch(kind)
         return done
 
     def _schedule(self, flow: Flow) -> None:
@@ -308,89 +320,63 @@ class FairShare:
     def _finish(self, flow: Flow, version: int) -> None:
         if version != flow.version:
             return
-        kid = flow.kind.index
-        lst = self._active[kid]
+        kind = flow.kind
+        k = kind.index
+        lst = self._active[k]
         lst.remove(flow)
+        cols = self._cols[k]
+        if cols.size:
+            self._demand[cols] -= self._dem[k]
         if not lst:
-            del self._active[kid]
+            del self._active[k]
+            del self._factor[k]
         flow.done.succeed(flow)
-        touched = [k for k in flow.kind.neighbours if k in self._active]
-        if lst:
-            touched.append(kid)
-        if touched:
-            self._resolve(touched[0], extra=touched[1:])
+        if lst or not kind.neighbours.isdisjoint(self._active):
+            self._touch(kind)
 
-    def _component(self, seeds: list[int]) -> list[int]:
-        comp, todo = set(seeds), list(seeds)
-        active = self._active
-        while todo:
-            k = todo.pop()
-            for n in self.kinds[k].neighbours:
-                if n in active and n not in comp:
-                    comp.add(n)
-                    todo.append(n)
-        return sorted(comp)
+    def _touch(self, kind: Kind) -> None:
+        """Mark ``kind`` and its active neighbours for new rates at the end of this instant
+        (all starts and ends at one time are settled together)."""
+        if kind.index in self._active:
+            self._dirty.add(kind.index)
+        if kind.neighbours:
+            self._dirty.update(kind.neighbours.intersection(self._active))
+        if not self._flush_pending:
+            self._flush_pending = True
+            ev = self.env.event()
+            ev.callbacks.append(self._flush)
+            ev.succeed()
 
-    def _resolve(self, seed: int, *, new: Flow | None = None, extra: list[int] | None = None) -> None:
+    def _flush(self, _ev: simpy.Event) -> None:
+        self._flush_pending = False
         now = self.env.now
-        comp = self._component([seed] + (extra or []))
-        key = tuple((k, len(self._active[k])) for k in comp)
-        sol = self._solutions.get(key)
-        if sol is None:
-            sol = self._solve(key)
-            self._solutions[key] = sol
-        rates, util = sol
-        if util > self.max_utilisation:
-            self.max_utilisation = util
-        for k in comp:
-            r = rates[k]
-            for flow in self._active[k]:
-                if flow is new or flow.rate != r:
+        demand = self._demand
+        new = set(map(id, self._new))
+        for k in sorted(self._dirty):
+            flows = self._active.get(k)
+            if flows is None:
+                continue
+            n = len(flows)
+            cols = self._cols[k]
+            worst = float(demand[cols].max()) if cols.size else 0.0
+            f = min(1.0 / n, 1.0 / worst) if worst > 1.0 else 1.0 / n
+            self._factor[k] = f
+            rate = self.kinds[k].alone_rate * f
+            for flow in flows:
+                if id(flow) in new or abs(flow.rate - rate) > 1e-12 * rate:
                     flow.advance(now)
-                    flow.rate = r
+                    flow.rate = rate
                     self._schedule(flow)
-
-    def _solve(self, key: tuple) -> tuple[dict[int, float], float]:
-        """Max-min fair rates of the kinds in ``key`` (``(kind, active flows)`` pairs).
-
-        A kind's links that no other kind of the component uses only bound it by its alone
-        rate (divided by its own active count), so the solve needs the shared links only.
-        """
-        kinds = [self.kinds[k] for k, _ in key]
-        count = np.array([c for _, c in key], dtype=float)
-        bound = np.array([k.alone_rate for k in kinds]) / count
-        cols = np.concatenate([self._cols[k.index] for k in kinds])
-        vals = np.concatenate([self._vals[k.index] * c for k, c in zip(kinds, count)])
-        rows = np.repeat(np.arange(len(kinds)), [len(self._cols[k.index]) for k in kinds])
-        ucols, inv = np.unique(cols, return_inverse=True)
-        A = np.zeros((len(kinds), len(ucols)))  # load / capacity: every constraint is A @ rate <= 1
-        A[rows, inv] = vals
-        A = A[:, (A > 0).sum(axis=0) >= 2]  # a column only one kind uses is implied by its bound
-        ncol = A.shape[1]
-        cap = np.ones(ncol)
-        rate = np.zeros(len(kinds))
-        free = np.isfinite(bound)
-        rate[~free] = math.inf
-        rem = cap.copy()
-        while free.any():
-            L = A[free].sum(axis=0) if ncol else np.zeros(0)
-            pos = L > 0
-            inc = float(np.min(bound[free] - rate[free]))
-            if pos.any():
-                inc = min(inc, float(np.min(rem[pos] / L[pos])))
-            rate[free] += inc
-            rem = rem - inc * L
-            sat = pos & (rem <= _EPS * cap)
-            frozen = free & ((rate >= bound * (1 - _EPS)) | (A[:, sat] > 0).any(axis=1))
-            if not frozen.any():  # pragma: no cover - numerical safety
-                frozen = free
-            free &= ~frozen
-        finite = np.isfinite(rate)
-        util = float(np.max(rate[finite] / bound[finite])) if finite.any() else 0.0
-        if ncol:
-            used = (A[finite] * rate[finite, None]).sum(axis=0)
-            util = max(util, float(np.max(used / cap)))
-        return {k.index: float(r) for k, r in zip(kinds, rate)}, util
+        self._dirty.clear()
+        self._new.clear()
+        if self.check:
+            used = np.zeros_like(demand)
+            for k, flows in self._active.items():
+                cols = self._cols[k]
+                if cols.size:
+                    used[cols] += len(flows) * self._factor[k] * self._dem[k]
+            if used.size:
+                self.max_utilisation = max(self.max_utilisation, float(used.max()))
 
 
 class CollectiveStream:

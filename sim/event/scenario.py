@@ -30,7 +30,7 @@ from sim.collectives import Network
 from sim.costs import LayerCost, StageCost, StepCosts, default_comm_runtime
 from sim.errors import InputError
 from sim.event.schedules import Op, schedule_orders
-from sim.event.whatif import WhatIf
+from sim.event.whatif import WhatIf, apply_layers_per_stage
 from sim.plan import Plan
 
 COMM_DIMS: tuple[str, ...] = ("tp", "cp", "ep")
@@ -91,8 +91,11 @@ class Scenario:
     def __init__(self, plan: Plan, costs: StepCosts, net: Network, *, explicit: bool = False,
                  whatif: WhatIf | None = None) -> None:
         s = plan.strategy
-        self.plan, self.costs, self.net = plan, costs, net
         self.whatif = whatif or WhatIf()
+        self.whatif.check(plan)
+        if self.whatif.layers_per_stage is not None:
+            costs = apply_layers_per_stage(costs, self.whatif.layers_per_stage)
+        self.plan, self.costs, self.net = plan, costs, net
         self.p, self.m, self.v = s.pp, s.num_microbatches, s.vp
         self.zb = s.schedule == "zero-bubble"
         self.zero = s.zero

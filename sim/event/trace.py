@@ -1,7 +1,7 @@
 """The simulated step as Chrome trace-event JSON (opens in Perfetto and chrome://tracing).
 
-One process (``pid``) per simulated unit, named after its representative rank (and the ranks
-it stands for), one thread (``tid``) per stream: ``compute`` (passes, optimizer, waits),
+One process per simulated unit, ``pid`` its representative rank, named with the ranks it
+stands for (symmetric mode) or runs in lock-step with (explicit mode), one thread (``tid``) per stream: ``compute`` (passes, optimizer, waits),
 ``tp``/``cp``/``ep`` (exposed in-layer collectives), ``pp`` (pipeline sends), ``dp``
 (gradient buckets, parameter gathers) and ``dp-ag`` (ZeRO-3 all-gathers).  Complete events
 (``"ph": "X"``) in microseconds; format: the Trace Event Format document (Google, 2016).
@@ -24,10 +24,12 @@ def trace_events(eng: Engine) -> dict[str, object]:
     s = sc.plan.strategy
     events: list[dict[str, object]] = []
     used: set[tuple[int, str]] = set()
+    pid = [u.rep_rank for u in sc.units]
     for e in _entries(eng):
         used.add((e.unit, e.stream))
-        ev: dict[str, object] = {"name": e.name, "cat": e.cat, "ph": "X", "ts": e.start * 1e6,
-                                 "dur": (e.end - e.start) * 1e6, "pid": e.unit, "tid": STREAMS.index(e.stream)}
+        ev: dict[str, object] = {"name": e.name, "cat": e.cat, "ph": "X", "ts": round(e.start * 1e6, 3),
+                                 "dur": round((e.end - e.start) * 1e6, 3), "pid": pid[e.unit],
+                                 "tid": STREAMS.index(e.stream)}
         if e.op or e.recompute_s:
             ev["args"] = {"op": e.op, **({"recompute_us": e.recompute_s * 1e6} if e.recompute_s else {})}
         events.append(ev)
@@ -40,11 +42,12 @@ def trace_events(eng: Engine) -> dict[str, object]:
                      f"{int(u.ranks.min())}-{int(u.ranks.max())} in lock-step)")
         else:
             label = f"rank {u.rep_rank} (stage {u.stage}, replica {u.replica})"
-        meta.append({"name": "process_name", "ph": "M", "pid": u.index, "args": {"name": label}})
-        meta.append({"name": "process_sort_index", "ph": "M", "pid": u.index, "args": {"sort_index": u.index}})
+        meta.append({"name": "process_name", "ph": "M", "pid": u.rep_rank, "args": {"name": label}})
+        meta.append({"name": "process_sort_index", "ph": "M", "pid": u.rep_rank, "args": {"sort_index": u.index}})
         for tid, stream in enumerate(STREAMS):
             if (u.index, stream) in used or stream == "compute":
-                meta.append({"name": "thread_name", "ph": "M", "pid": u.index, "tid": tid, "args": {"name": stream}})
+                meta.append({"name": "thread_name", "ph": "M", "pid": u.rep_rank, "tid": tid,
+                             "args": {"name": stream}})
     return {"traceEvents": meta + events, "displayTimeUnit": "ms",
             "otherData": {"strategy": s.to_string(), "model": sc.plan.model.name,
                           "mode": "explicit" if sc.explicit else "symmetric"}}
