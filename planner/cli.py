@@ -79,7 +79,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     model = model_from_args(args)
     cluster = cluster_from_args(args)
     strategy = parse_strategy(args.strategy, num_gpus=cluster.num_gpus, seq_len=seq_len_from_args(args))
-    plan = Plan(model=model, cluster=cluster, strategy=strategy, attention=args.attention)
+    plan = Plan(**plan_kwargs_from_framework(args, model=model, cluster=cluster, strategy=strategy))
     whatif = _whatif_from_args(args)
     result = simulate(plan, engine=args.engine, trace_path=args.trace, calibration=args.calibration,
                       whatif=whatif, explicit_ranks=args.explicit_ranks)
@@ -90,6 +90,24 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     else:
         print_step_summary(out, model=model.name, gpu=cluster.gpu.id, num_gpus=cluster.num_gpus)
     return 0
+
+
+def plan_kwargs_from_framework(args: argparse.Namespace, **plan: object) -> dict:
+    """Plan keyword arguments with the ``--framework`` profile applied (attention kernel,
+    element-wise fusion, selective-recompute policy and, unless the strategy string sets it,
+    gradient-reduction overlap); ``--attention`` overrides the profile's kernel."""
+    from dataclasses import replace
+
+    from sim.framework import apply_framework, get_framework
+
+    fw = get_framework(args.framework or "default")
+    kw = apply_framework(dict(plan), fw)
+    strategy = kw["strategy"]
+    if "dp_overlap" not in str(args.strategy):
+        kw["strategy"] = replace(strategy, dp_overlap=fw.dp_overlap)  # type: ignore[type-var]
+    if args.attention is not None:
+        kw["attention"] = args.attention
+    return kw
 
 
 def _whatif_from_args(args: argparse.Namespace) -> "object | None":
@@ -132,7 +150,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strategy", required=True, help="e.g. tp=8,pp=16,mbs=1,gbs=1536,sp=1,recompute=selective")
     p.add_argument("--engine", choices=("analytic", "event"), default="event",
                    help="event: discrete-event simulation (default); analytic: closed forms, fast")
-    p.add_argument("--attention", choices=("flash", "unfused"), default="flash")
+    p.add_argument("--framework", default=None,
+                   help="framework profile (catalogs/frameworks.yaml: default, megatron-core, megatron-lm-2021, "
+                        "torchtitan, torchtitan-compile)")
+    p.add_argument("--attention", choices=("flash", "flash2", "unfused"), default=None,
+                   help="attention kernel (default: the framework profile's)")
     p.add_argument("--trace", default=None, help="write a Chrome trace-event JSON of the step (event engine)")
     w = p.add_argument_group("what-ifs (event engine)")
     w.add_argument("--explicit-ranks", action="store_true",

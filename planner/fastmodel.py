@@ -244,8 +244,8 @@ class FastModel:
             lc = _costs._layer_cost(plan, self.net, layer_ops(model, s, moe=moe, attention=self.attention),
                                     self.eff, 0.0)
             return _LayerTerms(fwd=lc.fwd_s, bwd=lc.bwd_s, rc=lc.recompute_s,
-                               ex_f=lc.exposed_tp_fwd_s + lc.exposed_cp_fwd_s + lc.ep_comm_fwd_s,
-                               ex_b=lc.exposed_tp_bwd_s + lc.exposed_cp_bwd_s + lc.ep_comm_bwd_s)
+                               ex_f=lc.exposed_tp_fwd_s + lc.exposed_cp_fwd_s + lc.exposed_ep_fwd_s,
+                               ex_b=lc.exposed_tp_bwd_s + lc.exposed_cp_bwd_s + lc.exposed_ep_bwd_s)
 
         emb_f, emb_b = ops_time(gpu, precision, embedding_ops(model, s), self.eff)
         head_f, head_b = ops_time(gpu, precision, head_ops(model, s), self.eff, eager=self.eager_elementwise)

@@ -69,6 +69,8 @@ class LayerCost:
     exposed_tp_bwd_s: float
     exposed_cp_fwd_s: float
     exposed_cp_bwd_s: float
+    exposed_ep_fwd_s: float
+    exposed_ep_bwd_s: float
     flops_fwd: float  # executed
     model_flops_fwd: float
     recompute_flops: float
@@ -111,7 +113,7 @@ class StageCost:
 
     @property
     def exposed_ep_s(self) -> float:
-        return sum(c.ep_comm_fwd_s + c.ep_comm_bwd_s for c in self.layer_costs)
+        return sum(c.exposed_ep_fwd_s + c.exposed_ep_bwd_s for c in self.layer_costs)
 
     @property
     def exposed_zero3_s(self) -> float:
@@ -120,12 +122,12 @@ class StageCost:
     @property
     def fwd_s(self) -> float:
         """Critical-path forward time of one micro-batch through this stage."""
-        return (self.compute_fwd_s + sum(c.exposed_tp_fwd_s + c.exposed_cp_fwd_s + c.ep_comm_fwd_s
+        return (self.compute_fwd_s + sum(c.exposed_tp_fwd_s + c.exposed_cp_fwd_s + c.exposed_ep_fwd_s
                                          for c in self.layer_costs) + self.zero3_exposed_fwd_s)
 
     @property
     def bwd_s(self) -> float:
-        return (self.compute_bwd_s + sum(c.exposed_tp_bwd_s + c.exposed_cp_bwd_s + c.ep_comm_bwd_s
+        return (self.compute_bwd_s + sum(c.exposed_tp_bwd_s + c.exposed_cp_bwd_s + c.exposed_ep_bwd_s
                                          for c in self.layer_costs) + self.zero3_exposed_bwd_s)
 
     @property
@@ -192,12 +194,16 @@ def _layer_cost(plan: Plan, net: Network, lops: LayerOps, eff: KernelEfficiency,
         one = net.dim_collective_time_s("all_to_all", s, "ep", lops.ep_a2a_bytes) + eff.collective_overhead_s
         ep_f = lops.ep_a2a_per_pass * one
         ep_b = ep_f * (2 if s.recompute == "full" else 1)
+    if s.ep_overlap:  # hidden behind another micro-batch's compute of the same layer
+        ex_ep_f, ex_ep_b = max(0.0, ep_f - fwd), max(0.0, ep_b - bwd - recompute_s)
+    else:
+        ex_ep_f, ex_ep_b = ep_f, ep_b
 
     return LayerCost(
         fwd_s=fwd, bwd_s=bwd, recompute_s=recompute_s, attention_fwd_s=attn_f, matmul_fwd_s=mm_f,
         tp_comm_fwd_s=tp_f, tp_comm_bwd_s=tp_b, cp_comm_fwd_s=cp_f, cp_comm_bwd_s=cp_b,
         ep_comm_fwd_s=ep_f, ep_comm_bwd_s=ep_b, exposed_tp_fwd_s=ex_tp_f, exposed_tp_bwd_s=ex_tp_b,
-        exposed_cp_fwd_s=ex_cp_f, exposed_cp_bwd_s=ex_cp_b,
+        exposed_cp_fwd_s=ex_cp_f, exposed_cp_bwd_s=ex_cp_b, exposed_ep_fwd_s=ex_ep_f, exposed_ep_bwd_s=ex_ep_b,
         flops_fwd=lops.flops, model_flops_fwd=lops.model_flops, recompute_flops=recompute_flops,
         params=layer_params)
 

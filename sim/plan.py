@@ -11,7 +11,7 @@ ATTENTION_IMPLS: tuple[str, ...] = ("flash", "flash2", "unfused")
 SELECTIVE_POLICIES: tuple[str, ...] = ("attention", "op")
 
 _INT_KEYS = ("tp", "pp", "dp", "cp", "ep", "vp", "mbs", "gbs", "zero", "seq_len")
-_BOOL_KEYS = ("sp", "tp_overlap", "dp_overlap")
+_BOOL_KEYS = ("sp", "tp_overlap", "dp_overlap", "ep_overlap")
 _STR_KEYS = ("recompute", "precision", "schedule")
 _ALIASES = {"seq": "seq_len", "micro_batch": "mbs", "global_batch": "gbs", "zero_stage": "zero",
             "sequence_parallel": "sp", "interleave": "vp"}

@@ -405,7 +405,8 @@ class Strategy:
     interleaved 1F1B with ``vp`` model chunks per pipeline rank.  ``seq_len`` is tokens per
     sequence.  ``tp_overlap`` hides tensor-parallel collectives behind GEMMs (async TP /
     userbuffers); ``dp_overlap`` overlaps gradient reduction with backward (default on, as in
-    DDP, Megatron and FSDP).
+    DDP, Megatron and FSDP); ``ep_overlap`` hides expert all-to-alls behind the compute of another
+    micro-batch (DeepSeek-V3's DualPipe, Megatron's --moe-a2a-overlap).
     """
 
     tp: int = 1
@@ -424,6 +425,7 @@ class Strategy:
     schedule: str = "1f1b"
     tp_overlap: bool = False
     dp_overlap: bool = True
+    ep_overlap: bool = False
 
     def __post_init__(self) -> None:
         for n in ("tp", "pp", "dp", "cp", "ep", "vp"):
@@ -474,6 +476,8 @@ class Strategy:
             parts.append("tp_overlap=1")
         if not self.dp_overlap:
             parts.append("dp_overlap=0")
+        if self.ep_overlap:
+            parts.append("ep_overlap=1")
         return ",".join(parts)
 
     def with_(self, **changes: object) -> "Strategy":

@@ -138,11 +138,11 @@ class Scenario:
         has_extra = st.extra_fwd_s > 0 or st.extra_bwd_s > 0 or extra_frac > 0
         for c, idx in enumerate(chunks):
             lcs: list[tuple[int, LayerCost, float]] = [(st.layers[j], st.layer_costs[j], fr[j]) for j in idx]
-            fwd = [Piece(f"L{l}", lc.fwd_s, 0.0, (lc.exposed_tp_fwd_s, lc.exposed_cp_fwd_s, lc.ep_comm_fwd_s),
+            fwd = [Piece(f"L{l}", lc.fwd_s, 0.0, (lc.exposed_tp_fwd_s, lc.exposed_cp_fwd_s, lc.exposed_ep_fwd_s),
                          f, False) for l, lc, f in lcs]
             bwd, wgt = [], []
             for l, lc, f in reversed(lcs):
-                comm = (lc.exposed_tp_bwd_s, lc.exposed_cp_bwd_s, lc.ep_comm_bwd_s)
+                comm = (lc.exposed_tp_bwd_s, lc.exposed_cp_bwd_s, lc.exposed_ep_bwd_s)
                 if self.zb:
                     w = 0.5 * lc.bwd_s  # the analytic engine's ZB-H1 convention (sim.analytic)
                     bwd.append(Piece(f"L{l}", lc.bwd_s - w + lc.recompute_s, lc.recompute_s, comm, f, False))
