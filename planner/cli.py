@@ -84,7 +84,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     result = simulate(plan, engine=args.engine, trace_path=args.trace, calibration=args.calibration,
                       whatif=whatif, explicit_ranks=args.explicit_ranks)
     out = result.to_dict()
-    out.update({"model": model.name, "gpu": cluster.gpu.id, "nic": cluster.nic.id, "topology": cluster.topology})
+    out.update({"model": model.name, "gpu": cluster.gpu.id, "nic": cluster.nic.id, "topology": cluster.topology,
+                "framework": args.framework or "default", "attention": plan.attention})
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=False))
     else:

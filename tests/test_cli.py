@@ -105,3 +105,32 @@ def test_console_script_subprocess():
     bad = subprocess.run(exe + ["simulate", "--model", "gpt3-175b", "--gpu", "no-such-gpu", "--num-gpus", "8",
                                 "--strategy", "tp=8", "--json"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_framework_profile_changes_kernels_and_overlap(capsys):
+    argv = ["simulate", "--engine", "analytic", "--model", "llama3-8b", "--gpu", "h100-80gb", "--num-gpus", "8",
+            "--seq-len", "8192", "--strategy", "tp=1,mbs=1,gbs=8,zero=3,recompute=selective", "--json"]
+    code, out, err = run(argv, capsys)
+    assert code == 0, err
+    default = json.loads(out)
+    code, out, err = run(argv + ["--framework", "torchtitan"], capsys)
+    assert code == 0, err
+    titan = json.loads(out)
+    assert default["attention"] == "flash" and titan["attention"] == "flash2"
+    # eager element-wise ops, FlashAttention-2 on Hopper and op-level checkpointing cost time
+    assert titan["step_time_s"] > default["step_time_s"]
+    assert titan["hfu"] > titan["mfu"]
+
+
+def test_ep_overlap_never_slower_and_hides_all_to_all(capsys):
+    base = ["simulate", "--engine", "analytic", "--model", "mixtral-8x7b", "--gpu", "h100-80gb", "--num-gpus", "64",
+            "--json", "--strategy"]
+    code, out, err = run(base + ["tp=2,ep=8,mbs=1,gbs=64"], capsys)
+    assert code == 0, err
+    plain = json.loads(out)
+    code, out, err = run(base + ["tp=2,ep=8,mbs=1,gbs=64,ep_overlap=1"], capsys)
+    assert code == 0, err
+    hidden = json.loads(out)
+    assert "ep_overlap=1" in hidden["strategy"]
+    assert hidden["step_time_s"] <= plain["step_time_s"]
+    assert hidden["breakdown"]["exposed_ep_s"] < plain["breakdown"]["exposed_ep_s"]
