@@ -100,7 +100,7 @@ def fit_gemm_half_dim(mb: dict, fitted: dict, base) -> dict:
                   vocab_size=51200, tied_embeddings=True)
     cl = Cluster(gpu=get_gpu("a100-80gb"), num_gpus=8, nic=get_nic("ib-hdr-200"), gpus_per_node=8,
                  nvlink_domain=8, nics_per_node=8)
-    net = Network(cl, bandwidth_efficiency={"scale-up": fitted["scale_up"]["bandwidth_efficiency"]})
+    net = Network(cl, bandwidth_efficiency={"scale-up": fitted["scale_up"]["per_generation"]["a100-nvlink3"]})
     settings = {"baseline, no recompute": (False, "none"), "sequence parallelism": (True, "none"),
                 "baseline with (full) recompute": (False, "full"), "selective recompute": (False, "selective"),
                 "selective + sequence": (True, "selective")}
@@ -142,7 +142,7 @@ def collective_overhead(mb: dict, fitted: dict) -> float:
     measured = size * 2 * 7 / 8 / bus
     cl = Cluster(gpu=get_gpu("a100-80gb"), num_gpus=8, nic=get_nic("ib-hdr-200"), gpus_per_node=8,
                  nvlink_domain=8, nics_per_node=8)
-    net = Network(cl, bandwidth_efficiency={"scale-up": fitted["scale_up"]["bandwidth_efficiency"]})
+    net = Network(cl, bandwidth_efficiency={"scale-up": fitted["scale_up"]["per_generation"]["a100-nvlink3"]})
     model = net.collective_time_s("all_reduce", tuple(range(8)), size, algorithm="ring")
     return float(f"{max(0.0, measured - model):.3g}")
 

@@ -87,20 +87,24 @@ def efficiency_from_catalog(*, include_fitted: bool) -> KernelEfficiency:
     return KernelEfficiency(**d, attention_fractions=table)
 
 
-@functools.cache
-def _network_efficiency() -> tuple[tuple[str, float], ...]:
+def network_efficiency(scale_up_link: str | None = None) -> dict[str, float]:
+    """Collective bandwidth efficiency per network tier, fitted from NCCL bus-bandwidth curves.
+
+    ``scale_up_link`` (an NVLink generation id such as ``nvlink4``) picks that generation's own
+    fitted NVLink efficiency when the microbenchmarks have one; otherwise the median across
+    generations applies.
+    """
     fitted = _efficiency_yaml().get("fitted") or {}
-    out = []
+    out: dict[str, float] = {}
     if "scale_up" in fitted:
-        out.append(("scale-up", float(fitted["scale_up"]["bandwidth_efficiency"])))
+        su = fitted["scale_up"]
+        out["scale-up"] = float(su["bandwidth_efficiency"])
+        for key, value in (su.get("per_generation") or {}).items():
+            if scale_up_link and key.endswith("-" + scale_up_link):
+                out["scale-up"] = float(value)
     if "scale_out" in fitted:
-        out.append(("scale-out", float(fitted["scale_out"]["bandwidth_efficiency"])))
-    return tuple(out)
-
-
-def network_efficiency() -> dict[str, float]:
-    """Collective bandwidth efficiency per network tier, fitted from NCCL bus-bandwidth curves."""
-    return dict(_network_efficiency())
+        out["scale-out"] = float(fitted["scale_out"]["bandwidth_efficiency"])
+    return out
 
 
 @dataclass(frozen=True, slots=True)

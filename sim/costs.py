@@ -25,7 +25,7 @@ from sim.specs import Cluster
 
 def default_network(cluster: Cluster) -> Network:
     """The cluster's network with collective efficiency calibrated from NCCL measurements."""
-    return Network(cluster, bandwidth_efficiency=network_efficiency())
+    return Network(cluster, bandwidth_efficiency=network_efficiency(cluster.gpu.nvlink_generation))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -39,7 +39,7 @@ def simulate(plan: Plan, *, engine: str = "analytic", trace_path: str | None = N
     if not net_kwargs:
         from sim.compute import network_efficiency
 
-        net_kwargs = {"bandwidth_efficiency": network_efficiency()}
+        net_kwargs = {"bandwidth_efficiency": network_efficiency(plan.cluster.gpu.nvlink_generation)}
     net = Network(plan.cluster, **net_kwargs)  # type: ignore[arg-type]
     if engine == "event":
         from sim.event.engine import simulate_event

@@ -23,6 +23,8 @@ modelled: ``CAVEATS`` is printed with every result.
 
 from __future__ import annotations
 
+from sim.costs import default_network
+
 from dataclasses import dataclass, field, replace
 
 from sim.analytic import simulate_analytic
@@ -87,7 +89,7 @@ def comm_reduction(plan: Plan, *, mode: str, sync_every: int | None = None, rati
     if mode not in MODES:
         raise InputError("mode", mode, f"must be one of {', '.join(MODES)}")
     s = plan.strategy
-    net = net or Network(plan.cluster)
+    net = net or default_network(plan.cluster)
     costs = step_costs(plan, net)
     base = simulate_analytic(plan, net=net, costs=costs)
     warnings: list[str] = []

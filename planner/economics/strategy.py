@@ -21,6 +21,8 @@ Global batch when not given: ``2**22`` tokens per step (~4M, the Llama 2 batch; 
 
 from __future__ import annotations
 
+from sim.costs import default_network
+
 import importlib
 import inspect
 from dataclasses import dataclass
@@ -51,7 +53,7 @@ def default_gbs(seq_len: int) -> int:
 def evaluate(model: Model, cluster: Cluster, strategy: Strategy, net: Network | None = None) -> StepResult:
     """Simulate one step of ``strategy`` with the analytic engine."""
     plan = Plan(model=model, cluster=cluster, strategy=strategy)
-    return simulate_analytic(plan, net=net or Network(cluster))
+    return simulate_analytic(plan, net=net or default_network(cluster))
 
 
 def _strategy_of(obj: object, num_gpus: int) -> Strategy | None:
@@ -125,7 +127,7 @@ def _pow2_divisor(n: int, cap: int) -> int:
 def fallback_search(model: Model, cluster: Cluster, *, gbs: int | None = None,
                     seq_len: int = DEFAULT_SEQ_LEN) -> ChosenPlan:
     """The small documented grid of the module docstring; raises if nothing fits."""
-    net = Network(cluster)
+    net = default_network(cluster)
     n = cluster.num_gpus
     best: tuple[float, Strategy, StepResult] | None = None
     evaluated = 0
