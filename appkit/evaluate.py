@@ -1,0 +1,226 @@
+"""One design -> the plans, the chosen plan's step, and time and cost to train.
+
+``evaluate`` is pure (same design, same answer) so the app caches it per design; it raises
+``InputError`` for bad input and returns degradations (a missing recommender, economics
+module ...) as ``notes`` rather than failing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from appkit import engines
+from appkit.design import Design, cluster_of
+from sim.errors import InputError
+from sim.plan import Plan, parse_strategy
+from sim.specs import Cluster, Strategy
+
+GIB = float(1 << 30)
+DEFAULT_TOP = 5
+
+
+@dataclass(frozen=True, kw_only=True)
+class Evaluation:
+    """What the app shows for one design.
+
+    ``plans`` are simulate JSON objects (``StepResult.to_dict()`` keys), best first, each
+    with ``strategy`` and ``source`` (``recommended`` or ``yours``); ``economics`` has
+    ``time_to_train_s`` and ``cost_to_train_usd`` (``None`` without a price) and ``method``.
+    """
+
+    design: Design
+    cluster: Cluster
+    plans: tuple[dict[str, Any], ...]
+    search: dict[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def has_plans(self) -> bool:
+        return bool(self.plans)
+
+
+def fixed_strategy(design: Design, cluster: Cluster) -> Strategy:
+    """The user's STRATEGY string, with the sidebar's sequence length and global batch unless
+    the string sets them."""
+    assert design.strategy is not None
+    text = design.strategy.strip()
+    keys = {p.partition("=")[0].strip().lower() for p in text.split(",") if p.strip()}
+    if design.gbs is not None and not keys & {"gbs", "global_batch"}:
+        text += f",gbs={design.gbs}"
+    return parse_strategy(text, num_gpus=cluster.num_gpus, seq_len=design.seq_len)
+
+
+def simulate_strategy(design: Design, cluster: Cluster, strategy: Strategy | str) -> dict[str, Any]:
+    """Analytic simulate JSON of one strategy on the design, with ``strategy`` and labels."""
+    from sim.simulate import simulate
+
+    if isinstance(strategy, str):
+        strategy = parse_strategy(strategy, num_gpus=cluster.num_gpus, seq_len=design.seq_len)
+    plan = Plan(model=design.model, cluster=cluster, strategy=strategy)
+    out = simulate(plan, engine="analytic").to_dict()
+    out.update({"model": design.model.name, "gpu": cluster.gpu.id, "nic": cluster.nic.id,
+                "topology": cluster.topology})
+    return out
+
+
+def _complete(design: Design, cluster: Cluster, plan: Mapping[str, Any]) -> dict[str, Any]:
+    """A recommender plan with every simulate key (re-simulated analytically when it lacks
+    the memory or breakdown detail the charts draw)."""
+    p = dict(plan)
+    need = ("breakdown", "memory", "step_time_s", "tokens_per_s", "mfu")
+    if all(k in p for k in need) and isinstance(p.get("memory"), Mapping):
+        return p
+    full = simulate_strategy(design, cluster, str(p["strategy"]))
+    full.update({k: v for k, v in p.items() if k not in full})
+    return full
+
+
+def recommendation(design: Design, cluster: Cluster, *, top: int = DEFAULT_TOP) -> tuple[dict[str, Any] | None, str | None]:
+    """(``planner recommend`` output for the design, or ``None`` with the reason).
+
+    Depends only on ``design.recommend_key()`` (model, cluster, sequence length, global batch),
+    so the app caches it apart from the token budget, pricing and a fixed strategy.
+    Raises ``InputError`` for input the recommender rejects."""
+    try:
+        return engines.recommend(design.model, cluster, gbs=design.gbs, seq_len=design.seq_len, top=top,
+                                 rerank=design.rerank), None
+    except engines.Unavailable as exc:
+        return None, str(exc)
+
+
+def evaluate(design: Design, *, top: int = DEFAULT_TOP,
+             rec: tuple[dict[str, Any] | None, str | None] | None = None) -> Evaluation:
+    """Plans for ``design``: the fixed strategy (if any) first, then the recommender's.
+
+    ``rec`` is a precomputed ``recommendation(design, ...)`` (the app passes its cached one)."""
+    t0 = time.perf_counter()
+    cluster = cluster_of(design)
+    timings = {"cluster_s": time.perf_counter() - t0}
+    notes: list[str] = []
+    plans: list[dict[str, Any]] = []
+    search: dict[str, Any] = {}
+    if design.strategy is not None:
+        t = time.perf_counter()
+        strategy = fixed_strategy(design, cluster)
+        mine = simulate_strategy(design, cluster, strategy)
+        mine["source"] = "yours"
+        plans.append(mine)
+        timings["simulate_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    out: dict[str, Any] | None
+    if rec is None:
+        try:
+            out, note = recommendation(design, cluster, top=top)
+        except InputError as exc:
+            if design.strategy is None:
+                raise
+            out, note = None, f"no recommendation: {exc}"
+    else:
+        out, note = rec
+    if note:
+        notes.append(note)
+    timings["recommend_s"] = time.perf_counter() - t
+    if out is not None:
+        search = {k: v for k, v in out.items() if k != "plans"}
+        seen = {p["strategy"] for p in plans}
+        for p in out.get("plans", [])[:top]:
+            if p.get("strategy") in seen:
+                continue
+            full = _complete(design, cluster, p)
+            full["source"] = "recommended"
+            plans.append(full)
+    timings["total_s"] = time.perf_counter() - t0
+    return Evaluation(design=design, cluster=cluster, plans=tuple(plans), search=search, notes=tuple(notes),
+                      timings_s=timings)
+
+
+def plan_of(design: Design, cluster: Cluster, plan: Mapping[str, Any]) -> Plan:
+    """The ``Plan`` behind a plan row (its STRATEGY string round-trips)."""
+    strategy = parse_strategy(str(plan["strategy"]), num_gpus=cluster.num_gpus, seq_len=design.seq_len)
+    return Plan(model=design.model, cluster=cluster, strategy=strategy)
+
+
+def economics_of(design: Design, cluster: Cluster, plan: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """(time/cost to train the design's token budget, a note when the estimate is the simple one)."""
+    tokens = design.token_budget
+    try:
+        eco = engines.economics(design.model, cluster, plan_of(design, cluster, plan), tokens=tokens,
+                                pricing=design.pricing)
+        note = None
+        if eco.get("pricing") != design.pricing:
+            note = f"{cluster.gpu.id} has no purchase price in the catalogs: costed at cloud prices"
+        return eco, note
+    except engines.Unavailable as exc:
+        return engines.simple_economics(cluster, plan, tokens=tokens), f"{exc}; showing GPU-hours x price only"
+    except InputError as exc:  # e.g. no price at all for this GPU: time still counts
+        return (engines.simple_economics(cluster, plan, tokens=tokens),
+                f"planner tco could not cost this design ({exc}); showing GPU-hours x price only")
+
+
+def plans_table(plans: tuple[Mapping[str, Any], ...], cluster: Cluster, seq_len: int) -> list[dict[str, Any]]:
+    """Rows of the plans table: rank, degrees, batch, step time, throughput, MFU, memory."""
+    rows = []
+    for i, p in enumerate(plans):
+        try:
+            s = parse_strategy(str(p["strategy"]), num_gpus=cluster.num_gpus, seq_len=seq_len)
+            deg = {"tp": s.tp, "pp": s.pp, "dp": s.dp, "cp": s.cp, "ep": s.ep, "vp": s.vp, "mbs": s.mbs,
+                   "gbs": s.gbs, "zero": s.zero, "recompute": s.recompute, "schedule": s.schedule}
+        except InputError:
+            deg = {}
+        rows.append({
+            "#": i + 1,
+            "source": p.get("source", ""),
+            **deg,
+            "step time (s)": round(float(p["step_time_s"]), 4),
+            "tokens/s": round(float(p["tokens_per_s"])),
+            "MFU": round(float(p["mfu"]), 4),
+            "peak memory (GiB)": round(float(p["memory_peak_bytes"]) / GIB, 1),
+            "fits": bool(p["fits_memory"]),
+            "strategy": p["strategy"],
+        })
+    return rows
+
+
+def bottleneck(plan: Mapping[str, Any]) -> str:
+    """What bounds a plan: the largest non-compute part of its step, or compute."""
+    b = plan["breakdown"]
+    total = float(plan["step_time_s"]) or 1.0
+    parts = {"exposed communication": float(b.get("exposed_comm_s", 0.0)),
+             "pipeline bubble": float(b.get("bubble_s", 0.0)),
+             "optimizer": float(b.get("optimizer_s", 0.0))}
+    name, val = max(parts.items(), key=lambda kv: kv[1])
+    if not plan.get("fits_memory", True):
+        return "memory: does not fit"
+    if val / total < 0.10:
+        return f"compute ({float(b['compute_s']) / total:.0%} of the step)"
+    return f"{name} ({val / total:.0%} of the step)"
+
+
+def result_document(ev: Evaluation, plan: Mapping[str, Any], economics: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON the app hands off: the design as built (defaults resolved), the chosen plan
+    (simulate JSON), time/cost to train, every plan shown and the search summary."""
+    c, d = ev.cluster, ev.design
+    return {
+        "design": {"model": d.model.name, "model_ref": d.model_ref, "gpu": c.gpu.id, "num_gpus": c.num_gpus,
+                   "gpus_per_node": c.gpus_per_node, "nvlink_domain": c.nvlink_domain, "nic": c.nic.id,
+                   "nics_per_node": c.nics_per_node, "topology": c.topology,
+                   "oversubscription": c.oversubscription, "seq_len": d.seq_len, "gbs": d.gbs,
+                   "token_budget": d.token_budget},
+        "plan": dict(plan),
+        "economics": dict(economics),
+        "plans": [dict(p) for p in ev.plans],
+        "search": dict(ev.search),
+    }
+
+
+def cli_command(ev: Evaluation, plan: Mapping[str, Any], *, catalog_model: bool) -> str:
+    """The ``planner simulate`` command line that reproduces ``plan`` (every default spelled out)."""
+    c, d = ev.cluster, ev.design
+    model = d.model_ref if catalog_model else "MODEL_FILE"
+    return (f"planner simulate --model {model} --gpu {c.gpu.id} --num-gpus {c.num_gpus} "
+            f"--gpus-per-node {c.gpus_per_node} --nvlink-domain {c.nvlink_domain} --nic {c.nic.id} "
+            f"--nics-per-node {c.nics_per_node} --topology {c.topology} "
+            f"--oversubscription {c.oversubscription:g} --seq-len {d.seq_len} --strategy {plan['strategy']}")
