@@ -494,7 +494,7 @@ def no_plan_view(ev: Evaluation) -> None:
 def page() -> None:
     st.title("Cluster what-if")
     st.caption("Change the model, GPUs, network or job in the sidebar; every result below follows. "
-               "Predictions come from the project's simulator (see docs/model.md for its accuracy).")
+               "Predictions come from the project's simulator (see docs/accuracy.md for its accuracy).")
     cat = catalog()
     raw, slots, errors = sidebar(cat)
     if errors:

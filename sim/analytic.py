@@ -18,7 +18,7 @@ Data-parallel gradient reduction starts when a stage finishes its last backward;
 overlap it runs under that backward (bucketed, as DDP/Megatron do) and stage ``i`` also has
 the pipeline drain of the stages before it, ``sum_{j<i} B_j``, to hide it.  The optimizer
 step is memory-bound (``sim.costs``).  Known error: ignores the warm-up ramp of bucket sizes
-and assumes balanced experts; see docs/model.md.
+and assumes balanced experts; see docs/accuracy.md.
 """
 
 from __future__ import annotations
