@@ -4,7 +4,8 @@ chromium through playwright (never ``playwright install``).
 One browser session walks what a user does: read the recommended plan, change the GPUs and
 the network, keep two designs and compare them, open the timeline and the topology, type a
 bad strategy, upload a Hugging Face config.json, download the JSON.  Screenshots go to the
-test's tmp_path; the overview, compare, timeline and topology ones are copied to docs/img/.
+test's tmp_path; with UPDATE_DOC_SCREENSHOTS=1 the overview, compare, timeline, topology and
+error ones are copied to docs/img/.
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ def shot(page, tmp_path: Path, name: str, *, docs: bool = False) -> Path:
     path = tmp_path / f"{name}.png"
     page.screenshot(path=str(path))
     assert path.stat().st_size > 10_000  # a blank page compresses to a few kB
-    if docs:
+    if docs and os.environ.get("UPDATE_DOC_SCREENSHOTS") == "1":  # never write into the repo by default
         DOCS_IMG.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, DOCS_IMG / f"app-{name}.png")
     return path
