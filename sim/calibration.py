@@ -24,7 +24,10 @@ hosts, both documented in docs/validate.md:
   ``bytes(compute_dtype) / 2`` when standing in for the bf16 recipe;
 * core sharing: ranks time-share a host's cores, so with more ranks per host than were
   measured, each rank gets ``measured_ranks / ranks`` of the measured throughput and
-  bandwidth (and of the memory).
+  bandwidth (and of the memory);
+* no overlap: a CPU has no separate engine for communication (gloo reduces and copies on
+  the cores that compute), so gradient reduction is not hidden behind the backward pass
+  (``dp_overlap=False``).
 
 This module imports neither torch nor ``validate``.
 """
@@ -44,9 +47,10 @@ from sim.specs import Gpu, Link
 SCHEMA_VERSION = 1
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 MODEL_ACTIVATION_BYTES = 2  # sim.ops.BYTES_BF16: what the cost model counts per element
-_EFF_KEYS = ("attention_fwd_vs_matmul", "attention_bwd_vs_matmul", "kernel_overhead_s", "gemm_half_dim")
+_EFF_KEYS = ("attention_fwd_vs_matmul", "attention_bwd_vs_matmul", "kernel_overhead_s", "gemm_half_dim",
+             "collective_overhead_s", "host_op_floor_s", "eager_elementwise_traffic")
 _TOP_KEYS = frozenset({"schema_version", "id", "name", "source", "notes", "host", "device", "links",
-                       "efficiency", "memory", "fit", "measured"})
+                       "efficiency", "memory", "fit", "measured", "validation"})
 
 
 def calibration_dir() -> Path:
@@ -101,8 +105,20 @@ class Calibration:
     # ------------------------------------------------------------------ hooks used by simulate
 
     def apply_efficiency(self, eff):  # (KernelEfficiency) -> KernelEfficiency
-        """The kernel-efficiency knobs with the profile's fitted values."""
-        changes = {k: float(v) for k, v in self.efficiency.items() if k in _EFF_KEYS}
+        """The kernel-efficiency knobs with the profile's fitted values.  A GEMM half
+        dimension measured on this device is not rescaled by SM throughput (that rescaling
+        carries A100 fits to other GPUs)."""
+        changes: dict[str, object] = {k: float(v) for k, v in self.efficiency.items()
+                                      if k in _EFF_KEYS and hasattr(eff, k)}
+        if "gemm_half_dim" in changes and hasattr(eff, "gemm_reference_flops_per_sm"):
+            changes["gemm_reference_flops_per_sm"] = 0.0
+        fa, fb = self.efficiency.get("attention_fwd_vs_matmul"), self.efficiency.get("attention_bwd_vs_matmul")
+        table = getattr(eff, "attention_fractions", None)
+        if fa and fb and table is not None and self.gpu.architecture:
+            # measured attention replaces the catalog's per-architecture kernel fractions
+            m = self.gpu.achievable_matmul_fraction("bf16")
+            frac = (m * fa, m * fb)
+            changes["attention_fractions"] = {**table, self.gpu.architecture: {"flash": frac, "flash2": frac}}
         return replace(eff, **changes, source=f"calibration {self.id}")
 
     def device_for(self, ranks_per_host: int) -> Gpu:
@@ -119,7 +135,7 @@ class Calibration:
                        hbm_bytes=g.hbm_bytes * share)
 
     def apply_plan(self, plan):  # (Plan) -> Plan
-        """``plan`` on the calibrated device and links."""
+        """``plan`` on the calibrated device and links (module docstring)."""
         c = plan.cluster
         gpu = self.device_for(c.gpus_per_node)
         changes: dict[str, object] = {"gpu": gpu}
@@ -127,12 +143,27 @@ class Calibration:
             changes["scale_up"] = self.scale_up
         if self.nic is not None:
             changes["nic"] = self.nic
-        return replace(plan, cluster=replace(c, **changes))
+        strategy = plan.strategy
+        if self.host.device_type == "cpu" and strategy.dp_overlap:
+            strategy = strategy.with_(dp_overlap=False)
+        return replace(plan, cluster=replace(c, **changes), strategy=strategy)
 
     def network_kwargs(self, cluster) -> dict[str, object]:  # (Cluster) -> dict
-        """Keyword arguments for ``sim.network.Network``: the fitted link records already
-        carry achieved (bus) bandwidths, so every tier runs at efficiency 1."""
-        return {"bandwidth_efficiency": {"scale-up": 1.0, "scale-out": 1.0}}
+        """Keyword arguments for ``sim.network.Network``.  The measured link records carry
+        achieved (bus) bandwidths, so a measured tier runs at efficiency 1; a tier the
+        profile did not measure keeps the catalog's fitted efficiency."""
+        eff: dict[str, float] = {}
+        try:
+            from sim.compute import network_efficiency
+
+            eff.update(network_efficiency(None))
+        except ImportError:  # pragma: no cover - older core without fitted efficiencies
+            pass
+        if self.scale_up is not None:
+            eff["scale-up"] = 1.0
+        if self.nic is not None:
+            eff["scale-out"] = 1.0
+        return {"bandwidth_efficiency": eff}
 
     def memory_runtime(self, default):  # (MemoryRuntime) -> MemoryRuntime
         """Framework memory constants of this host (``memory`` section), else ``default``."""

@@ -1,0 +1,6 @@
+"""Real torch.distributed workloads that measure a machine and calibrate the simulator.
+
+See docs/validate.md.  ``validate`` sits on top of ``sim``: it may import ``sim`` but nothing
+in ``sim`` or ``planner`` imports it (``planner.cmd_validate`` only lazily).  Only the ranks
+(``worker``, ``runtime``, ``model``, ``workloads``, ``microbench``) import torch.
+"""

@@ -1,0 +1,74 @@
+"""validate's sbatch path against a real one-node Slurm (slurm-wlm + munge on loopback).
+
+The fixture starts the cluster with scripts/slurm_local.sh (root, Debian packages installed by
+scripts/setup_test_env.sh); the tests submit real jobs with sbatch and collect their results.
+Skipped, with the reason, only when Slurm or munge cannot be installed or started here.
+"""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from validate.launch import RunError, run_slurm  # noqa: E402
+from validate.model import ModelConfig  # noqa: E402
+from validate.workloads import WorkloadSpec  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ModelConfig(name="tiny", num_layers=2, hidden_size=64, num_heads=2, ffn_hidden_size=128, vocab_size=256,
+                   seq_len=32)
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    missing = [b for b in ("sbatch", "slurmctld", "slurmd", "munged") if shutil.which(b) is None
+               and not Path("/usr/sbin", b).exists()]
+    if missing:
+        pytest.skip(f"Slurm not installed ({', '.join(missing)} missing; scripts/setup_test_env.sh installs "
+                    "slurm-wlm and munge as root)")
+    if os.geteuid() != 0:
+        pytest.skip("a local Slurm needs root to start slurmd")
+    env = dict(os.environ)
+    was_up = subprocess.run([str(ROOT / "scripts/slurm_local.sh"), "status"], env=env, capture_output=True)
+    start = subprocess.run([str(ROOT / "scripts/slurm_local.sh"), "start"], env=env, capture_output=True,
+                           text=True, timeout=120)
+    assert start.returncode == 0, f"could not start Slurm: {start.stderr.strip()}"
+    conf = start.stdout.strip().split("=", 1)[1]
+    old = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = conf
+    yield conf
+    if old is None:
+        os.environ.pop("SLURM_CONF", None)
+    else:
+        os.environ["SLURM_CONF"] = old
+    if was_up.returncode != 0:
+        subprocess.run([str(ROOT / "scripts/slurm_local.sh"), "stop"], env=env, capture_output=True, timeout=60)
+
+
+def test_sbatch_job_runs_and_results_come_back(slurm, tmp_path):
+    out = Path(tmp_path, "ok")  # results travel through the (shared) filesystem
+    job = {"tasks": [{"type": "microbench", "config": {
+              "matmul_shapes": [[64, 64, 64], [128, 128, 128]], "matmul_dtypes": ["fp32"],
+              "attention_shapes": [[1, 2, 64, 32]], "memory_numel": [1 << 16],
+              "message_bytes": [4096, 65536], "collective_ops": ["all_reduce", "send_recv"],
+              "min_time_s": 0.01, "comm_min_time_s": 0.01}},
+        {"type": "workload", "spec": WorkloadSpec(name="ddp", model=TINY, dp=2, warmup_steps=1, steps=2).as_dict()}]}
+    res = run_slurm(job, nproc_per_node=2, out_dir=out, timeout_s=180)
+    assert res["env"]["world_size"] == 2 and res["env"]["backend"] == "gloo"
+    assert res["workloads"][0]["name"] == "ddp" and res["workloads"][0]["measured_step_time_s"] > 0
+    assert {r["kind"] for r in res["microbench"]} >= {"matmul", "collective", "memory", "attention"}
+    script = (out / "job.sbatch").read_text()
+    assert script.startswith("#!/bin/bash") and "srun" in script
+    assert list(out.glob("slurm-*.out"))
+
+
+def test_sbatch_job_failure_names_the_rank(slurm, tmp_path):
+    with pytest.raises(RunError) as exc:
+        run_slurm({"tasks": [{"type": "fail", "rank": 1, "message": "slurm boom"}]}, nproc_per_node=2,
+                  out_dir=tmp_path / "fail", timeout_s=180)
+    msg = str(exc.value)
+    assert "FAILED" in msg and "rank 1 failed: RuntimeError: slurm boom" in msg
