@@ -416,7 +416,10 @@ class FastModel:
                         rs3 = self._collective(layout, "reduce_scatter", "dp_cp", synced * g_b)
                         gs[zi] = rs3
             n1 = max(1, c.n_layers)
-            if ag3 or rs3:
+            if (ag3 or rs3) and not self.dp_overlap:
+                z3f = np.where(z3, ag3, 0.0)
+                z3b = np.where(z3, ag3 + rs3, 0.0)
+            elif ag3 or rs3:
                 z3f = np.where(z3, np.maximum(0.0, ag3 - lf - extra_f) + ag3 / n1, 0.0)
                 z3b = np.where(z3, np.maximum(0.0, ag3 + rs3 - lbr - extra_b) + rs3 / n1, 0.0)
             else:

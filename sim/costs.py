@@ -281,9 +281,12 @@ def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | N
                 # layer ahead), reduce-scatter of gradients after backward, per micro-batch.
                 ag_stage = coll("all_gather", synced, pg)
                 rs_stage = coll("reduce_scatter", synced, g)
-                z3_f = max(0.0, ag_stage - sum(c.fwd_s for c in costs) - extra_f) + ag_stage / max(1, len(costs))
-                z3_b = max(0.0, ag_stage + rs_stage - sum(c.bwd_s + c.recompute_s for c in costs) - extra_b) \
-                    + rs_stage / max(1, len(costs))
+                if s.dp_overlap:
+                    z3_f = max(0.0, ag_stage - sum(c.fwd_s for c in costs) - extra_f) + ag_stage / max(1, len(costs))
+                    z3_b = max(0.0, ag_stage + rs_stage - sum(c.bwd_s + c.recompute_s for c in costs) - extra_b) \
+                        + rs_stage / max(1, len(costs))
+                else:  # no prefetch: every gather and reduce-scatter is on the critical path
+                    z3_f, z3_b = ag_stage, ag_stage + rs_stage
                 grad_sync = rs_stage
 
         shard = s.dp * s.cp if s.zero >= 1 else 1
