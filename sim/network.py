@@ -231,10 +231,13 @@ class Network:
 
     # ------------------------------------------------------------------ flow evaluation
 
-    def _evaluate(self, src: np.ndarray, dst: np.ndarray, starts: np.ndarray
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per flow group (segments of the flow arrays beginning at ``starts``): bottleneck
-        flow rate, worst path latency and highest tier, all flows running at once."""
+    def link_loads(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """Load on every directed link (array indexed by link id) when all flows
+        ``src[k] -> dst[k]`` run at once; a striped flow puts ``1/stripes`` on each stripe."""
+        return self._route(np.asarray(src, dtype=np.int64).ravel(), np.asarray(dst, dtype=np.int64).ravel())[0]
+
+    def _route(self, src: np.ndarray, dst: np.ndarray) -> tuple:
+        """Route every flow: ``(loads, same, fabric_inverse, fabric_paths, fabric_valid)``."""
         f = self.fabric
         E = self._num_links
         m = f.stripes
@@ -247,8 +250,8 @@ class Network:
         if ss.size:
             loads += np.bincount(ss + self._su_up, minlength=E)
             loads += np.bincount(sd + self._su_down, minlength=E)
-        cross = ~same
-        xs, xd = src[cross], dst[cross]
+        xs, xd = src[~same], dst[~same]
+        inv = fpath = valid = None
         if xs.size:
             G = f.num_gpus
             for counts, paths in ((np.bincount(xs, minlength=G), self._out_path),
@@ -256,8 +259,8 @@ class Network:
                 used = np.nonzero(counts)[0]
                 p = paths[used]
                 w = np.broadcast_to((counts[used] / m)[:, None, None], p.shape)
-                valid = p >= 0
-                loads += np.bincount(p[valid], weights=w[valid], minlength=E)
+                ok = p >= 0
+                loads += np.bincount(p[ok], weights=w[ok], minlength=E)
             pools = f.num_pools
             key = f.gpu_pool[xs] * pools + f.gpu_pool[xd]
             ukey, inv, cnt = np.unique(key, return_inverse=True, return_counts=True)
@@ -265,6 +268,17 @@ class Network:
             valid = fpath >= 0
             w = np.broadcast_to((cnt / m)[:, None, None], fpath.shape)
             loads += np.bincount(fpath[valid], weights=w[valid], minlength=E)
+        return loads, same, inv, fpath, valid
+
+    def _evaluate(self, src: np.ndarray, dst: np.ndarray, starts: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per flow group (segments of the flow arrays beginning at ``starts``): bottleneck
+        flow rate, worst path latency and highest tier, all flows running at once."""
+        f = self.fabric
+        loads, same, inv, fpath, valid = self._route(src, dst)
+        ss, sd = src[same], dst[same]
+        cross = ~same
+        xs, xd = src[cross], dst[cross]
         share = self._share(loads)
 
         n = len(src)

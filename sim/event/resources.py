@@ -34,7 +34,6 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import simpy
@@ -66,8 +65,6 @@ class LinkTable:
             ids = np.arange(self.num_links)
             self.tier = np.where(ids < self._host_up, 0, np.where(ids < self._nic_up, 1, 2)).astype(np.int8)
             self._blk_up, self._blk_down = list(net._blk_up), list(net._blk_down)  # type: ignore[attr-defined]
-            self._out_path, self._in_path = net._out_path, net._in_path  # type: ignore[attr-defined]
-            self._fabric_paths: Callable = net._fabric_paths  # type: ignore[attr-defined]
         except AttributeError as exc:  # pragma: no cover - guards a refactor of sim.network
             raise RuntimeError(f"sim.network.Network no longer exposes its link layout ({exc}); "
                                "sim/event/resources.py LinkTable needs updating") from exc
@@ -84,36 +81,9 @@ class LinkTable:
         dst = np.asarray(dst, dtype=np.int64).ravel()
         keep = src != dst
         src, dst = src[keep], dst[keep]
-        E = self.num_links
-        f = self.fabric
-        load = np.zeros(E)
         if src.size == 0:
             return np.zeros(0, dtype=np.int64), np.zeros(0)
-        if f.has_scale_up:
-            same = f.gpu_domain[src] == f.gpu_domain[dst]
-        else:
-            same = np.zeros(len(src), dtype=bool)
-        if same.any():
-            load += np.bincount(src[same] + self._su_up, minlength=E)
-            load += np.bincount(dst[same] + self._su_down, minlength=E)
-        xs, xd = src[~same], dst[~same]
-        if xs.size:
-            m = f.stripes
-            G = f.num_gpus
-            for counts, paths in ((np.bincount(xs, minlength=G), self._out_path),
-                                  (np.bincount(xd, minlength=G), self._in_path)):
-                used = np.nonzero(counts)[0]
-                p = paths[used]
-                w = np.broadcast_to((counts[used] / m)[:, None, None], p.shape)
-                valid = p >= 0
-                load += np.bincount(p[valid], weights=w[valid], minlength=E)
-            pools = f.num_pools
-            key = f.gpu_pool[xs] * pools + f.gpu_pool[xd]
-            ukey, cnt = np.unique(key, return_counts=True)
-            fpath = self._fabric_paths(ukey // pools, ukey % pools)
-            valid = fpath >= 0
-            w = np.broadcast_to((cnt / m)[:, None, None], fpath.shape)
-            load += np.bincount(fpath[valid], weights=w[valid], minlength=E)
+        load = self._net.link_loads(src, dst)  # type: ignore[attr-defined]
         ids = np.nonzero(load > 0)[0]
         return ids, load[ids]
 
