@@ -26,7 +26,7 @@ run: setup
 	$(VENV)/bin/planner recommend --model gpt3-175b --gpu a100-80gb --num-gpus 1024 --gbs 1536
 
 test: setup-test
-	$(VENV)/bin/python -m pytest -q -p no:cacheprovider
+	$(VENV)/bin/python -m pytest -p no:cacheprovider -rs
 
 bench: setup-test
 	$(VENV)/bin/python scripts/bench.py
