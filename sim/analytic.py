@@ -26,7 +26,7 @@ from __future__ import annotations
 from sim.collectives import Network
 from sim.compute import KernelEfficiency
 from sim.costs import StageCost, StepCosts, default_network, step_costs
-from sim.memory import memory_breakdown
+from sim.memory import plan_memory
 from sim.ops import model_flops_per_step
 from sim.plan import Plan
 from sim.result import Breakdown, StepResult
@@ -116,7 +116,7 @@ def simulate_analytic(plan: Plan, *, net: Network | None = None, eff: KernelEffi
     recompute_flops = sum(st.recompute_flops_per_microbatch for st in stages) * m * replicas
     peak = cluster.gpu.peak_flops_per_s("bf16")
     denom = step * cluster.num_gpus * peak
-    mem = memory_breakdown(model, cluster, s, attention=plan.attention, selective_policy=plan.selective_policy)
+    mem = plan_memory(plan)
     return StepResult(
         step_time_s=step, tokens_per_s=s.tokens_per_step / step, mfu=mf / denom,
         hfu=(mf + recompute_flops) / denom, model_flops_per_step=mf,

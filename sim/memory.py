@@ -25,10 +25,14 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import yaml
 
 from sim.specs import Cluster, Model, Strategy
+
+if TYPE_CHECKING:
+    from sim.plan import Plan
 
 BYTES_ACT = 2
 LOSS_BYTES_PER_LOGIT = 2 + 4 + 4 + 4
@@ -250,6 +254,13 @@ def model_state_bytes(params: StageParams, strategy: Strategy) -> tuple[float, f
     a = split(params.dense_params, shard)
     b = split(params.expert_params, expert_shard)
     return a[0] + b[0], a[1] + b[1], a[2] + b[2]
+
+
+def plan_memory(plan: "Plan") -> MemoryBreakdown:
+    """``memory_breakdown`` with everything a ``Plan`` says (attention kernel, selective policy);
+    both engines report memory through this one call."""
+    return memory_breakdown(plan.model, plan.cluster, plan.strategy, attention=plan.attention,
+                            selective_policy=plan.selective_policy)
 
 
 def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,

@@ -70,3 +70,12 @@ def test_utilisation_follows_source_definition(rows):
 def test_every_run_resolves_to_catalog_hardware(rows):
     for r in rows.values():
         assert r.plan.cluster.gpu.id in ("a100-80gb", "h100-96gb")
+
+
+def test_event_engine_agrees_on_memory_and_roughly_on_time(rows):
+    """Both engines report memory through sim.memory.plan_memory (framework policy included)."""
+    rid = "torchtitan-2412-t1-llama31-8b-8gpu-fsdp-seq8192"
+    ev = compare_all(engine="event", ids=[rid])[0]
+    an = rows[rid]
+    assert ev.predicted.memory_peak_bytes == pytest.approx(an.predicted.memory_peak_bytes, rel=1e-12)
+    assert ev.predicted.step_time_s == pytest.approx(an.predicted.step_time_s, rel=0.05)

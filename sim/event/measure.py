@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from sim.event.engine import Engine, Entry
-from sim.memory import memory_breakdown
+from sim.memory import plan_memory
 from sim.ops import model_flops_per_step
 from sim.result import Breakdown, StepResult
 
@@ -95,7 +95,7 @@ def step_result(eng: Engine, *, extra: dict[str, object]) -> StepResult:
     recompute_flops = sum(st.recompute_flops_per_microbatch for st in sc.costs.stages) * sc.m * replicas
     peak = cluster.gpu.peak_flops_per_s("bf16")
     denom = step * cluster.num_gpus * peak
-    mem = memory_breakdown(model, cluster, s, attention=plan.attention)
+    mem = plan_memory(plan)
     warnings = plan_warnings(plan, mem.fits, bd.bubble_s / step if step else 0.0)
     if not sc.whatif.empty:
         warnings.append("what-if applied: " + _describe(sc.whatif))
