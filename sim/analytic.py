@@ -23,6 +23,8 @@ and assumes balanced experts; see docs/accuracy.md.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from sim.collectives import Network
 from sim.compute import KernelEfficiency
 from sim.costs import StageCost, StepCosts, default_network, step_costs
@@ -45,9 +47,12 @@ def _stage_fb(stage: StageCost, v: int, i: int, p: int) -> tuple[float, float]:
     return stage.fwd_s + nf * v * stage.p2p_s, stage.bwd_s + nb * v * stage.p2p_s
 
 
-def pipeline_time_s(stages: tuple[StageCost, ...], m: int, v: int, schedule: str) -> float:
-    """Closed-form time from the first forward to the last backward (module docstring)."""
-    fb = [_stage_fb(st, v, i, len(stages)) for i, st in enumerate(stages)]
+def pipeline_time_s(stages: tuple[StageCost, ...], m: int, v: int, schedule: str,
+                    fb: list[tuple[float, float]] | None = None) -> float:
+    """Closed-form time from the first forward to the last backward (module docstring).
+    ``fb`` are the stages' critical-path (F, B), computed here when not given."""
+    if fb is None:
+        fb = [_stage_fb(st, v, i, len(stages)) for i, st in enumerate(stages)]
     tot = [f + b for f, b in fb]
     slowest = max(tot)
     if schedule == "zero-bubble" and len(stages) > 1:
@@ -66,8 +71,8 @@ def simulate_analytic(plan: Plan, *, net: Network | None = None, eff: KernelEffi
     stages = costs.stages
     m, v, p = s.num_microbatches, s.vp, s.pp
 
-    t_pipe = pipeline_time_s(stages, m, v, s.schedule)
     fb = [_stage_fb(st, v, i, len(stages)) for i, st in enumerate(stages)]
+    t_pipe = pipeline_time_s(stages, m, v, s.schedule, fb)
     b_idx = max(range(p), key=lambda i: fb[i][0] + fb[i][1])
     bott = stages[b_idx]
     busy = m * (fb[b_idx][0] + fb[b_idx][1])
@@ -90,8 +95,6 @@ def simulate_analytic(plan: Plan, *, net: Network | None = None, eff: KernelEffi
         ends.append((t_pipe - tail + dp_exposed + st.optimizer_s + gather, dp_exposed + gather, st.optimizer_s))
         tail += fb[i][1]
     step, dp_exposed, opt = max(ends)
-    overhead = 0.0
-    step += overhead
 
     comp = m * (bott.compute_fwd_s + bott.compute_bwd_s)
     recompute = m * sum(c.recompute_s for c in bott.layer_costs)
@@ -102,14 +105,14 @@ def simulate_analytic(plan: Plan, *, net: Network | None = None, eff: KernelEffi
     ex_dp = dp_exposed + m * bott.exposed_zero3_s
     exposed = ex_tp + ex_cp + ex_ep + ex_pp + ex_dp
     breakdown = Breakdown(compute_s=comp, exposed_comm_s=exposed, bubble_s=bubble, optimizer_s=opt,
-                          overhead_s=overhead, exposed_tp_s=ex_tp, exposed_cp_s=ex_cp, exposed_ep_s=ex_ep,
+                          exposed_tp_s=ex_tp, exposed_cp_s=ex_cp, exposed_ep_s=ex_ep,
                           exposed_pp_s=ex_pp, exposed_dp_s=ex_dp, recompute_s=recompute)
     # Reconcile: the parts must sum to the step (bubble absorbs rounding of the pipeline terms).
     gap = step - breakdown.total_s
     if abs(gap) > 1e-12:
-        breakdown = Breakdown(**{**breakdown.as_dict(), "bubble_s": max(0.0, bubble + gap)})
+        breakdown = replace(breakdown, bubble_s=max(0.0, bubble + gap))
         if breakdown.total_s < step - 1e-9 * step:
-            breakdown = Breakdown(**{**breakdown.as_dict(), "overhead_s": overhead + step - breakdown.total_s})
+            breakdown = replace(breakdown, overhead_s=step - breakdown.total_s)
 
     mf = model_flops_per_step(model, s)
     replicas = s.tp * s.dp * s.cp

@@ -276,6 +276,9 @@ def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
                                           selective_policy=selective_policy)
                if model.moe is not None else 0.0)
     tok = strategy.mbs * strategy.seq_len // strategy.cp
+    recomputed_layer = (activation_bytes_per_layer(model, strategy.with_(recompute="none"), attention=attention,
+                                                   moe=model.moe is not None)
+                        if strategy.recompute == "full" else 0.0)
     for stage, layers in enumerate(layers_per_stage):
         first, last = stage == 0, stage == strategy.pp - 1
         params = stage_params(model, strategy, layers, first=first, last=last)
@@ -286,9 +289,7 @@ def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
         act_layer = sum(moe_act if model.is_moe_layer(i) else dense_act for i in layers)
         act = act_layer * inflight_microbatches(strategy, stage)
         if strategy.recompute == "full" and layers:
-            # the layer being recomputed holds its full activations once
-            act += activation_bytes_per_layer(model, strategy.with_(recompute="none"), attention=attention,
-                                              moe=model.moe is not None)
+            act += recomputed_layer  # the layer being recomputed holds its full activations once
         if first and model_has_dropout(model):
             act += tok * model.hidden_size * inflight_microbatches(strategy, stage)  # embedding dropout mask
         if last:

@@ -203,13 +203,11 @@ def test_event_engine_unavailable_falls_back_and_says_so(monkeypatch):
 
 
 def test_event_engine_reranks_when_available():
-    ok, _ = rec_mod.event_engine_available()
-    if not ok:
-        pytest.skip("sim.event.engine not importable yet")
+    ok, why = rec_mod.event_engine_available()
+    assert ok, why  # the event engine ships with the project
     model, cl = get_model("llama3-8b"), cluster("h100-80gb", 8)
     rec = recommend(model, cl, gbs=16, seq_len=2048, space=SearchSpace(max_mbs=2, max_vp=2), top=3, explain=False)
-    if rec.ranking_engine != "event":
-        pytest.skip(rec.ranking_note)
+    assert rec.ranking_engine == "event", rec.ranking_note
     head = [p for p in rec.plans if p.engine == "event"]
     assert len(head) == 3
     assert head[0].objective_value <= min(p.objective_value for p in head) * (1 + rec.tie_tolerance)
