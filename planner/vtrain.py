@@ -2,10 +2,17 @@
 1,549 Megatron-DeepSpeed iteration times on A100, as plans of this project.
 
 The single-node rows (small models, 0.2-1.3 B, where host-side dispatch rather than the GPU
-bounds many ops) calibrate one framework constant, ``host_op_floor_s``; the multi-node rows
-(3.6-175 B on 64-512 GPUs) are held out and only tested.  Per the data's README: GPT decoder,
-4h GeLU MLP, tied embeddings, GPT-2 vocabulary padded to 50,304, fp16, full recomputation,
-non-interleaved 1F1B.
+bounds many ops) calibrate one framework constant, ``host_op_floor_s``; the even-numbered
+multi-node rows (3.6-175 B on 64-512 GPUs) calibrate how GEMM efficiency grows with size
+(``gemm_sustained_fraction``), the odd-numbered ones are held out and only tested.  Per the
+data's README: GPT decoder, 4h GeLU MLP, tied embeddings, GPT-2 vocabulary padded to 50,304,
+fp16, full recomputation, non-interleaved 1F1B.
+
+Cluster: 8 A100 80GB per node on NVLink, and 800 Gb/s of InfiniBand per node, i.e. four HDR
+200 Gb/s HCAs (vTrain repository, commit f8dda84, ``config/validation/multi/*.json``:
+``"inter_node_bandwidth": 800``, documented in ``src/config.py`` as "Total bandwidth of
+inter-node communication in Gbps"; ``"use_gradient_bucket": false``, i.e. no overlap of the
+data-parallel reduction).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from sim.plan import Plan
 from sim.specs import Cluster, Model, Strategy
 
 VOCAB_PADDED = 50304  # 50,257 padded by Megatron to a multiple of 128
+NICS_PER_NODE = 4  # 800 Gb/s per node of HDR 200 Gb/s HCAs (module docstring)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +50,7 @@ def load_vtrain(which: str) -> tuple[VtrainRow, ...]:
                           num_attention_heads=int(r["attention heads"]), ffn_hidden_size=4 * h,
                           vocab_size=VOCAB_PADDED, tied_embeddings=True)
             gpn = min(8, n)
-            cluster = Cluster(gpu=gpu, num_gpus=n, nic=nic, gpus_per_node=gpn, nvlink_domain=gpn, nics_per_node=8)
+            cluster = Cluster(gpu=gpu, num_gpus=n, nic=nic, gpus_per_node=gpn, nvlink_domain=gpn, nics_per_node=NICS_PER_NODE)
             strategy = Strategy(tp=int(r["tensor parallelism"]), pp=int(r["pipeline parallelism"]),
                                 dp=int(r["data parallelism"]), mbs=int(r["micro batch"]), gbs=int(r["global batch"]),
                                 seq_len=int(r["sequence length"]), recompute="full", precision="fp16",

@@ -112,6 +112,8 @@ class Calibration:
                                       if k in _EFF_KEYS and hasattr(eff, k)}
         if "gemm_half_dim" in changes and hasattr(eff, "gemm_reference_flops_per_sm"):
             changes["gemm_reference_flops_per_sm"] = 0.0
+            # the device's own GEMM curve replaces the A100-fitted sustained fraction too
+            changes.setdefault("gemm_sustained_fraction", 1.0)
         fa, fb = self.efficiency.get("attention_fwd_vs_matmul"), self.efficiency.get("attention_bwd_vs_matmul")
         table = getattr(eff, "attention_fractions", None)
         if fa and fb and table is not None and self.gpu.architecture:

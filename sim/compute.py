@@ -34,6 +34,10 @@ class KernelEfficiency:
     gemm_half_dim: float = 0.0
     # Dense bf16 FLOP/s per SM of the GPU the half dimension was fitted on (A100: 312e12/108).
     gemm_reference_flops_per_sm: float = 0.0
+    # Fraction of the best-case (brute-force searched, short-burst) GEMM efficiency that a
+    # training run's fixed-shape GEMMs sustain even when large; fitted together with
+    # ``gemm_half_dim`` (scripts/fit_efficiency.py).  1 = large GEMMs reach the best case.
+    gemm_sustained_fraction: float = 1.0
     # HBM traffic of element-wise (memory-bound) ops run eagerly, one kernel per op,
     # relative to the fused kernels sim/ops.py counts.
     eager_elementwise_traffic: float = 1.0
@@ -77,6 +81,7 @@ def efficiency_from_catalog(*, include_fitted: bool) -> KernelEfficiency:
     fitted = (data.get("fitted") or {}) if include_fitted else {}
     if "gemm" in fitted:
         d["gemm_half_dim"] = float(fitted["gemm"]["gemm_half_dim"])
+        d["gemm_sustained_fraction"] = float(fitted["gemm"].get("gemm_sustained_fraction", 1.0))
     if "collective_overhead_s" in fitted:
         d["collective_overhead_s"] = float(fitted["collective_overhead_s"])
     if "host" in fitted:
@@ -129,6 +134,8 @@ def gemm_half_dim(gpu: Gpu, precision: str, eff: KernelEfficiency) -> float:
 
 def matmul_efficiency(gpu: Gpu, precision: str, op: Op, eff: KernelEfficiency) -> float:
     base = gpu.achievable_matmul_fraction(precision)
+    if op.kind == "matmul":
+        base *= eff.gemm_sustained_fraction
     if eff.gemm_half_dim > 0 and op.kind == "matmul":
         d = min(op.m, op.n, op.k)
         base *= d / (d + gemm_half_dim(gpu, precision, eff))

@@ -48,6 +48,9 @@ def test_stored_fit_matches_script():
     assert fitted["scale_out"]["bandwidth_efficiency"] == stored["scale_out"]["bandwidth_efficiency"]
     assert fitted["collective_overhead_s"] == pytest.approx(stored["collective_overhead_s"])
     assert fitted["gemm"]["gemm_half_dim"] == stored["gemm"]["gemm_half_dim"]
+    assert fitted["gemm"]["gemm_sustained_fraction"] == stored["gemm"]["gemm_sustained_fraction"]
+    # Large GEMMs sustain most, not all, of the best case (mamf-finder's searched shape).
+    assert 0.8 <= fitted["gemm"]["gemm_sustained_fraction"] <= 1.0
     # The fitted layer model reproduces Korthikanti et al. Table 4 to within ~4% RMS.
     assert fitted["gemm"]["rms_rel_error"] < 0.05
     # NVLink ring efficiency is physically plausible.
@@ -55,8 +58,9 @@ def test_stored_fit_matches_script():
 
 
 def test_vtrain_multi_node_held_out():
-    """The multi-node vTrain rows (3.6-175 B, 64-512 A100) are never used in fitting: they test
-    generalisation.  vTrain's own simulator reports 14.7% mean error on them."""
+    """The odd-numbered multi-node vTrain rows (3.6-175 B, 64-512 A100) are never used in
+    fitting (the even ones fit the GEMM sustained fraction): they test generalisation.
+    vTrain's own simulator reports 14.7% mean error on all multi-node rows."""
     import statistics
 
     from planner.vtrain import load_vtrain
@@ -64,9 +68,9 @@ def test_vtrain_multi_node_held_out():
 
     rows = load_vtrain("multi")
     assert len(rows) == 109
-    errs = [abs(simulate_analytic(r.plan).step_time_s / r.measured_step_time_s - 1) for r in rows]
-    assert statistics.median(errs) < 0.10
-    assert statistics.fmean(errs) < 0.15
+    errs = [abs(simulate_analytic(r.plan).step_time_s / r.measured_step_time_s - 1) for r in rows[1::2]]
+    assert statistics.median(errs) < 0.06
+    assert statistics.fmean(errs) < 0.12
 
 
 def test_vtrain_single_node_fit_quality():
