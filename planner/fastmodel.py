@@ -389,6 +389,7 @@ class FastModel:
         z3 = zero >= 3
 
         g_b, pg_b = self.comm.grad_reduce_bytes_per_param, self.comm.param_gather_bytes_per_param
+        sigma = getattr(self.eff, "overlap_compute_slowdown", 0.0)
         ep_dp = max(1, dpcp // layout.ep)
         F, B, W, N, GS, PG, OPT = [], [], [], [], [], [], []
         for c in classes:
@@ -424,8 +425,13 @@ class FastModel:
                 z3b = np.where(z3, np.maximum(0.0, ag3 + rs3 - lbr - extra_b) + rs3 / n1, 0.0)
             else:
                 z3f = z3b = 0.0
-            fwd = ((lf + extra_f) + ex_f) + z3f
-            bwd = ((lbr + extra_b) + ex_b) + z3b
+            if ag3 or rs3:  # compute slowed by the hidden FSDP traffic (sim.costs)
+                slow_f = np.where(z3, sigma * np.maximum(0.0, ag3 - z3f), 0.0)
+                slow_b = np.where(z3, sigma * np.maximum(0.0, ag3 + rs3 - z3b), 0.0)
+            else:
+                slow_f = slow_b = 0.0
+            fwd = ((lf + extra_f) + slow_f + ex_f) + z3f
+            bwd = ((lbr + extra_b) + slow_b + ex_b) + z3b
             nf, nb = (0 if c.last else 1), (0 if c.first else 1)
             F.append(fwd + nf * vp * p2p)
             B.append(bwd + nb * vp * p2p)
@@ -458,13 +464,19 @@ class FastModel:
         step = None
         for ci, c in enumerate(classes):
             tail = sum(k * B[j] for j, k in enumerate(c.before) if k) if any(c.before) else 0.0
+            last_end = t_pipe - tail
             if np.all(z3):
-                dp_exposed = 0.0
+                ready = last_end
             else:
                 window = B[ci] * (N[ci] - 1) / max(1, N[ci]) if self.dp_overlap else 0.0
-                dp_exposed = np.where(z3, 0.0, np.maximum(0.0, GS[ci] - window - tail))
-            gather = np.maximum(0.0, PG[ci] - F[ci]) if self.dp_overlap else PG[ci]
-            end = t_pipe - tail + dp_exposed + OPT[ci] + gather
+                slow = sigma * np.minimum(GS[ci], window)
+                ready = np.where(z3, last_end, np.maximum(last_end + slow, last_end - window + GS[ci]))
+            if self.dp_overlap:
+                gather = np.maximum(0.0, PG[ci] - F[ci])
+                ready = ready + sigma * (PG[ci] - gather)
+            else:
+                gather = PG[ci]
+            end = ready + OPT[ci] + gather
             step = end if step is None else np.maximum(step, end)
         step = np.where(valid, np.broadcast_to(step, shape5), np.nan)
         return LayoutEval(valid=valid, memory_peak_bytes=peak, fits=fits, step_time_s=step)

@@ -14,11 +14,14 @@ exposed TP/CP/EP communication plus the point-to-point send):
   gradient ``W`` fills the drain, bubble ``(p - 1)(F + B - W)`` with ``W`` taken as half the
   GEMM backward.
 
-Data-parallel gradient reduction starts when a stage finishes its last backward; with
-overlap it runs under that backward (bucketed, as DDP/Megatron do) and stage ``i`` also has
-the pipeline drain of the stages before it, ``sum_{j<i} B_j``, to hide it.  The optimizer
-step is memory-bound (``sim.costs``).  Known error: ignores the warm-up ramp of bucket sizes
-and assumes balanced experts; see docs/accuracy.md.
+Data-parallel gradient reduction runs after a stage's last backward; with overlap it starts
+under that backward (bucketed, as DDP/Megatron do), and a stage that finishes early (``i >
+0`` finishes ``sum_{j<i} B_j`` before the pipeline's end) hides the rest in the drain.  The
+backward that hides a reduction runs slower by ``efficiency.overlap_compute_slowdown`` of the
+hidden time (communication kernels take SMs and HBM bandwidth; arXiv:2507.03114), as does the
+first forward that hides a ZeRO-1/2 parameter gather.  The optimizer step is memory-bound
+(``sim.costs``).  Known error: ignores the warm-up ramp of bucket sizes and assumes balanced
+experts; see docs/accuracy.md.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from sim.collectives import Network
-from sim.compute import KernelEfficiency
+from sim.compute import KernelEfficiency, default_efficiency
 from sim.costs import StageCost, StepCosts, default_network, step_costs
 from sim.memory import plan_memory
 from sim.ops import model_flops_per_step
@@ -67,6 +70,7 @@ def simulate_analytic(plan: Plan, *, net: Network | None = None, eff: KernelEffi
     """Predict one optimizer step of ``plan`` with the closed-form model."""
     model, cluster, s = plan.model, plan.cluster, plan.strategy
     net = net or default_network(cluster)
+    eff = eff or default_efficiency()
     costs = costs or step_costs(plan, net, eff)
     stages = costs.stages
     m, v, p = s.num_microbatches, s.vp, s.pp
@@ -78,25 +82,33 @@ def simulate_analytic(plan: Plan, *, net: Network | None = None, eff: KernelEffi
     busy = m * (fb[b_idx][0] + fb[b_idx][1])
     bubble = max(0.0, t_pipe - busy)
 
-    # Per-stage end of step: last backward, then exposed gradient sync, optimizer, gather.
+    # Per-stage end of step: last backward (slowed while it hides the gradient reduction), the
+    # reduction's remainder, the optimizer, then (ZeRO-1/2) the parameter gather.
+    sigma = eff.overlap_compute_slowdown
     ends = []
     tail = 0.0  # time after stage i's last backward until the pipeline's last backward
     for i, st in enumerate(stages):
-        b_last = fb[i][1]
+        last_bwd_end = t_pipe - tail
+        slow = 0.0
         if s.zero >= 3:
-            dp_exposed = 0.0  # per-micro-batch FSDP traffic is inside F/B already
+            ready = last_bwd_end  # per-micro-batch FSDP traffic is inside F/B already
         else:
             n = max(1, len(st.layer_costs))
-            window = b_last * (n - 1) / n if s.dp_overlap else 0.0
-            dp_exposed = max(0.0, st.dp_grad_sync_s - window - tail)
+            window = fb[i][1] * (n - 1) / n if s.dp_overlap else 0.0
+            slow = sigma * min(st.dp_grad_sync_s, window)
+            ready = max(last_bwd_end + slow, last_bwd_end - window + st.dp_grad_sync_s)
+        dp_exposed = ready - last_bwd_end - slow
         gather = st.dp_param_gather_s
         if s.dp_overlap:  # overlapped with the next step's first forward (overlap_param_gather)
             gather = max(0.0, gather - fb[i][0])
-        ends.append((t_pipe - tail + dp_exposed + st.optimizer_s + gather, dp_exposed + gather, st.optimizer_s))
+            slow_g = sigma * (st.dp_param_gather_s - gather)
+            slow += slow_g
+            ready += slow_g
+        ends.append((ready + st.optimizer_s + gather, dp_exposed + gather, st.optimizer_s, slow))
         tail += fb[i][1]
-    step, dp_exposed, opt = max(ends)
+    step, dp_exposed, opt, slow = max(ends)
 
-    comp = m * (bott.compute_fwd_s + bott.compute_bwd_s)
+    comp = m * (bott.compute_fwd_s + bott.compute_bwd_s) + slow
     recompute = m * sum(c.recompute_s for c in bott.layer_costs)
     ex_tp = m * bott.exposed_tp_s
     ex_cp = m * bott.exposed_cp_s

@@ -47,6 +47,9 @@ class KernelEfficiency:
     host_op_floor_s: float = 0.0
     # Fixed cost of one collective call (NCCL launch and synchronisation), seconds.
     collective_overhead_s: float = 0.0
+    # Relative slowdown of compute that runs while a collective is in flight (the
+    # communication kernels take SMs, L2 and HBM bandwidth); charged on the overlapped time.
+    overlap_compute_slowdown: float = 0.0
     # architecture -> kernel -> (fwd, bwd) fraction of dense bf16 peak (catalogs/efficiency.yaml)
     attention_fractions: Mapping[str, Mapping[str, tuple[float, float]]] = field(default_factory=dict)
     source: str = ""
@@ -58,6 +61,9 @@ class KernelEfficiency:
                 raise InputError(f"efficiency.{n}", v, "must be in (0, 1.5]")
         if self.kernel_overhead_s < 0 or self.gemm_half_dim < 0:
             raise InputError("efficiency", self, "overheads must be >= 0")
+        if not 0 <= self.overlap_compute_slowdown < 1:
+            raise InputError("efficiency.overlap_compute_slowdown", self.overlap_compute_slowdown,
+                             "must be in [0, 1)")
 
 
 @functools.cache

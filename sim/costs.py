@@ -71,6 +71,9 @@ class LayerCost:
     exposed_cp_bwd_s: float
     exposed_ep_fwd_s: float
     exposed_ep_bwd_s: float
+    # part of fwd_s / bwd_s: compute slowed by the hidden TP/CP/EP collectives
+    overlap_slowdown_fwd_s: float = 0.0
+    overlap_slowdown_bwd_s: float = 0.0
     flops_fwd: float  # executed
     model_flops_fwd: float
     recompute_flops: float
@@ -94,14 +97,18 @@ class StageCost:
     dp_param_gather_s: float  # per step, after the optimizer (zero 1-2)
     optimizer_s: float
     params: float
+    # Per micro-batch: compute slowed by the hidden FSDP all-gathers / reduce-scatters
+    # (efficiency.overlap_compute_slowdown); part of compute_fwd_s / compute_bwd_s.
+    overlap_slowdown_fwd_s: float = 0.0
+    overlap_slowdown_bwd_s: float = 0.0
 
     @property
     def compute_fwd_s(self) -> float:
-        return sum(c.fwd_s for c in self.layer_costs) + self.extra_fwd_s
+        return sum(c.fwd_s for c in self.layer_costs) + self.extra_fwd_s + self.overlap_slowdown_fwd_s
 
     @property
     def compute_bwd_s(self) -> float:
-        return sum(c.bwd_s + c.recompute_s for c in self.layer_costs) + self.extra_bwd_s
+        return sum(c.bwd_s + c.recompute_s for c in self.layer_costs) + self.extra_bwd_s + self.overlap_slowdown_bwd_s
 
     @property
     def exposed_tp_s(self) -> float:
@@ -199,12 +206,18 @@ def _layer_cost(plan: Plan, net: Network, lops: LayerOps, eff: KernelEfficiency,
     else:
         ex_ep_f, ex_ep_b = ep_f, ep_b
 
+    # Compute under a hidden collective runs slower (efficiency.overlap_compute_slowdown).
+    sigma = eff.overlap_compute_slowdown
+    slow_f = sigma * ((tp_f - ex_tp_f) + (cp_f - ex_cp_f) + (ep_f - ex_ep_f))
+    slow_b = sigma * ((tp_b - ex_tp_b) + (cp_b - ex_cp_b) + (ep_b - ex_ep_b))
+    fwd, bwd = fwd + slow_f, bwd + slow_b
+
     return LayerCost(
         fwd_s=fwd, bwd_s=bwd, recompute_s=recompute_s, attention_fwd_s=attn_f, matmul_fwd_s=mm_f,
         tp_comm_fwd_s=tp_f, tp_comm_bwd_s=tp_b, cp_comm_fwd_s=cp_f, cp_comm_bwd_s=cp_b,
         ep_comm_fwd_s=ep_f, ep_comm_bwd_s=ep_b, exposed_tp_fwd_s=ex_tp_f, exposed_tp_bwd_s=ex_tp_b,
         exposed_cp_fwd_s=ex_cp_f, exposed_cp_bwd_s=ex_cp_b, exposed_ep_fwd_s=ex_ep_f, exposed_ep_bwd_s=ex_ep_b,
-        flops_fwd=lops.flops, model_flops_fwd=lops.model_flops, recompute_flops=recompute_flops,
+        overlap_slowdown_fwd_s=slow_f, overlap_slowdown_bwd_s=slow_b, flops_fwd=lops.flops, model_flops_fwd=lops.model_flops, recompute_flops=recompute_flops,
         params=layer_params)
 
 
@@ -259,6 +272,7 @@ def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | N
 
         grad_sync = param_gather = 0.0
         z3_f = z3_b = 0.0
+        slow_f = slow_b = 0.0
         if dp_size > 1:
             def coll(op: str, nparams: float, bytes_per: float) -> float:
                 if nparams <= 0:
@@ -288,6 +302,8 @@ def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | N
                 else:  # no prefetch: every gather and reduce-scatter is on the critical path
                     z3_f, z3_b = ag_stage, ag_stage + rs_stage
                 grad_sync = rs_stage
+                slow_f = eff.overlap_compute_slowdown * max(0.0, ag_stage - z3_f)
+                slow_b = eff.overlap_compute_slowdown * max(0.0, ag_stage + rs_stage - z3_b)
 
         shard = s.dp * s.cp if s.zero >= 1 else 1
         local_params = params.dense_params / shard + params.expert_params / (max(1, shard // s.ep) if s.zero >= 1 else 1)
@@ -298,5 +314,6 @@ def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | N
             stage=i, layers=tuple(layers), layer_costs=costs, extra_fwd_s=extra_f, extra_bwd_s=extra_b,
             extra_model_flops=extra_flops, p2p_s=p2p_s,
             zero3_exposed_fwd_s=z3_f, zero3_exposed_bwd_s=z3_b, dp_grad_sync_s=grad_sync,
-            dp_param_gather_s=param_gather, optimizer_s=opt_s, params=params.total))
+            dp_param_gather_s=param_gather, optimizer_s=opt_s, params=params.total,
+            overlap_slowdown_fwd_s=slow_f, overlap_slowdown_bwd_s=slow_b))
     return StepCosts(stages=tuple(stages), p2p_bytes=p2p_bytes)

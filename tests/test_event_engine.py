@@ -270,3 +270,62 @@ def test_whatif_parsing_errors() -> None:
         WhatIf(layers_per_stage=(1, 2)).check(plan)
     with pytest.raises(InputError, match="straggler"):
         WhatIf(stragglers=(Straggler(rank=2, slowdown_pct=5),)).check(plan)
+
+# --------------------------------------------------------------------------- overlap slowdown
+
+
+def _with_sigma(sigma: float):
+    from dataclasses import replace
+
+    from sim.compute import default_efficiency
+
+    return replace(default_efficiency(), overlap_compute_slowdown=sigma)
+
+
+def test_overlap_slowdown_charges_hidden_collectives_only() -> None:
+    """Compute under a hidden collective is slowed by sigma (arXiv:2507.03114); exposed
+    collectives and plans without overlap pay nothing extra."""
+    sigma = _with_sigma(0.189)
+    plan = real_plan("gpt3-175b", "h100-80gb", 64, "tp=8,pp=8,mbs=1,gbs=64,sp=1,tp_overlap=1")
+    net = Network(plan.cluster)
+    lc = step_costs(plan, net, sigma).stages[1].layer_costs[0]
+    lc0 = step_costs(plan, net, _with_sigma(0.0)).stages[1].layer_costs[0]
+    hidden_f = lc.tp_comm_fwd_s - lc.exposed_tp_fwd_s
+    assert hidden_f > 0
+    assert lc.overlap_slowdown_fwd_s == pytest.approx(0.189 * hidden_f)
+    assert lc.fwd_s == pytest.approx(lc0.fwd_s + 0.189 * hidden_f)
+    no_overlap = real_plan("gpt3-175b", "h100-80gb", 64, "tp=8,pp=8,mbs=1,gbs=64,sp=1")
+    lc_n = step_costs(no_overlap, Network(no_overlap.cluster), sigma).stages[1].layer_costs[0]
+    assert lc_n.overlap_slowdown_fwd_s == 0 and lc_n.overlap_slowdown_bwd_s == 0
+
+
+def test_overlap_slowdown_of_ddp_reduction_in_both_engines() -> None:
+    """DDP with overlapped bucketed reduction: the analytic engine adds sigma x the reduction
+    hidden under the last backward; the event engine measures the hidden time on its flows."""
+    plan = real_plan("llama3-8b", "a100-80gb", 64, "tp=1,pp=1,mbs=1,gbs=64,zero=1")
+    net = Network(plan.cluster)
+    eff0, eff1 = _with_sigma(0.0), _with_sigma(0.189)
+    c0, c1 = step_costs(plan, net, eff0), step_costs(plan, net, eff1)
+    a0, a1 = simulate_analytic(plan, net=net, eff=eff0, costs=c0), simulate_analytic(plan, net=net, eff=eff1, costs=c1)
+    st = c0.stages[0]
+    assert st.dp_grad_sync_s > 0
+    assert a1.step_time_s > a0.step_time_s
+    assert a1.step_time_s - a0.step_time_s <= 0.189 * (st.dp_grad_sync_s + st.dp_param_gather_s) + 1e-12
+    e0, e1 = simulate_event(plan, net=net, eff=eff0, costs=c0), simulate_event(plan, net=net, eff=eff1, costs=c1)
+    assert e1.step_time_s > e0.step_time_s
+    assert (e1.step_time_s - e0.step_time_s) == pytest.approx(a1.step_time_s - a0.step_time_s, rel=0.25)
+    assert e1.breakdown.total_s == pytest.approx(e1.step_time_s, rel=1e-9)
+
+
+def test_overlap_slowdown_of_fsdp_prefetch() -> None:
+    plan = real_plan("llama3-8b", "h100-80gb", 64, "tp=1,pp=1,mbs=2,gbs=128,zero=3,seq=8192")
+    net = Network(plan.cluster)
+    s0, s1 = step_costs(plan, net, _with_sigma(0.0)).stages[0], step_costs(plan, net, _with_sigma(0.189)).stages[0]
+    assert s1.overlap_slowdown_fwd_s > 0 and s1.overlap_slowdown_bwd_s > 0
+    assert s1.compute_fwd_s == pytest.approx(s0.compute_fwd_s + s1.overlap_slowdown_fwd_s)
+    # the hidden all-gather is at most the whole all-gather (same bytes as the reduce-scatter
+    # at 2 of its 4 bytes per parameter)
+    assert s1.overlap_slowdown_fwd_s <= 0.189 * s1.dp_grad_sync_s
+    e0 = simulate_event(plan, net=net, eff=_with_sigma(0.0))
+    e1 = simulate_event(plan, net=net, eff=_with_sigma(0.189))
+    assert e1.step_time_s > e0.step_time_s

@@ -61,8 +61,10 @@ class Entry(NamedTuple):
 class Engine:
     """Run one step of ``scenario`` on the links of ``table``."""
 
-    def __init__(self, scenario: Scenario, table: LinkTable, *, check_links: bool = False) -> None:
+    def __init__(self, scenario: Scenario, table: LinkTable, *, check_links: bool = False,
+                 overlap_slowdown: float = 0.0) -> None:
         self.sc = sc = scenario
+        self.sigma = overlap_slowdown  # efficiency.overlap_compute_slowdown
         for sl in sc.whatif.slow_links:
             table = table.scaled(table.select(sl.target), sl.capacity_factor)
         self.env = simpy.Environment()
@@ -206,6 +208,7 @@ class Engine:
                     args = (f"{'all-reduce' if sc.zero == 0 else 'reduce-scatter'} c{c} {pc.name}",
                             self._dp[i], dp.grad_bytes * pc.param_frac, dp.grad_fixed_s)
                     if sc.dp_overlap:
+                        state.setdefault("dp_t0", env.now)
                         state["grad"] = self.dp_stream[i].issue(*args)
                     else:
                         state["buffer"].append(args)
@@ -284,10 +287,22 @@ class Engine:
         for args in state["buffer"]:
             state["grad"] = self.dp_stream[i].issue(*args)
         wait = state["rs"] if sc.zero == 3 else state["grad"]
+        t_compute = env.now
         if wait is not None and not wait.triggered:
             t = env.now
             yield wait
             log.append(Entry(u.index, "compute", "wait gradient reduction", "dp", t, env.now, True))
+        sigma = self.sigma
+        if sc.zero < 3 and "dp_t0" in state and sigma > 0:
+            # the backward that hid the reduction ran slower (efficiency.overlap_compute_slowdown)
+            t0 = state["dp_t0"]
+            hidden = sum(max(0.0, min(e, t_compute) - max(s0, t0)) for _, s0, e in self.dp_stream[i].log)
+            extra = t_compute + sigma * hidden - env.now
+            if extra > 0:
+                t = env.now
+                yield env.timeout(extra)
+                log.append(Entry(u.index, "compute", "compute slowed by overlapped reduction", "compute",
+                                 t, env.now, True))
         st = sc.costs.stages[i]
         t = env.now
         opt = st.optimizer_s * u.slow
@@ -300,7 +315,8 @@ class Engine:
             t_opt = env.now
             yield self.dp_stream[i].issue("all-gather params", self._dp[i], dp.gather_bytes, dp.gather_fixed_s)
             hidden = self._first_fwd_s[u.index] if sc.dp_overlap else 0.0
-            end = max(t_opt, env.now - hidden)
+            slowed = self.sigma * min(hidden, env.now - t_opt)
+            end = max(t_opt, env.now - hidden) + slowed
             if end > t_opt:
                 log.append(Entry(u.index, "compute", "wait param all-gather", "dp", t_opt, end, True))
         self.unit_end[u.index] = end
@@ -344,9 +360,13 @@ def simulate_event(plan: "Plan", *, net: "Network | None" = None, eff: "KernelEf
         folder = os.path.dirname(os.path.abspath(trace_path))
         if not os.path.isdir(folder) or os.path.isdir(trace_path):
             raise InputError("trace", trace_path, "cannot write: no such folder, or it is a folder")
+    from sim.compute import default_efficiency
+
     net = net or Network(plan.cluster)
+    eff = eff or default_efficiency()
     costs = costs or step_costs(plan, net, eff)
-    eng = Engine(Scenario(plan, costs, net, explicit=explicit_ranks, whatif=whatif), LinkTable(net))
+    eng = Engine(Scenario(plan, costs, net, explicit=explicit_ranks, whatif=whatif), LinkTable(net),
+                 overlap_slowdown=eff.overlap_compute_slowdown)
     eng.run()
     result = step_result(eng, extra={})
     if trace_path is not None:

@@ -135,7 +135,11 @@ class Scenario:
         chunks = np.array_split(np.arange(n), v)
         first_stage = st.stage == 0 and p > 1
         extra_chunk = 0 if first_stage else v - 1
-        has_extra = st.extra_fwd_s > 0 or st.extra_bwd_s > 0 or extra_frac > 0
+        # The embedding/head compute and the compute slowed by hidden FSDP traffic
+        # (sim.costs StageCost.overlap_slowdown_*) ride one piece per pass.
+        extra_f = st.extra_fwd_s + st.overlap_slowdown_fwd_s
+        extra_b = st.extra_bwd_s + st.overlap_slowdown_bwd_s
+        has_extra = extra_f > 0 or extra_b > 0 or extra_frac > 0
         for c, idx in enumerate(chunks):
             lcs: list[tuple[int, LayerCost, float]] = [(st.layers[j], st.layer_costs[j], fr[j]) for j in idx]
             fwd = [Piece(f"L{l}", lc.fwd_s, 0.0, (lc.exposed_tp_fwd_s, lc.exposed_cp_fwd_s, lc.exposed_ep_fwd_s),
@@ -152,8 +156,8 @@ class Scenario:
             if has_extra and c == extra_chunk:
                 name = "embedding" if first_stage else ("head" if p > 1 else "embedding+head")
                 zero = (0.0, 0.0, 0.0)
-                ef = Piece(name, st.extra_fwd_s, 0.0, zero, extra_frac, False)
-                eb = Piece(name, st.extra_bwd_s, 0.0, zero, extra_frac, not self.zb)
+                ef = Piece(name, extra_f, 0.0, zero, extra_frac, False)
+                eb = Piece(name, extra_b, 0.0, zero, extra_frac, not self.zb)
                 ew = Piece(name, 0.0, 0.0, zero, extra_frac, True)
                 if first_stage:
                     fwd.insert(0, ef)
