@@ -153,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="event: discrete-event simulation (default); analytic: closed forms, fast")
     p.add_argument("--framework", default=None,
                    help="framework profile (catalogs/frameworks.yaml: default, megatron-core, megatron-lm-2021, "
-                        "torchtitan, torchtitan-compile)")
+                        "megatron-lm-2022, megatron-deepspeed, torchtitan, torchtitan-compile)")
     p.add_argument("--attention", choices=("flash", "flash2", "unfused"), default=None,
                    help="attention kernel (default: the framework profile's)")
     p.add_argument("--trace", default=None, help="write a Chrome trace-event JSON of the step (event engine)")

@@ -172,6 +172,8 @@ class FastModel:
         probe = Plan(model=model, cluster=cluster, strategy=self._probe_strategy(), **self.plan_kwargs)
         self.attention = probe.attention
         self.eager_elementwise = bool(getattr(probe, "eager_elementwise", False))
+        self.grad_accumulation = getattr(probe, "grad_accumulation", "fused")
+        self.fsdp_copies = bool(getattr(probe, "fsdp_copies", False))
         self._act_kwargs = _accepted(activation_bytes_per_layer, {
             "attention": probe.attention, "selective_policy": getattr(probe, "selective_policy", None)})
         self._net = net  # built on first use: routing tables of a huge cluster cost seconds
@@ -430,8 +432,22 @@ class FastModel:
                 slow_b = np.where(z3, sigma * np.maximum(0.0, ag3 + rs3 - z3b), 0.0)
             else:
                 slow_f = slow_b = 0.0
-            fwd = ((lf + extra_f) + slow_f + ex_f) + z3f
-            bwd = ((lbr + extra_b) + slow_b + ex_b) + z3b
+            # gradient accumulation pass per micro-batch (sim.costs; FSDP adds into its shard)
+            hbm = cl.gpu.hbm_bytes_per_s * cl.gpu.hbm_efficiency
+            acc_b = np.array([self.comm.grad_accumulation_bytes(self.grad_accumulation, mm) for mm in m_list],
+                             dtype=float).reshape(M, 1, 1, 1, 1)
+            acc_p = np.array([(c.dense_params + c.expert_params) if z < 3 else
+                              c.dense_params / dpcp + c.expert_params / max(1, dpcp // layout.ep)
+                              for z in grid.zero], dtype=float).reshape(1, 1, 1, Z, 1)
+            accum = acc_p * acc_b / hbm
+            copy_f = copy_b = 0.0
+            if self.fsdp_copies and dpcp > 1:  # FSDP2 packing around ZeRO-3 collectives (sim.costs)
+                local = c.dense_params + c.expert_params
+                copy_f = np.where(z3, local * self.comm.fsdp_gather_copy_bytes_per_param / hbm, 0.0)
+                copy_b = np.where(z3, local * (self.comm.fsdp_gather_copy_bytes_per_param
+                                               + self.comm.fsdp_reduce_copy_bytes_per_param) / hbm, 0.0)
+            fwd = ((lf + extra_f) + slow_f + copy_f + ex_f) + z3f
+            bwd = ((lbr + extra_b) + slow_b + accum + copy_b + ex_b) + z3b
             nf, nb = (0 if c.last else 1), (0 if c.first else 1)
             F.append(fwd + nf * vp * p2p)
             B.append(bwd + nb * vp * p2p)

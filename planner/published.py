@@ -112,7 +112,10 @@ def _framework(run: dict) -> Framework:
     if "torchtitan" in fw:
         return get_framework("torchtitan-compile" if compiled else "torchtitan")
     if "megatron" in fw:
-        return get_framework("megatron-lm-2021")  # both Megatron sources predate FlashAttention
+        # Both Megatron sources predate FlashAttention; they ran the code of their year
+        # (SC'21: grad hook accumulation; 2022: gradient-accumulation fusion).
+        year = 2022 if "2205.05198" in run.get("source", "") else 2021
+        return get_framework(f"megatron-lm-{year}")
     return get_framework("default")
 
 
@@ -188,7 +191,23 @@ def _base_strategy(run: dict, fw: Framework) -> tuple[dict, list[str]]:
     if s.get("vp"):
         values["vp"] = s["vp"]
         values["schedule"] = "interleaved"
+    elif _interleaving_stated_for_others(run):
+        values["vp"] = 1
+        notes.append("non-interleaved: the source states interleaving only for other model sizes")
     return values, notes
+
+
+def _interleaving_stated_for_others(run: dict) -> bool:
+    """True when the run's notes say which model sizes used the interleaved schedule and this
+    run's model is not one of them (Korthikanti et al.: "for 175B and 530B" only)."""
+    import re
+
+    hit = re.search(r"[Ii]nterleaved schedule[^.]*? for ([0-9A-Za-z., ]+?)(?:\.|$)", run.get("notes", ""))
+    if not hit:
+        return False
+    sizes = re.findall(r"\d+(?:\.\d+)?[BT]", hit.group(1))
+    name = run["model"]["name"]
+    return bool(sizes) and not any(re.search(rf"\b{re.escape(x)}\b", name) for x in sizes)
 
 
 def _candidates(run: dict, values: dict) -> list[dict]:

@@ -40,7 +40,7 @@ class VtrainRow:
 def load_vtrain(which: str) -> tuple[VtrainRow, ...]:
     """``which``: ``single`` or ``multi``."""
     path = catalog_dir() / "reference" / "vtrain" / f"ground_truth_{which}.csv"
-    fw = get_framework("megatron-lm-2021")
+    fw = get_framework("megatron-deepspeed")
     gpu, nic = get_gpu("a100-80gb"), get_nic("ib-hdr-200")
     out = []
     with open(path, encoding="utf-8-sig", newline="") as fh:

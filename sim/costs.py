@@ -11,7 +11,8 @@ schedules the same pieces as events, so the two agree where both apply.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Mapping
 
 import yaml
 
@@ -34,6 +35,17 @@ class CommRuntime:
     param_gather_bytes_per_param: float
     optimizer_bytes_per_param: float
     fp16_extra_bytes_per_param: float = 0.0
+    # framework grad_accumulation mode -> HBM bytes per local parameter per micro-batch
+    grad_accumulation_bytes_per_param: Mapping[str, float] = field(default_factory=dict)
+    # FSDP2 pack/unpack around each all-gather (fwd, and again in bwd) and reduce-scatter
+    fsdp_gather_copy_bytes_per_param: float = 0.0
+    fsdp_reduce_copy_bytes_per_param: float = 0.0
+
+    def grad_accumulation_bytes(self, mode: str, microbatches: int) -> float:
+        """Bytes per parameter per micro-batch, averaged over the step's micro-batches
+        (``autograd`` has nothing to add into on the first one)."""
+        b = self.grad_accumulation_bytes_per_param.get(mode, 0.0)
+        return b * (microbatches - 1) / microbatches if mode == "autograd" else b
 
 
 @functools.cache
@@ -46,7 +58,13 @@ def default_comm_runtime() -> CommRuntime:
     return CommRuntime(grad_reduce_bytes_per_param=c["grad_reduce_bytes_per_param"],
                        param_gather_bytes_per_param=c["param_gather_bytes_per_param"],
                        optimizer_bytes_per_param=o["bytes_per_param"],
-                       fp16_extra_bytes_per_param=o.get("fp16_extra_bytes_per_param", 0.0))
+                       fp16_extra_bytes_per_param=o.get("fp16_extra_bytes_per_param", 0.0),
+                       grad_accumulation_bytes_per_param={
+                           k: float(v) for k, v in (data.get("grad_accumulation") or {}).get("bytes_per_param", {}).items()},
+                       fsdp_gather_copy_bytes_per_param=float(
+                           (data.get("fsdp_copies") or {}).get("all_gather_copy_out_bytes_per_param", 0.0)),
+                       fsdp_reduce_copy_bytes_per_param=float(
+                           (data.get("fsdp_copies") or {}).get("reduce_scatter_copy_in_bytes_per_param", 0.0)))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -101,14 +119,23 @@ class StageCost:
     # (efficiency.overlap_compute_slowdown); part of compute_fwd_s / compute_bwd_s.
     overlap_slowdown_fwd_s: float = 0.0
     overlap_slowdown_bwd_s: float = 0.0
+    # Per micro-batch: adding the weight gradients into the step's gradient buffer when the
+    # framework does not fuse it into the GEMM (runtime.yaml grad_accumulation); in compute_bwd_s.
+    grad_accum_s: float = 0.0
+    # Per micro-batch: FSDP2 packing around its collectives (runtime.yaml fsdp_copies); in
+    # compute_fwd_s / compute_bwd_s.
+    fsdp_copy_fwd_s: float = 0.0
+    fsdp_copy_bwd_s: float = 0.0
 
     @property
     def compute_fwd_s(self) -> float:
-        return sum(c.fwd_s for c in self.layer_costs) + self.extra_fwd_s + self.overlap_slowdown_fwd_s
+        return (sum(c.fwd_s for c in self.layer_costs) + self.extra_fwd_s + self.overlap_slowdown_fwd_s
+                + self.fsdp_copy_fwd_s)
 
     @property
     def compute_bwd_s(self) -> float:
-        return sum(c.bwd_s + c.recompute_s for c in self.layer_costs) + self.extra_bwd_s + self.overlap_slowdown_bwd_s
+        return (sum(c.bwd_s + c.recompute_s for c in self.layer_costs) + self.extra_bwd_s
+                + self.overlap_slowdown_bwd_s + self.grad_accum_s + self.fsdp_copy_bwd_s)
 
     @property
     def exposed_tp_s(self) -> float:
@@ -309,11 +336,21 @@ def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | N
         local_params = params.dense_params / shard + params.expert_params / (max(1, shard // s.ep) if s.zero >= 1 else 1)
         opt_bytes = rt.optimizer_bytes_per_param + (rt.fp16_extra_bytes_per_param if s.precision == "fp16" else 0.0)
         opt_s = local_params * opt_bytes / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency)
+        # weight gradients of this micro-batch added into the step's buffer (FSDP: the shard)
+        acc_params = local_params if s.zero >= 3 else params.total
+        accum_s = (acc_params * rt.grad_accumulation_bytes(plan.grad_accumulation, s.num_microbatches)
+                   / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency))
+        copy_f = copy_b = 0.0
+        if s.zero >= 3 and dp_size > 1 and plan.fsdp_copies:
+            hbm = gpu.hbm_bytes_per_s * gpu.hbm_efficiency
+            copy_f = params.total * rt.fsdp_gather_copy_bytes_per_param / hbm
+            copy_b = params.total * (rt.fsdp_gather_copy_bytes_per_param + rt.fsdp_reduce_copy_bytes_per_param) / hbm
 
         stages.append(StageCost(
             stage=i, layers=tuple(layers), layer_costs=costs, extra_fwd_s=extra_f, extra_bwd_s=extra_b,
             extra_model_flops=extra_flops, p2p_s=p2p_s,
             zero3_exposed_fwd_s=z3_f, zero3_exposed_bwd_s=z3_b, dp_grad_sync_s=grad_sync,
             dp_param_gather_s=param_gather, optimizer_s=opt_s, params=params.total,
-            overlap_slowdown_fwd_s=slow_f, overlap_slowdown_bwd_s=slow_b))
+            overlap_slowdown_fwd_s=slow_f, overlap_slowdown_bwd_s=slow_b, grad_accum_s=accum_s,
+            fsdp_copy_fwd_s=copy_f, fsdp_copy_bwd_s=copy_b))
     return StepCosts(stages=tuple(stages), p2p_bytes=p2p_bytes)

@@ -22,6 +22,8 @@ class Framework:
     dp_overlap: bool
     eager_elementwise: bool
     selective_recompute: str  # attention | op
+    grad_accumulation: str = "fused"  # fused | fp32_main_grad | autograd (runtime.yaml)
+    fsdp_copies: bool = False  # FSDP2 packing around ZeRO-3 collectives (runtime.yaml)
     aliases: tuple[str, ...] = ()
     source: str = ""
     notes: str = ""
@@ -40,6 +42,8 @@ def _frameworks() -> dict[str, Framework]:
         fw = Framework(id=rec["id"], name=rec["name"], attention=rec["attention"],
                        dp_overlap=bool(rec["dp_overlap"]), eager_elementwise=rec["elementwise"] == "eager",
                        selective_recompute=rec.get("selective_recompute", "attention"),
+                       grad_accumulation=rec.get("grad_accumulation", "fused"),
+                       fsdp_copies=bool(rec.get("fsdp_copies", False)),
                        aliases=tuple(rec.get("aliases", ())), source=rec.get("source", ""),
                        notes=rec.get("notes", ""))
         for key in (fw.id, *fw.aliases):
@@ -59,7 +63,8 @@ def get_framework(name: str) -> Framework:
 def apply_framework(plan_kwargs: dict, fw: Framework) -> dict:
     """Plan keyword arguments for ``fw`` (attention kernel, element-wise fusion, policy)."""
     return {**plan_kwargs, "attention": fw.attention, "eager_elementwise": fw.eager_elementwise,
-            "selective_policy": fw.selective_recompute}
+            "selective_policy": fw.selective_recompute, "grad_accumulation": fw.grad_accumulation,
+            "fsdp_copies": fw.fsdp_copies}
 
 
 def list_frameworks() -> list[Framework]:

@@ -9,6 +9,7 @@ from sim.specs import Cluster, Model, Strategy
 
 ATTENTION_IMPLS: tuple[str, ...] = ("flash", "flash2", "unfused")
 SELECTIVE_POLICIES: tuple[str, ...] = ("attention", "op")
+GRAD_ACCUMULATION: tuple[str, ...] = ("fused", "fp32_main_grad", "autograd")
 
 _INT_KEYS = ("tp", "pp", "dp", "cp", "ep", "vp", "mbs", "gbs", "zero", "seq_len")
 _BOOL_KEYS = ("sp", "tp_overlap", "dp_overlap", "ep_overlap")
@@ -26,7 +27,10 @@ class Plan:
     says element-wise ops run one kernel each (eager PyTorch) instead of fused.
     ``selective_policy`` is what ``recompute=selective`` recomputes: ``attention`` (Megatron,
     Korthikanti et al. 2022) or ``op`` (torchtitan's op-level policy: element-wise ops and every
-    other linear layer).  ``sim.framework`` sets these from a framework profile.
+    other linear layer).  ``grad_accumulation`` is how each micro-batch's weight gradients are
+    added into the step's (``catalogs/runtime.yaml``); ``fsdp_copies`` whether ZeRO-3 pays
+    FSDP2's per-parameter packing around its collectives.  ``sim.framework`` sets these from a
+    framework profile.
     """
 
     model: Model
@@ -35,8 +39,13 @@ class Plan:
     attention: str = "flash"
     eager_elementwise: bool = False
     selective_policy: str = "attention"
+    grad_accumulation: str = "fused"
+    fsdp_copies: bool = False  # FSDP2 per-parameter packing around collectives (runtime.yaml)
 
     def __post_init__(self) -> None:
+        if self.grad_accumulation not in GRAD_ACCUMULATION:
+            raise InputError("grad_accumulation", self.grad_accumulation,
+                             f"must be one of {', '.join(GRAD_ACCUMULATION)}")
         if self.attention not in ATTENTION_IMPLS:
             raise InputError("attention", self.attention, f"must be one of {', '.join(ATTENTION_IMPLS)}")
         if self.selective_policy not in SELECTIVE_POLICIES:

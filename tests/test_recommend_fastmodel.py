@@ -31,7 +31,7 @@ def _frameworks() -> list[str | None]:
     except ImportError:
         return [None]
     ids = [f.id for f in list_frameworks()]
-    return [None] + [f for f in ("torchtitan", "megatron-lm-2021") if f in ids]
+    return [None] + [f for f in ("torchtitan", "megatron-lm-2021", "megatron-deepspeed") if f in ids]
 
 
 CASES = [

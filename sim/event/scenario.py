@@ -135,10 +135,10 @@ class Scenario:
         chunks = np.array_split(np.arange(n), v)
         first_stage = st.stage == 0 and p > 1
         extra_chunk = 0 if first_stage else v - 1
-        # The embedding/head compute and the compute slowed by hidden FSDP traffic
-        # (sim.costs StageCost.overlap_slowdown_*) ride one piece per pass.
-        extra_f = st.extra_fwd_s + st.overlap_slowdown_fwd_s
-        extra_b = st.extra_bwd_s + st.overlap_slowdown_bwd_s
+        # The embedding/head compute, the compute slowed by hidden FSDP traffic, FSDP2's
+        # packing and the gradient accumulation pass (sim.costs StageCost) ride one piece per pass.
+        extra_f = st.extra_fwd_s + st.overlap_slowdown_fwd_s + st.fsdp_copy_fwd_s
+        extra_b = st.extra_bwd_s + st.overlap_slowdown_bwd_s + st.grad_accum_s + st.fsdp_copy_bwd_s
         has_extra = extra_f > 0 or extra_b > 0 or extra_frac > 0
         for c, idx in enumerate(chunks):
             lcs: list[tuple[int, LayerCost, float]] = [(st.layers[j], st.layer_costs[j], fr[j]) for j in idx]

@@ -1,0 +1,79 @@
+"""Framework mechanisms priced from first principles: gradient accumulation outside the GEMM,
+FSDP2's packing around its collectives, and how published runs pick their profile."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.published import compare_run, load_runs
+from sim.analytic import simulate_analytic
+from sim.catalog import get_gpu, get_model, get_nic
+from sim.costs import default_comm_runtime, step_costs
+from sim.errors import InputError
+from sim.framework import apply_framework, get_framework
+from sim.plan import Plan, parse_strategy
+from sim.specs import Cluster
+
+
+def _plan(framework: str, strategy: str, *, model: str = "gpt3-175b", gpu: str = "a100-80gb", n: int = 64) -> Plan:
+    g = get_gpu(gpu)
+    cl = Cluster(gpu=g, num_gpus=n, nic=get_nic(g.default_nic), gpus_per_node=8, nvlink_domain=8,
+                 nics_per_node=g.nics_per_node)
+    fw = get_framework(framework)
+    s = parse_strategy(strategy, num_gpus=n).with_(dp_overlap=fw.dp_overlap)
+    return Plan(**apply_framework({"model": get_model(model), "cluster": cl, "strategy": s}, fw))
+
+
+def _hbm(plan: Plan) -> float:
+    g = plan.cluster.gpu
+    return g.hbm_bytes_per_s * g.hbm_efficiency
+
+
+def test_grad_accumulation_bytes_per_mode() -> None:
+    rt = default_comm_runtime()
+    assert rt.grad_accumulation_bytes("fused", 8) == 0
+    assert rt.grad_accumulation_bytes("fp32_main_grad", 8) == 10  # read 2 + read 4 + write 4
+    assert rt.grad_accumulation_bytes("autograd", 8) == pytest.approx(6 * 7 / 8)  # nothing to add on the first
+    assert rt.grad_accumulation_bytes("autograd", 1) == 0
+
+
+def test_grad_accumulation_pass_per_micro_batch() -> None:
+    strategy = "tp=8,pp=8,mbs=1,gbs=64,recompute=full"
+    p21, p22 = _plan("megatron-lm-2021", strategy), _plan("megatron-lm-2022", strategy)
+    st21, st22 = step_costs(p21).stages[3], step_costs(p22).stages[3]
+    assert st22.grad_accum_s == 0
+    assert st21.grad_accum_s == pytest.approx(st21.params * 10 / _hbm(p21))
+    assert st21.compute_bwd_s == pytest.approx(st22.compute_bwd_s + st21.grad_accum_s)
+    t21, t22 = simulate_analytic(p21).step_time_s, simulate_analytic(p22).step_time_s
+    m, p = p21.strategy.num_microbatches, p21.strategy.pp
+    acc = [st.grad_accum_s for st in step_costs(p21).stages]
+    # every micro-batch pays it on the bottleneck stage, and the pipeline fill and drain too
+    assert m * min(acc) < t21 - t22 <= (m + p - 1) * max(acc) + 1e-9
+
+
+def test_fsdp2_packing_only_under_zero3_with_sharding() -> None:
+    z3 = _plan("torchtitan", "tp=1,pp=1,mbs=1,gbs=64,zero=3,seq=8192", model="llama3-8b", gpu="h100-80gb")
+    st = step_costs(z3).stages[0]
+    assert st.fsdp_copy_fwd_s == pytest.approx(st.params * 4 / _hbm(z3))
+    assert st.fsdp_copy_bwd_s == pytest.approx(st.params * 10 / _hbm(z3))
+    z1 = _plan("torchtitan", "tp=1,pp=1,mbs=1,gbs=64,zero=1,seq=8192", model="llama3-8b", gpu="h100-80gb")
+    assert step_costs(z1).stages[0].fsdp_copy_fwd_s == 0
+    mcore = _plan("megatron-core", "tp=1,pp=1,mbs=1,gbs=64,zero=3,seq=8192", model="llama3-8b", gpu="h100-80gb")
+    assert step_costs(mcore).stages[0].fsdp_copy_bwd_s == 0  # contiguous buffers, no packing
+
+
+def test_unknown_grad_accumulation_is_a_clear_error() -> None:
+    p = _plan("default", "tp=8,pp=1,mbs=1,gbs=8")
+    with pytest.raises(InputError, match="grad_accumulation"):
+        Plan(model=p.model, cluster=p.cluster, strategy=p.strategy, grad_accumulation="magic")
+
+
+def test_published_runs_use_the_code_of_their_year() -> None:
+    runs = {r["id"]: r for r in load_runs()}
+    sc21 = compare_run(runs["megatron-sc21-t1-gpt1008.0b-3072gpu"])
+    k22 = compare_run(runs["korthikanti22-1t-fullrecompute-512gpu"])
+    assert sc21.framework == "megatron-lm-2021" and sc21.plan.grad_accumulation == "fp32_main_grad"
+    assert k22.framework == "megatron-lm-2022" and k22.plan.grad_accumulation == "fused"
+    # Korthikanti et al. interleave only the 175B and 530B runs
+    assert k22.plan.strategy.vp == 1
+    assert compare_run(runs["korthikanti22-175b-fullrecompute-64gpu"]).plan.strategy.vp == 3
