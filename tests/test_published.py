@@ -12,13 +12,14 @@ from planner.published import compare_all, load_runs, summary
 
 # (id prefix, step-time tolerance, why)
 TOLERANCES = [
-    ("megatron-sc21-t1-", 0.16, "Narayanan et al. 2021 Table 1: mbs/vp unstated (filled by rule); we run "
-                                "~1-13% fast on pipelined rows (unmodelled 2021 pipeline overheads)"),
-    ("korthikanti22-", 0.12, "Korthikanti et al. 2022: layer timings of the same paper calibrate the GEMM "
-                             "shape factor; whole-iteration overheads beyond the layers are ~3-9%"),
-    ("torchtitan-2412-t1-", 0.30, "torchtitan on 500 W H100 (peak unknown, +-8%): eager/compiled FSDP "
-                                  "overheads not fully captured; known gap, see docs/accuracy.md"),
-    ("torchtitan-2412-t3-", 0.30, "as t1, 128 GPUs"),
+    ("megatron-sc21-t1-", 0.13, "Narayanan et al. 2021 Table 1: mbs/vp unstated (filled by rule); pipelined rows "
+                                "run 5-11% fast; the same per-GPU work runs 3-9% slower here than in "
+                                "Korthikanti et al. 2022 (docs/accuracy.md)"),
+    ("korthikanti22-", 0.09, "Korthikanti et al. 2022: layer timings of the same paper calibrate the GEMM "
+                             "shape factor; whole-iteration overheads beyond the layers are ~0-7%"),
+    ("torchtitan-2412-t1-", 0.20, "torchtitan on 500 W H100 (peak unknown, +-8%): compute-bound kernels run "
+                                  "~10-16% slower than the A100-calibrated model; see docs/accuracy.md"),
+    ("torchtitan-2412-t3-", 0.22, "as t1, 128 GPUs"),
     ("torchtitan-2412-t2-", 0.42, "context-parallel ring attention at 32k-262k tokens: per-step attention "
                                   "kernels run below the FlashAttention-2 headline efficiency we use"),
 ]
@@ -53,7 +54,7 @@ def test_memory_within_10_percent(rows, run_id):
 def test_summary_does_not_regress(rows):
     s = summary(list(rows.values()))
     assert s["num_runs"] == 30
-    assert s["median_abs_step_error"] <= 0.11
+    assert s["median_abs_step_error"] <= 0.075
     assert s["median_abs_memory_error"] <= 0.06
 
 
