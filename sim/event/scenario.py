@@ -135,24 +135,33 @@ class Scenario:
         chunks = np.array_split(np.arange(n), v)
         first_stage = st.stage == 0 and p > 1
         extra_chunk = 0 if first_stage else v - 1
-        # The embedding/head compute, the compute slowed by hidden FSDP traffic, FSDP2's
-        # packing and the gradient accumulation pass (sim.costs StageCost) ride one piece per pass.
-        extra_f = st.extra_fwd_s + st.overlap_slowdown_fwd_s + st.fsdp_copy_fwd_s
-        extra_b = st.extra_bwd_s + st.overlap_slowdown_bwd_s + st.grad_accum_s + st.fsdp_copy_bwd_s
+        # Per-parameter work of the stage (compute slowed by hidden FSDP traffic, FSDP2's
+        # packing, the gradient accumulation pass: sim.costs StageCost) is spread over the
+        # layers by parameter share, as it happens layer by layer; the embedding/head's share
+        # rides with the embedding/head compute.  Lumping it into one chunk would unbalance
+        # the virtual stages of an interleaved schedule.
+        per_param_f = st.overlap_slowdown_fwd_s + st.fsdp_copy_fwd_s
+        per_param_b = st.overlap_slowdown_bwd_s + st.grad_accum_s + st.fsdp_copy_bwd_s
+        if sum(fr) <= 0:
+            extra_frac = 1.0
+        extra_f = st.extra_fwd_s + extra_frac * per_param_f
+        extra_b = st.extra_bwd_s + extra_frac * per_param_b
         has_extra = extra_f > 0 or extra_b > 0 or extra_frac > 0
         for c, idx in enumerate(chunks):
             lcs: list[tuple[int, LayerCost, float]] = [(st.layers[j], st.layer_costs[j], fr[j]) for j in idx]
-            fwd = [Piece(f"L{l}", lc.fwd_s, 0.0, (lc.exposed_tp_fwd_s, lc.exposed_cp_fwd_s, lc.exposed_ep_fwd_s),
-                         f, False) for l, lc, f in lcs]
+            fwd = [Piece(f"L{l}", lc.fwd_s + f * per_param_f, 0.0,
+                         (lc.exposed_tp_fwd_s, lc.exposed_cp_fwd_s, lc.exposed_ep_fwd_s), f, False) for l, lc, f in lcs]
             bwd, wgt = [], []
             for l, lc, f in reversed(lcs):
                 comm = (lc.exposed_tp_bwd_s, lc.exposed_cp_bwd_s, lc.exposed_ep_bwd_s)
                 if self.zb:
                     w = 0.5 * lc.bwd_s  # the analytic engine's ZB-H1 convention (sim.analytic)
-                    bwd.append(Piece(f"L{l}", lc.bwd_s - w + lc.recompute_s, lc.recompute_s, comm, f, False))
+                    bwd.append(Piece(f"L{l}", lc.bwd_s - w + lc.recompute_s + f * per_param_b, lc.recompute_s,
+                                     comm, f, False))
                     wgt.append(Piece(f"L{l}", w, 0.0, (0.0, 0.0, 0.0), f, True))
                 else:
-                    bwd.append(Piece(f"L{l}", lc.bwd_s + lc.recompute_s, lc.recompute_s, comm, f, True))
+                    bwd.append(Piece(f"L{l}", lc.bwd_s + lc.recompute_s + f * per_param_b, lc.recompute_s,
+                                     comm, f, True))
             if has_extra and c == extra_chunk:
                 name = "embedding" if first_stage else ("head" if p > 1 else "embedding+head")
                 zero = (0.0, 0.0, 0.0)
