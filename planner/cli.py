@@ -122,11 +122,20 @@ def _whatif_from_args(args: argparse.Namespace) -> "object | None":
                                     if args.layers_per_stage is not None else None))
 
 
+def _framework_records() -> list[dict]:
+    """Framework profiles (catalogs/frameworks.yaml) as ``planner catalog`` lists them."""
+    from dataclasses import asdict
+
+    from sim.framework import list_frameworks
+
+    return [{**asdict(fw), "aliases": list(fw.aliases)} for fw in list_frameworks()]
+
+
 def cmd_catalog(args: argparse.Namespace) -> int:
     from sim.catalog import catalog_records
 
-    kinds = ("gpus", "links", "models") if args.kind == "all" else (args.kind,)
-    data = {k: catalog_records(k) for k in kinds}
+    kinds = ("gpus", "links", "models", "frameworks") if args.kind == "all" else (args.kind,)
+    data = {k: (_framework_records() if k == "frameworks" else catalog_records(k)) for k in kinds}
     if args.json:
         print(json.dumps(data, indent=2, default=str))
         return 0
@@ -172,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("catalog", help="list catalog ids")
-    p.add_argument("kind", nargs="?", default="all", choices=("all", "gpus", "links", "models"))
+    p.add_argument("kind", nargs="?", default="all", choices=("all", "gpus", "links", "models", "frameworks"))
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_catalog)
 

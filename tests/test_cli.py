@@ -96,6 +96,9 @@ def test_catalog_lists_interface_ids(capsys):
     model_ids = {r["id"] for r in d["models"]}
     for mid in ("gpt3-175b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3.1-405b", "mixtral-8x7b", "deepseek-v3"):
         assert mid in model_ids
+    fws = {r["id"]: r for r in d["frameworks"]}
+    assert fws["megatron-lm-2021"]["grad_accumulation"] == "fp32_main_grad"
+    assert fws["torchtitan"]["fsdp_copies"] is True and fws["default"]["dp_overlap"] is True
 
 
 def test_console_script_subprocess():
