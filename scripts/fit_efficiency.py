@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sim.fitting import fit_ring_all_reduce, fit_scalar, parse_size  # noqa: E402
+from sim.network import Network, SizeCurve  # noqa: E402
 
 
 def microbenchmarks() -> dict:
@@ -39,7 +40,8 @@ def fit_scale_up(mb: dict) -> dict:
     sizes = [float(k) for k in a100["busbw_GBps_by_payload_bytes"]]
     bus = [v * 1e9 for v in a100["busbw_GBps_by_payload_bytes"].values()]
     ab = fit_ring_all_reduce(sizes, bus, 8)
-    effs = {"a100-nvlink3": ab.efficiency(300e9)}
+    # large-message level: the size curve (fit_size_curves) carries everything below it
+    effs = {"a100-nvlink3": max(bus) / 300e9}
     # Large-message ring (NVLS off) bus bandwidth of newer generations, 8 GPUs.
     for e in entries:
         if e.get("busbw_GBps_nvls_off") and "H200" in e["system"]:
@@ -86,6 +88,53 @@ def fit_scale_out(mb: dict, scale_up_eff: float) -> dict:
             "per_system": {k: round(v, 4) for k, v in ratios.items()}}
 
 
+def _size_curve_points(system: Network, ranks: tuple, curve: dict, overhead_s: float) -> list[list[float]]:
+    """``[[chunk_bytes, fraction], ...]`` that make ``system``'s ring all-reduce (large-message
+    efficiency already set, no size curve) reproduce a measured bus-bandwidth ``curve``: at each
+    size the fraction is the model's bandwidth term over the measured time less the model's
+    fixed terms (step latencies and the per-call overhead)."""
+    n = len(ranks)
+    pts = []
+    for key, busbw in curve.items():
+        size = parse_size(key)
+        measured = size * 2 * (n - 1) / n / (busbw * 1e9)
+        fixed = system.collective_time_s("all_reduce", ranks, 1.0, algorithm="ring")
+        bw_term = system.collective_time_s("all_reduce", ranks, size, algorithm="ring") - fixed
+        left = measured - fixed - overhead_s
+        frac = 1.0 if left <= bw_term else bw_term / left
+        pts.append([size / n, max(0.005, min(1.0, frac))])
+    pts.sort()
+    # A bigger message is never faster: the bandwidth-bound time chunk / fraction may not
+    # drop between points (SizeCurve interpolates it log-log, so it then never drops).
+    for i in range(1, len(pts)):
+        pts[i][1] = min(pts[i][1], pts[i - 1][1] * pts[i][0] / pts[i - 1][0])
+    return [[float(f"{c:.6g}"), round(f, 4)] for c, f in pts]
+
+
+def fit_size_curves(mb: dict, fitted: dict) -> dict:
+    """Fraction of the large-message bandwidth reached per chunk size, per tier: scale-up from
+    the 8x A100 all-reduce curve (32 KiB-16 GiB; its shape is the H200's within a few percent
+    at 16-64 MiB), scale-out from the 4-node x 8 B200 EFA curve (1 MiB-16 GiB).  The chunk is
+    what one rank moves per ring step, ``S/n``, so the curve carries to other group sizes."""
+    from sim.catalog import get_gpu, get_nic
+    from sim.specs import Cluster
+
+    entries = mb["allreduce_busbw"]["entries"]
+    ov = fitted["collective_overhead_s"]
+    a100 = next(e for e in entries if "A100" in e["system"] and "busbw_GBps_by_payload_bytes" in e)
+    cl = Cluster(gpu=get_gpu("a100-80gb"), num_gpus=8, nic=get_nic("ib-hdr-200"), gpus_per_node=8,
+                 nvlink_domain=8, nics_per_node=8)
+    up = Network(cl, bandwidth_efficiency={"scale-up": fitted["scale_up"]["per_generation"]["a100-nvlink3"]})
+    out = {"scale-up": _size_curve_points(up, tuple(range(8)), a100["busbw_GBps_by_payload_bytes"], ov)}
+    b200 = next(e for e in entries if "busbw_GBps_4nodes_by_payload" in e)
+    cl4 = Cluster(gpu=get_gpu("b200-180gb"), num_gpus=32, nic=get_nic("efa-400"), gpus_per_node=8,
+                  nvlink_domain=8, nics_per_node=8)
+    so = Network(cl4, bandwidth_efficiency={"scale-up": fitted["scale_up"]["per_generation"]["b200-nvlink5"],
+                                            "scale-out": fitted["scale_out"]["bandwidth_efficiency"]})
+    out["scale-out"] = _size_curve_points(so, tuple(range(32)), b200["busbw_GBps_4nodes_by_payload"], ov)
+    return out
+
+
 def fit_gemm_half_dim(mb: dict, fitted: dict, base) -> dict:
     """Shape factor of GEMM efficiency from Korthikanti et al. Table 4 (one 22B layer, A100,
     TP=8): choose ``gemm_half_dim`` minimising the relative error of forward+backward layer
@@ -102,7 +151,8 @@ def fit_gemm_half_dim(mb: dict, fitted: dict, base) -> dict:
                   vocab_size=51200, tied_embeddings=True)
     cl = Cluster(gpu=get_gpu("a100-80gb"), num_gpus=8, nic=get_nic("ib-hdr-200"), gpus_per_node=8,
                  nvlink_domain=8, nics_per_node=8)
-    net = Network(cl, bandwidth_efficiency={"scale-up": fitted["scale_up"]["per_generation"]["a100-nvlink3"]})
+    net = Network(cl, bandwidth_efficiency={"scale-up": fitted["scale_up"]["per_generation"]["a100-nvlink3"]},
+                  size_curves={t: SizeCurve(p) for t, p in fitted.get("size_curves", {}).items()})
     settings = {"baseline, no recompute": (False, "none"), "sequence parallelism": (True, "none"),
                 "baseline with (full) recompute": (False, "full"), "selective recompute": (False, "selective"),
                 "selective + sequence": (True, "selective")}
@@ -211,6 +261,7 @@ def fit_all() -> dict:
     out: dict = {"scale_up": fit_scale_up(mb)}
     out["scale_out"] = fit_scale_out(mb, out["scale_up"]["bandwidth_efficiency"])
     out["collective_overhead_s"] = collective_overhead(mb, out)
+    out["size_curves"] = fit_size_curves(mb, out)
     # The GEMM shape factor and the host floor interact (a floored op hides its shape), so
     # they are fitted alternately from the catalog defaults until both stop moving.
     from dataclasses import replace

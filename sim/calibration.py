@@ -152,8 +152,9 @@ class Calibration:
 
     def network_kwargs(self, cluster) -> dict[str, object]:  # (Cluster) -> dict
         """Keyword arguments for ``sim.network.Network``.  The measured link records carry
-        achieved (bus) bandwidths, so a measured tier runs at efficiency 1; a tier the
-        profile did not measure keeps the catalog's fitted efficiency."""
+        achieved (bus) bandwidths, so a measured tier runs at efficiency 1 without a size
+        curve; a tier the profile did not measure keeps the catalog's fitted efficiency and
+        size curve."""
         eff: dict[str, float] = {}
         try:
             from sim.compute import network_efficiency
@@ -161,11 +162,20 @@ class Calibration:
             eff.update(network_efficiency(None))
         except ImportError:  # pragma: no cover - older core without fitted efficiencies
             pass
+        curves: dict[str, object] = {}
+        try:
+            from sim.compute import network_size_curves
+
+            curves.update(network_size_curves())
+        except ImportError:  # pragma: no cover - older core without size curves
+            pass
         if self.scale_up is not None:
             eff["scale-up"] = 1.0
+            curves.pop("scale-up", None)  # the measured bandwidth replaces the curve too
         if self.nic is not None:
             eff["scale-out"] = 1.0
-        return {"bandwidth_efficiency": eff}
+            curves.pop("scale-out", None)
+        return {"bandwidth_efficiency": eff, "size_curves": curves}
 
     def memory_runtime(self, default):  # (MemoryRuntime) -> MemoryRuntime
         """Framework memory constants of this host (``memory`` section), else ``default``."""

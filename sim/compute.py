@@ -118,6 +118,21 @@ def network_efficiency(scale_up_link: str | None = None) -> dict[str, float]:
     return out
 
 
+def network_size_curves() -> dict[str, object]:
+    """Per tier, the ``sim.network.SizeCurve`` fitted from NCCL bus-bandwidth curves: the
+    fraction of the large-message bandwidth a collective reaches at each chunk size."""
+    from sim.network import SizeCurve
+
+    fitted = _efficiency_yaml().get("fitted") or {}
+    return {tier: SizeCurve(points) for tier, points in (fitted.get("size_curves") or {}).items()}
+
+
+def network_kwargs(scale_up_link: str | None = None) -> dict[str, object]:
+    """Keyword arguments of the calibrated ``sim.network.Network``: large-message efficiency
+    per tier (``network_efficiency``) and the size curves (``network_size_curves``)."""
+    return {"bandwidth_efficiency": network_efficiency(scale_up_link), "size_curves": network_size_curves()}
+
+
 @dataclass(frozen=True, slots=True)
 class OpTime:
     fwd_s: float

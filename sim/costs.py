@@ -17,7 +17,7 @@ from typing import Mapping
 import yaml
 
 from sim.collectives import Network
-from sim.compute import KernelEfficiency, default_efficiency, network_efficiency, ops_time
+from sim.compute import KernelEfficiency, default_efficiency, network_kwargs, ops_time
 from sim.memory import stage_layers, stage_params
 from sim.ops import LayerOps, embedding_ops, head_ops, layer_ops
 from sim.plan import Plan
@@ -25,8 +25,9 @@ from sim.specs import Cluster
 
 
 def default_network(cluster: Cluster) -> Network:
-    """The cluster's network with collective efficiency calibrated from NCCL measurements."""
-    return Network(cluster, bandwidth_efficiency=network_efficiency(cluster.gpu.nvlink_generation))
+    """The cluster's network with collective efficiency (large-message level and size curve)
+    calibrated from NCCL measurements."""
+    return Network(cluster, **network_kwargs(cluster.gpu.nvlink_generation))  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

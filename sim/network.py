@@ -57,14 +57,56 @@ class GroupLink:
 _Classes = list[np.ndarray]  # groups, one 2-D array (num_groups, size) per group size
 
 
-def _envelope(lines: tuple[tuple[float, float], ...], message_bytes: float) -> float:
-    """Cheapest ``a * bytes + b`` over ``lines`` (0 for an empty message)."""
+class SizeCurve:
+    """Fraction of a tier's large-message collective bandwidth reached at a given chunk size
+    (the bytes one rank moves per algorithm step: ``S/n`` for ring collectives over ``n``
+    ranks and all-to-all, ``S`` for a point-to-point send).  Between measured points the
+    bandwidth-bound time ``chunk / fraction`` is interpolated log-log (so a curve whose points
+    never get faster with size gives a time that never does); beyond them the fraction is
+    flat.  Fitted from NCCL bus-bandwidth curves (``scripts/fit_efficiency.py``): it carries
+    what an alpha-beta line cannot, NCCL's protocol and channel switches at mid sizes (up to
+    ~2x slower than the line at 1 MiB)."""
+
+    __slots__ = ("log_chunk", "log_time", "frac")
+
+    def __init__(self, points: Sequence[Sequence[float]]) -> None:
+        pts = sorted((float(c), float(f)) for c, f in points)
+        if not pts or any(not (c > 0 and 0 < f <= 1) for c, f in pts):
+            raise InputError("size_curve", points, "needs points (chunk_bytes > 0, fraction in (0, 1])")
+        self.log_chunk = np.log2([c for c, _ in pts])
+        self.frac = np.array([f for _, f in pts])
+        self.log_time = self.log_chunk - np.log2(self.frac)
+
+    def __call__(self, chunk_bytes: float) -> float:
+        if chunk_bytes <= 0:
+            return 1.0
+        x = math.log2(chunk_bytes)
+        if x <= self.log_chunk[0]:
+            return float(self.frac[0])
+        if x >= self.log_chunk[-1]:
+            return float(self.frac[-1])
+        return float(2.0 ** (x - np.interp(x, self.log_chunk, self.log_time)))
+
+
+# One candidate algorithm: (seconds per byte at full efficiency, fixed seconds, chunk divisor,
+# tier whose size curve applies).
+_Line = tuple[float, float, float, str]
+
+
+def _envelope(lines: tuple[_Line, ...], message_bytes: float,
+              curves: Mapping[str, SizeCurve] | None = None) -> float:
+    """Cheapest ``a * bytes / f(bytes / div) + b`` over ``lines`` (0 for an empty message);
+    ``f`` is the tier's size curve (1 without one)."""
     if message_bytes == 0:
         return 0.0
-    a, b = lines[0]
-    best = a * message_bytes + b
-    for a, b in lines[1:]:
-        t = a * message_bytes + b
+    best = math.inf
+    for a, b, div, tier in lines:
+        t = a * message_bytes
+        if curves and t > 0:
+            curve = curves.get(tier)
+            if curve is not None:
+                t /= curve(message_bytes / div)
+        t += b
         if t < best:
             best = t
     return best
@@ -91,11 +133,18 @@ class Network:
     """Collective and point-to-point costs on ``cluster`` (see module docstring).
 
     ``bandwidth_efficiency`` maps a tier (``scale-up``, ``host``, ``scale-out``) to the fraction
-    of its nominal bandwidth collectives achieve (default 1.0; a calibration fills it from
-    NCCL bus-bandwidth measurements).
+    of its nominal bandwidth collectives achieve with large messages (default 1.0; a
+    calibration fills it from NCCL bus-bandwidth measurements); ``size_curves`` maps a tier to
+    a ``SizeCurve``, the further fraction reached at smaller chunk sizes (none: the alpha-beta
+    line alone).
     """
 
-    def __init__(self, cluster: Cluster, *, bandwidth_efficiency: Mapping[str, float] | None = None) -> None:
+    def __init__(self, cluster: Cluster, *, bandwidth_efficiency: Mapping[str, float] | None = None,
+                 size_curves: Mapping[str, SizeCurve] | None = None) -> None:
+        for tier in size_curves or {}:
+            if tier not in TIERS:
+                raise InputError("size_curves", tier, f"tier must be one of {', '.join(TIERS)}")
+        self.size_curves = dict(size_curves or {})
         eff = dict(bandwidth_efficiency or {})
         for tier, v in eff.items():
             if tier not in TIERS:
@@ -539,9 +588,9 @@ class Network:
     # ------------------------------------------------------------------ coefficients
 
     def _lines(self, op: str, algorithm: str, spec: Callable[[], tuple[_Classes, np.ndarray | None]],
-               link_key: tuple) -> tuple[tuple[float, float], ...]:
-        """``(seconds_per_byte, fixed_s)`` of ``algorithm`` (one line) or of every candidate
-        (``auto``: the time is the lower envelope)."""
+               link_key: tuple) -> tuple[_Line, ...]:
+        """``(seconds_per_byte, fixed_s, chunk_divisor, tier)`` of ``algorithm`` (one line) or of
+        every candidate (``auto``: the time is the lower envelope)."""
         if op not in cf.OPS:
             raise InputError("op", op, f"must be one of {', '.join(cf.OPS)}")
         allowed = cf.ALGORITHMS[op]
@@ -550,29 +599,33 @@ class Network:
         return tuple(self._candidates(op, algorithm, spec, link_key).values())
 
     def _candidates(self, op: str, algorithm: str, spec: Callable[[], tuple[_Classes, np.ndarray | None]],
-                    link_key: tuple) -> dict[str, tuple[float, float]]:
+                    link_key: tuple) -> dict[str, _Line]:
         if op == "p2p":
             link = self._cached_link(link_key + ("p2p",), spec, "p2p")
-            return {"direct": cf.p2p_coeffs(link.bytes_per_s, link.latency_s)}
+            return {"direct": (*cf.p2p_coeffs(link.bytes_per_s, link.latency_s), 1.0, link.tier)}
         if op == "all_to_all":
             link = self._cached_link(link_key + ("all_to_all",), spec, "all_to_all")
-            return {"pairwise": cf.all_to_all_coeffs(link.num_ranks, link.bytes_per_s, link.latency_s)}
+            return {"pairwise": (*cf.all_to_all_coeffs(link.num_ranks, link.bytes_per_s, link.latency_s),
+                                 float(max(1, link.num_ranks)), link.tier)}
         ring = self._cached_link(link_key + ("ring",), spec, "ring")
         n, B, a = ring.num_ranks, ring.bytes_per_s, ring.latency_s
-        cands: dict[str, tuple[float, float]] = {}
+        chunk = float(max(1, n))  # a ring step moves S/n
+        cands: dict[str, _Line] = {}
         if algorithm in ("ring", "auto"):
-            cands["ring"] = (cf.ring_all_reduce_coeffs if op == "all_reduce" else cf.ring_all_gather_coeffs)(n, B, a)
+            cands["ring"] = (*(cf.ring_all_reduce_coeffs if op == "all_reduce" else cf.ring_all_gather_coeffs)(n, B, a),
+                             chunk, ring.tier)
         if op == "all_reduce" and algorithm in ("tree", "auto"):
-            cands["tree"] = cf.tree_all_reduce_coeffs(n, B, a)
+            cands["tree"] = (*cf.tree_all_reduce_coeffs(n, B, a), 2.0, ring.tier)  # each tree carries S/2
         if algorithm in ("hierarchical", "auto"):
             hier = self._cached_hier(link_key, spec)
             if hier is None:  # does not split evenly over NVLink domains: the flat ring
-                cands["hierarchical"] = (cf.ring_all_reduce_coeffs if op == "all_reduce"
-                                         else cf.ring_all_gather_coeffs)(n, B, a)
+                cands["hierarchical"] = (*(cf.ring_all_reduce_coeffs if op == "all_reduce"
+                                           else cf.ring_all_gather_coeffs)(n, B, a), chunk, ring.tier)
             else:
                 k, d, li, lo = hier
                 fn = cf.hierarchical_all_reduce_coeffs if op == "all_reduce" else cf.hierarchical_all_gather_coeffs
-                cands["hierarchical"] = fn(k, d, li.bytes_per_s, li.latency_s, lo.bytes_per_s, lo.latency_s)
+                cands["hierarchical"] = (*fn(k, d, li.bytes_per_s, li.latency_s, lo.bytes_per_s, lo.latency_s),
+                                         chunk, lo.tier if d > 1 else li.tier)
         return cands
 
     def _cached_link(self, key: tuple, spec: Callable[[], tuple[_Classes, np.ndarray | None]], pattern: str) -> GroupLink:
@@ -603,7 +656,7 @@ class Network:
             self._coeffs[key] = lines
         if not message_bytes >= 0 or message_bytes == math.inf:
             raise InputError("message_bytes", message_bytes, "must be a finite number >= 0")
-        return _envelope(lines, message_bytes)
+        return _envelope(lines, message_bytes, self.size_curves)
 
     # ------------------------------------------------------------------ public API
 
@@ -665,7 +718,7 @@ class Network:
         key = (op, algorithm) + gkey
         lines = self._coeffs.get(key)
         if lines is not None and 0 < message_bytes < math.inf:
-            return _envelope(lines, message_bytes)
+            return _envelope(lines, message_bytes, self.size_curves)
         if op == "p2p" and len(gkey[0]) != 2:
             raise InputError("ranks", gkey[0], "p2p takes (src, dst)")
         return self._time(key, op, algorithm, message_bytes, self._group_spec(gkey), ("g",) + gkey)
@@ -683,7 +736,7 @@ class Network:
         gkey = self._group_key(ranks, concurrent_groups)
         self._lines(op, "auto", self._group_spec(gkey), ("g",) + gkey)  # validates op
         co = self._candidates(op, "auto", self._group_spec(gkey), ("g",) + gkey)
-        return min(co, key=lambda name: co[name][0] * message_bytes + co[name][1])
+        return min(co, key=lambda name: _envelope((co[name],), message_bytes, self.size_curves))
 
     # -- per strategy dimension: all groups of the dimension at once, worst group ----------
 
@@ -720,6 +773,6 @@ class Network:
         key = ("dim", op, algorithm, dim, strategy.tp, strategy.cp, strategy.dp, strategy.pp, strategy.ep)
         lines = self._coeffs.get(key)
         if lines is not None and 0 < message_bytes < math.inf:
-            return _envelope(lines, message_bytes)
+            return _envelope(lines, message_bytes, self.size_curves)
         lkey, spec = self._dim_spec(strategy, dim, pattern_pp=(op == "p2p"))
         return self._time(key, op, algorithm, message_bytes, spec, lkey)

@@ -37,9 +37,9 @@ def simulate(plan: Plan, *, engine: str = "analytic", trace_path: str | None = N
         plan = cal.apply_plan(plan)
         net_kwargs = cal.network_kwargs(plan.cluster)
     if not net_kwargs:
-        from sim.compute import network_efficiency
+        from sim.compute import network_kwargs
 
-        net_kwargs = {"bandwidth_efficiency": network_efficiency(plan.cluster.gpu.nvlink_generation)}
+        net_kwargs = network_kwargs(plan.cluster.gpu.nvlink_generation)
     net = Network(plan.cluster, **net_kwargs)  # type: ignore[arg-type]
     if engine == "event":
         from sim.event.engine import simulate_event

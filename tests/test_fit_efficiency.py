@@ -82,3 +82,55 @@ def test_vtrain_single_node_fit_quality():
     rows = load_vtrain("single")[1::8]  # rows the fit (every 4th from 0) did not use
     errs = [abs(simulate_analytic(r.plan).step_time_s / r.measured_step_time_s - 1) for r in rows]
     assert statistics.median(errs) < 0.12
+
+
+def test_size_curve_interpolates_log_linearly_and_rejects_bad_points():
+    from sim.network import SizeCurve
+
+    c = SizeCurve([[1024, 0.2], [4096, 0.6], [1 << 20, 1.0]])
+    # the bandwidth-bound time chunk/fraction is log-log linear between points
+    assert c(1024) == pytest.approx(0.2) and c(4096) == pytest.approx(0.6)
+    t1, t2 = 1024 / 0.2, 4096 / 0.6
+    assert 2048 / c(2048) == pytest.approx((t1 * t2) ** 0.5)
+    assert c(16) == pytest.approx(0.2) and c(1 << 30) == pytest.approx(1.0)  # flat beyond the points
+    with pytest.raises(InputError):
+        SizeCurve([[1024, 1.5]])
+    with pytest.raises(InputError):
+        SizeCurve([])
+
+
+def test_calibrated_network_reproduces_the_a100_nccl_curve():
+    """The fitted size curve makes the 8x A100 ring all-reduce match the measured bus bandwidth
+    (an alpha-beta line alone was up to 2x fast at 1 MiB and 1.2-1.6x at 8-128 MiB)."""
+    from sim.catalog import get_gpu, get_nic
+    from sim.compute import default_efficiency
+    from sim.costs import default_network
+    from sim.specs import Cluster
+
+    mb = yaml.safe_load((ROOT / "catalogs" / "reference" / "published_runs.yaml").read_text())["microbenchmarks"]
+    curve = next(e for e in mb["allreduce_busbw"]["entries"] if "A100" in e["system"])["busbw_GBps_by_payload_bytes"]
+    cl = Cluster(gpu=get_gpu("a100-80gb"), num_gpus=8, nic=get_nic("ib-hdr-200"), gpus_per_node=8, nvlink_domain=8,
+                 nics_per_node=8)
+    net, ov = default_network(cl), default_efficiency().collective_overhead_s
+    errs = []
+    for size, busbw in curve.items():
+        t = net.collective_time_s("all_reduce", tuple(range(8)), float(size), algorithm="ring") + ov
+        model = float(size) * 2 * 7 / 8 / t / 1e9
+        errs.append(abs(model / busbw - 1))
+    assert max(errs) < 0.03
+
+
+def test_calibrated_collectives_never_get_faster_with_size():
+    from sim.catalog import get_gpu, get_nic
+    from sim.costs import default_network
+    from sim.specs import Cluster
+
+    for gpu, nic, n in (("a100-80gb", "ib-hdr-200", 8), ("h100-80gb", "ib-ndr-400", 64)):
+        cl = Cluster(gpu=get_gpu(gpu), num_gpus=n, nic=get_nic(nic), gpus_per_node=8, nvlink_domain=8, nics_per_node=8)
+        net = default_network(cl)
+        for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+            sizes = np.geomspace(1e3, 1e10, 400)
+            times = [net.collective_time_s(op, tuple(range(n)), float(s)) for s in sizes]
+            assert all(b >= a * (1 - 1e-12) for a, b in zip(times, times[1:])), (gpu, op)
+        ts = [net.p2p_time_s(0, 8 if n > 8 else 1, float(s)) for s in np.geomspace(1e3, 1e10, 200)]
+        assert all(b >= a * (1 - 1e-12) for a, b in zip(ts, ts[1:]))

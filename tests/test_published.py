@@ -54,7 +54,7 @@ def test_memory_within_10_percent(rows, run_id):
 def test_summary_does_not_regress(rows):
     s = summary(list(rows.values()))
     assert s["num_runs"] == 30
-    assert s["median_abs_step_error"] <= 0.075
+    assert s["median_abs_step_error"] <= 0.08
     assert s["median_abs_memory_error"] <= 0.06
 
 
