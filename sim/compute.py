@@ -3,8 +3,9 @@
 ``t = max(flops / (peak * eff_flops), hbm_bytes / (hbm_bytes_per_s * eff_hbm)) + overhead``
 (Williams, Waterman & Patterson 2009, "Roofline").  ``eff_flops`` is the GPU's best-case
 GEMM fraction (catalog ``matmul_efficiency``, measured with a brute-force shape search) times
-a shape factor that is 1 for large GEMMs; attention kernels reach a lower fraction
-(``catalogs/efficiency.yaml``).  Known error: a single efficiency per kind ignores shape
+the fraction of it a training run's fixed shapes sustain (``gemm_sustained_fraction``) and a
+shape factor ``d / (d + gemm_half_dim)``, both fitted (``scripts/fit_efficiency.py``);
+attention kernels reach a lower fraction (``catalogs/efficiency.yaml``).  Known error: a single efficiency per kind ignores shape
 effects beyond the roofline (tile and wave quantisation), worth up to ~10-20% on small GEMMs.
 """
 
