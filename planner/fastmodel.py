@@ -392,6 +392,9 @@ class FastModel:
 
         g_b, pg_b = self.comm.grad_reduce_bytes_per_param, self.comm.param_gather_bytes_per_param
         sigma = getattr(self.eff, "overlap_compute_slowdown", 0.0)
+        hbm = cl.gpu.hbm_bytes_per_s * cl.gpu.hbm_efficiency
+        acc_b = np.array([self.comm.grad_accumulation_bytes(self.grad_accumulation, mm) for mm in m_list],
+                         dtype=float).reshape(M, 1, 1, 1, 1)
         ep_dp = max(1, dpcp // layout.ep)
         F, B, W, N, GS, PG, OPT = [], [], [], [], [], [], []
         for c in classes:
@@ -433,9 +436,6 @@ class FastModel:
             else:
                 slow_f = slow_b = 0.0
             # gradient accumulation pass per micro-batch (sim.costs; FSDP adds into its shard)
-            hbm = cl.gpu.hbm_bytes_per_s * cl.gpu.hbm_efficiency
-            acc_b = np.array([self.comm.grad_accumulation_bytes(self.grad_accumulation, mm) for mm in m_list],
-                             dtype=float).reshape(M, 1, 1, 1, 1)
             acc_p = np.array([(c.dense_params + c.expert_params) if z < 3 else
                               c.dense_params / dpcp + c.expert_params / max(1, dpcp // layout.ep)
                               for z in grid.zero], dtype=float).reshape(1, 1, 1, Z, 1)

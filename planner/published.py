@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import statistics
 from dataclasses import dataclass, field
 
@@ -200,8 +201,6 @@ def _base_strategy(run: dict, fw: Framework) -> tuple[dict, list[str]]:
 def _interleaving_stated_for_others(run: dict) -> bool:
     """True when the run's notes say which model sizes used the interleaved schedule and this
     run's model is not one of them (Korthikanti et al.: "for 175B and 530B" only)."""
-    import re
-
     hit = re.search(r"[Ii]nterleaved schedule[^.]*? for ([0-9A-Za-z., ]+?)(?:\.|$)", run.get("notes", ""))
     if not hit:
         return False

@@ -58,7 +58,6 @@ def fit_scale_out(mb: dict, scale_up_eff: float) -> dict:
     """Scale-out efficiency: measured multi-node bus bandwidth over what our own network model
     gives at efficiency 1 for the same cluster (largest message, bandwidth-bound)."""
     from sim.catalog import get_gpu, get_nic
-    from sim.network import Network
     from sim.specs import Cluster
 
     entries = mb["allreduce_busbw"]["entries"]
@@ -142,7 +141,6 @@ def fit_gemm_half_dim(mb: dict, fitted: dict, base) -> dict:
     ``gemm_sustained_fraction``."""
     from sim.catalog import get_gpu, get_nic
     from sim.costs import step_costs
-    from sim.network import Network
     from sim.plan import Plan
     from sim.specs import Cluster, Model, Strategy
 
@@ -222,7 +220,6 @@ def collective_overhead(mb: dict, fitted: dict) -> float:
     all-reduce time at the smallest measured size minus what our network model gives for it
     (link latencies and bytes at the fitted efficiency)."""
     from sim.catalog import get_gpu, get_nic
-    from sim.network import Network
     from sim.specs import Cluster
 
     entries = mb["allreduce_busbw"]["entries"]

@@ -129,14 +129,24 @@ class StageCost:
     fsdp_copy_bwd_s: float = 0.0
 
     @property
+    def param_work_fwd_s(self) -> float:
+        """Per micro-batch forward work proportional to the stage's parameters (hidden-FSDP
+        slowdown, FSDP2 packing): it happens layer by layer, by parameter share."""
+        return self.overlap_slowdown_fwd_s + self.fsdp_copy_fwd_s
+
+    @property
+    def param_work_bwd_s(self) -> float:
+        """As ``param_work_fwd_s`` for the backward, plus the gradient accumulation pass."""
+        return self.overlap_slowdown_bwd_s + self.grad_accum_s + self.fsdp_copy_bwd_s
+
+    @property
     def compute_fwd_s(self) -> float:
-        return (sum(c.fwd_s for c in self.layer_costs) + self.extra_fwd_s + self.overlap_slowdown_fwd_s
-                + self.fsdp_copy_fwd_s)
+        return sum(c.fwd_s for c in self.layer_costs) + self.extra_fwd_s + self.param_work_fwd_s
 
     @property
     def compute_bwd_s(self) -> float:
         return (sum(c.bwd_s + c.recompute_s for c in self.layer_costs) + self.extra_bwd_s
-                + self.overlap_slowdown_bwd_s + self.grad_accum_s + self.fsdp_copy_bwd_s)
+                + self.param_work_bwd_s)
 
     @property
     def exposed_tp_s(self) -> float:
@@ -245,8 +255,8 @@ def _layer_cost(plan: Plan, net: Network, lops: LayerOps, eff: KernelEfficiency,
         tp_comm_fwd_s=tp_f, tp_comm_bwd_s=tp_b, cp_comm_fwd_s=cp_f, cp_comm_bwd_s=cp_b,
         ep_comm_fwd_s=ep_f, ep_comm_bwd_s=ep_b, exposed_tp_fwd_s=ex_tp_f, exposed_tp_bwd_s=ex_tp_b,
         exposed_cp_fwd_s=ex_cp_f, exposed_cp_bwd_s=ex_cp_b, exposed_ep_fwd_s=ex_ep_f, exposed_ep_bwd_s=ex_ep_b,
-        overlap_slowdown_fwd_s=slow_f, overlap_slowdown_bwd_s=slow_b, flops_fwd=lops.flops, model_flops_fwd=lops.model_flops, recompute_flops=recompute_flops,
-        params=layer_params)
+        overlap_slowdown_fwd_s=slow_f, overlap_slowdown_bwd_s=slow_b, flops_fwd=lops.flops,
+        model_flops_fwd=lops.model_flops, recompute_flops=recompute_flops, params=layer_params)
 
 
 def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | None = None) -> StepCosts:
@@ -288,6 +298,8 @@ def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | N
 
     dp_size = s.dp * s.cp
     ep_dp = max(1, (s.dp * s.cp) // s.ep)
+    hbm = gpu.hbm_bytes_per_s * gpu.hbm_efficiency  # memory-bound passes (optimizer, accumulation, packing)
+    accum_bytes = rt.grad_accumulation_bytes(plan.grad_accumulation, s.num_microbatches)
 
     stages = []
     for i, layers in enumerate(stage_layers(model, s)):
@@ -336,14 +348,12 @@ def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | N
         shard = s.dp * s.cp if s.zero >= 1 else 1
         local_params = params.dense_params / shard + params.expert_params / (max(1, shard // s.ep) if s.zero >= 1 else 1)
         opt_bytes = rt.optimizer_bytes_per_param + (rt.fp16_extra_bytes_per_param if s.precision == "fp16" else 0.0)
-        opt_s = local_params * opt_bytes / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency)
+        opt_s = local_params * opt_bytes / hbm
         # weight gradients of this micro-batch added into the step's buffer (FSDP: the shard)
         acc_params = local_params if s.zero >= 3 else params.total
-        accum_s = (acc_params * rt.grad_accumulation_bytes(plan.grad_accumulation, s.num_microbatches)
-                   / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency))
+        accum_s = acc_params * accum_bytes / hbm
         copy_f = copy_b = 0.0
         if s.zero >= 3 and dp_size > 1 and plan.fsdp_copies:
-            hbm = gpu.hbm_bytes_per_s * gpu.hbm_efficiency
             copy_f = params.total * rt.fsdp_gather_copy_bytes_per_param / hbm
             copy_b = params.total * (rt.fsdp_gather_copy_bytes_per_param + rt.fsdp_reduce_copy_bytes_per_param) / hbm
 

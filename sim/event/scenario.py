@@ -140,8 +140,7 @@ class Scenario:
         # layers by parameter share, as it happens layer by layer; the embedding/head's share
         # rides with the embedding/head compute.  Lumping it into one chunk would unbalance
         # the virtual stages of an interleaved schedule.
-        per_param_f = st.overlap_slowdown_fwd_s + st.fsdp_copy_fwd_s
-        per_param_b = st.overlap_slowdown_bwd_s + st.grad_accum_s + st.fsdp_copy_bwd_s
+        per_param_f, per_param_b = st.param_work_fwd_s, st.param_work_bwd_s
         if sum(fr) <= 0:
             extra_frac = 1.0
         extra_f = st.extra_fwd_s + extra_frac * per_param_f
