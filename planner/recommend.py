@@ -7,9 +7,9 @@
    catalog).  With a fixed GPU count all three order plans the same way; they differ when
    ``min_gpus`` lets the search use fewer GPUs.  Plans within ``tie_tolerance`` (relative) of
    the best count as tied, and the simplest of them wins (``complexity``).
-3. The top plans are re-simulated with ``sim.analytic.simulate_analytic`` (the fast model must
-   agree to 1e-9; a disagreement is reported and the exact values are used) and, when the
-   discrete-event engine is importable, re-ranked with ``sim.simulate.simulate(engine="event")``.
+3. The top plans are re-simulated with ``sim.analytic.simulate_analytic`` for their full
+   results (the search evaluated the same model over arrays, so the step times are equal) and
+   re-ranked with the discrete-event engine (``sim.simulate.simulate(engine="event")``).
 4. ``planner.explain`` says what bounds the winner and why the alternatives lose; when nothing
    fits, ``suggest`` re-runs the search with one change at a time (ZeRO-3, recomputation, more
    GPUs, a smaller batch, a GPU with more memory) and reports the changes that make it fit.
@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import importlib
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -25,8 +24,9 @@ from typing import Literal
 
 import numpy as np
 
-from sim.collectives import Network
-from sim.compute import KernelEfficiency, default_efficiency
+from sim.analytic import simulate_analytic
+from sim.simulate import simulate
+from sim.compute import default_efficiency
 from sim.errors import InputError
 from sim.plan import Plan
 from sim.result import StepResult
@@ -36,7 +36,6 @@ from planner.search import SearchResult, SearchSpace, search
 
 Objective = Literal["throughput", "time", "cost"]
 OBJECTIVES: tuple[str, ...] = ("throughput", "time", "cost")
-FAST_MODEL_TOLERANCE = 1e-9
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -264,20 +263,6 @@ def gpu_counts(cluster: Cluster, min_gpus: int | None) -> list[int]:
     return out
 
 
-def event_engine_available() -> tuple[bool, str]:
-    try:
-        importlib.import_module("sim.event.engine")
-    except ImportError as exc:
-        return False, f"event engine not importable ({type(exc).__name__}: {exc}); ranked with the analytic model"
-    return True, ""
-
-
-def _simulate_exact(plan: Plan, net: Network, eff: KernelEfficiency) -> StepResult:
-    from sim.analytic import simulate_analytic
-
-    return simulate_analytic(plan, net=net, eff=eff)
-
-
 # --------------------------------------------------------------------------- recommend
 
 
@@ -359,27 +344,18 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: 
     winner = min(winner_pool, key=lambda e: (e[1], e[0]))
     ordered = [winner] + [e for e in entries if e is not winner]
 
-    # Exact re-simulation of the shown plans (and a check of the fast model).
+    # The shown plans with their full results (breakdown, memory, warnings): the same model the
+    # search evaluated, called for one plan.
     ranked: list[RankedPlan] = []
-    mismatches = []
     for e in ordered[:top]:
         o, key, s, r, i = e
         fm = r.fastmodel
         plan = fm.plan(s)
-        res = _simulate_exact(plan, fm.net, fm.eff)
-        fast = float(r.candidates.step_time_s[i])
-        if abs(fast - res.step_time_s) > FAST_MODEL_TOLERANCE * res.step_time_s:
-            mismatches.append((s.to_string(), fast, res.step_time_s))
+        res = simulate_analytic(plan, net=fm.net, eff=fm.eff)
         value = float(objective.values(np.array([res.step_time_s]), tokens_per_step, r.cluster.num_gpus)[0])
-        ranked.append(RankedPlan(rank=0, plan=plan, result=res, objective_value=value,
-                                 complexity=key[0], fast_step_time_s=fast, analytic_step_time_s=res.step_time_s))
-    if mismatches:
-        worst = max(mismatches, key=lambda m: abs(m[1] / m[2] - 1))
-        rec.warnings.append(
-            f"fast model disagrees with simulate_analytic on {len(mismatches)} of {len(ranked)} shown plans "
-            f"(worst {worst[0]}: {worst[1]:.6g} s vs {worst[2]:.6g} s): sim/ changed under planner/fastmodel.py; "
-            "the shown plans use the exact values, the ranking beyond them may be off")
-        ranked = _reorder(ranked, tie_tolerance)
+        ranked.append(RankedPlan(rank=0, plan=plan, result=res, objective_value=value, complexity=key[0],
+                                 fast_step_time_s=float(r.candidates.step_time_s[i]),
+                                 analytic_step_time_s=res.step_time_s))
 
     rec.search_time_s = time.perf_counter() - t0
     rec.timings_s["search_s"] = sum(r.search_time_s for r in searches)
@@ -388,11 +364,10 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: 
     # Event-engine re-ranking.
     t1 = time.perf_counter()
     k_rerank = top if rerank is None else max(0, min(int(rerank), len(ranked)))
-    ok, note = event_engine_available()
-    if k_rerank and ok:
+    if k_rerank:
         ranked, note, used = _rerank_event(ranked, k_rerank, tie_tolerance, objective, tokens_per_step, rerank_budget_s)
         rec.ranking_engine = "event" if used else "analytic"
-    elif not k_rerank:
+    else:
         note = "event re-ranking disabled; ranked with the analytic model"
     rec.ranking_note = note
     for n, p in enumerate(ranked, 1):
@@ -421,7 +396,6 @@ def _rerank_event(plans: list[RankedPlan], k: int, tol: float, objective: Object
                   budget_s: float) -> tuple[list[RankedPlan], str, bool]:
     """Re-simulate the top ``k`` with the event engine (as many as fit in ``budget_s``) and
     re-order them; returns (plans, note, whether the event engine ranked them)."""
-    from sim.simulate import simulate
 
     head = plans[:k]
     out = []
@@ -432,8 +406,8 @@ def _rerank_event(plans: list[RankedPlan], k: int, tol: float, objective: Object
             break
         try:
             res = simulate(p.plan, engine="event")
-        except Exception as exc:  # noqa: BLE001  the engine is under construction: fall back, say so
-            return plans, (f"event engine failed on {p.strategy.to_string()} ({type(exc).__name__}: {exc}); "
+        except InputError as exc:  # a plan the event engine cannot schedule (docs/recommend.md)
+            return plans, (f"event engine cannot schedule {p.strategy.to_string()} ({exc}); "
                            "ranked with the analytic model"), False
         value = float(objective.values(np.array([res.step_time_s]), tokens_per_step, p.num_gpus)[0])
         out.append(replace(p, result=res, objective_value=value, engine="event"))

@@ -16,12 +16,15 @@ from typing import Mapping
 
 import yaml
 
-from sim.collectives import Network
+import numpy as np
+
 from sim.compute import KernelEfficiency, default_efficiency, network_kwargs, ops_time
-from sim.memory import stage_layers, stage_params
+from sim.network import Network
 from sim.ops import LayerOps, embedding_ops, head_ops, layer_ops
 from sim.plan import Plan
-from sim.specs import Cluster
+from sim.specs import Cluster, Model, Strategy
+from sim.stages import StageParams, layer_params, stage_layers, stage_params
+from sim.step import DpCollectives, StagePieces, StageTimes, stage_pieces, stage_times
 
 
 def default_network(cluster: Cluster) -> Network:
@@ -101,7 +104,8 @@ class LayerCost:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StageCost:
-    """One pipeline stage (all its chunks), per micro-batch, plus per-step DP/optimizer."""
+    """One pipeline stage (all its chunks), per micro-batch, plus per-step DP/optimizer: its
+    layers' costs and its ``sim.step.StagePieces`` (the fields from ``zero3_exposed_fwd_s`` on)."""
 
     stage: int
     layers: tuple[int, ...]
@@ -110,43 +114,50 @@ class StageCost:
     extra_bwd_s: float
     extra_model_flops: float
     p2p_s: float  # one activation (or gradient) transfer between adjacent stages
-    zero3_exposed_fwd_s: float
-    zero3_exposed_bwd_s: float
-    dp_grad_sync_s: float  # full duration per step (zero 0-2) or per micro-batch (zero 3)
-    dp_param_gather_s: float  # per step, after the optimizer (zero 1-2)
-    optimizer_s: float
     params: float
-    # Per micro-batch: compute slowed by the hidden FSDP all-gathers / reduce-scatters
-    # (efficiency.overlap_compute_slowdown); part of compute_fwd_s / compute_bwd_s.
+    zero3_exposed_fwd_s: float = 0.0
+    zero3_exposed_bwd_s: float = 0.0
+    dp_grad_sync_s: float = 0.0  # full duration per step (zero 0-2) or per micro-batch (zero 3)
+    dp_param_gather_s: float = 0.0  # per step, after the optimizer (zero 1-2)
+    optimizer_s: float = 0.0
     overlap_slowdown_fwd_s: float = 0.0
     overlap_slowdown_bwd_s: float = 0.0
-    # Per micro-batch: adding the weight gradients into the step's gradient buffer when the
-    # framework does not fuse it into the GEMM (runtime.yaml grad_accumulation); in compute_bwd_s.
     grad_accum_s: float = 0.0
-    # Per micro-batch: FSDP2 packing around its collectives (runtime.yaml fsdp_copies); in
-    # compute_fwd_s / compute_bwd_s.
     fsdp_copy_fwd_s: float = 0.0
     fsdp_copy_bwd_s: float = 0.0
 
     @property
+    def pieces(self) -> StagePieces:
+        return StagePieces(**{k: getattr(self, k) for k in StagePieces.__slots__})
+
+    @property
     def param_work_fwd_s(self) -> float:
-        """Per micro-batch forward work proportional to the stage's parameters (hidden-FSDP
-        slowdown, FSDP2 packing): it happens layer by layer, by parameter share."""
-        return self.overlap_slowdown_fwd_s + self.fsdp_copy_fwd_s
+        return self.pieces.param_work_fwd_s
 
     @property
     def param_work_bwd_s(self) -> float:
-        """As ``param_work_fwd_s`` for the backward, plus the gradient accumulation pass."""
-        return self.overlap_slowdown_bwd_s + self.grad_accum_s + self.fsdp_copy_bwd_s
+        return self.pieces.param_work_bwd_s
+
+    def times(self, pp: int) -> StageTimes:
+        """This stage as ``sim.step.compose`` takes it (one entry per stage)."""
+        lc = self.layer_costs
+        return stage_times(
+            layer_fwd_s=sum(c.fwd_s for c in lc), layer_bwd_s=sum(c.bwd_s for c in lc),
+            recompute_s=sum(c.recompute_s for c in lc),
+            layer_exposed_fwd_s=sum(c.exposed_tp_fwd_s + c.exposed_cp_fwd_s + c.exposed_ep_fwd_s for c in lc),
+            layer_exposed_bwd_s=sum(c.exposed_tp_bwd_s + c.exposed_cp_bwd_s + c.exposed_ep_bwd_s for c in lc),
+            extra_fwd_s=self.extra_fwd_s, extra_bwd_s=self.extra_bwd_s, pieces=self.pieces, p2p_s=self.p2p_s,
+            num_layers=len(lc), first=self.stage == 0, last=self.stage == pp - 1,
+            before=(1,) * self.stage + (0,) * (pp - self.stage))
 
     @property
     def compute_fwd_s(self) -> float:
-        return sum(c.fwd_s for c in self.layer_costs) + self.extra_fwd_s + self.param_work_fwd_s
+        """Forward compute of one micro-batch (layers, embedding/head, per-parameter work)."""
+        return self.times(self.stage + 1).compute_fwd_s  # compute does not depend on the sends
 
     @property
     def compute_bwd_s(self) -> float:
-        return (sum(c.bwd_s + c.recompute_s for c in self.layer_costs) + self.extra_bwd_s
-                + self.param_work_bwd_s)
+        return self.times(self.stage + 1).compute_bwd_s
 
     @property
     def exposed_tp_s(self) -> float:
@@ -165,17 +176,6 @@ class StageCost:
         return self.zero3_exposed_fwd_s + self.zero3_exposed_bwd_s
 
     @property
-    def fwd_s(self) -> float:
-        """Critical-path forward time of one micro-batch through this stage."""
-        return (self.compute_fwd_s + sum(c.exposed_tp_fwd_s + c.exposed_cp_fwd_s + c.exposed_ep_fwd_s
-                                         for c in self.layer_costs) + self.zero3_exposed_fwd_s)
-
-    @property
-    def bwd_s(self) -> float:
-        return (self.compute_bwd_s + sum(c.exposed_tp_bwd_s + c.exposed_cp_bwd_s + c.exposed_ep_bwd_s
-                                         for c in self.layer_costs) + self.zero3_exposed_bwd_s)
-
-    @property
     def model_flops_per_microbatch(self) -> float:
         return 3 * (sum(c.model_flops_fwd for c in self.layer_costs) + self.extra_model_flops)
 
@@ -190,7 +190,7 @@ class StepCosts:
     p2p_bytes: float
 
 
-def _layer_cost(plan: Plan, net: Network, lops: LayerOps, eff: KernelEfficiency, layer_params: float) -> LayerCost:
+def layer_cost(plan: Plan, net: Network, lops: LayerOps, eff: KernelEfficiency, layer_params: float) -> LayerCost:
     s, gpu = plan.strategy, plan.cluster.gpu
     eager = plan.eager_elementwise
     fwd, bwd = ops_time(gpu, s.precision, lops.ops, eff, eager=eager)
@@ -259,109 +259,110 @@ def _layer_cost(plan: Plan, net: Network, lops: LayerOps, eff: KernelEfficiency,
         model_flops_fwd=lops.model_flops, recompute_flops=recompute_flops, params=layer_params)
 
 
+def dp_collectives(net: Network, s: Strategy, synced_params: float, rt: CommRuntime,
+                   eff: KernelEfficiency) -> DpCollectives:
+    """The data-parallel collectives of a stage whose ``synced_params`` parameters are reduced
+    over ``dp x cp`` (expert gradients over the expert-data-parallel group ride the same ring,
+    slightly pessimistic); zero when nothing is reduced."""
+    if s.dp * s.cp <= 1 or synced_params <= 0:
+        return DpCollectives(0.0, 0.0, 0.0)
+
+    def coll(op: str, nbytes: float) -> float:
+        return net.dim_collective_time_s(op, s, "dp_cp", nbytes) + eff.collective_overhead_s
+
+    g = synced_params * rt.grad_reduce_bytes_per_param
+    return DpCollectives(all_reduce_s=coll("all_reduce", g), reduce_scatter_s=coll("reduce_scatter", g),
+                         all_gather_s=coll("all_gather", synced_params * rt.param_gather_bytes_per_param))
+
+
+def synced_params(params: StageParams, s: Strategy) -> float:
+    """Parameters whose gradients a stage reduces over data parallelism: the dense ones, and
+    the experts' when their expert-data-parallel group has more than one rank."""
+    ep_dp = max(1, (s.dp * s.cp) // s.ep)
+    return params.dense_params + (params.expert_params if ep_dp > 1 else 0.0)
+
+
+def p2p_time_s(net: Network, s: Strategy, eff: KernelEfficiency, nbytes: float) -> float:
+    """One pipeline send of a micro-batch's activations, every stage boundary sending at once,
+    scattered across the TP ranks (Narayanan et al. 2021, Sec. 4.1 scatter/gather): each TP rank
+    sends 1/tp and, without SP, the receiver all-gathers it over NVLink; with SP the
+    activation stays sharded.  0 without pipelining."""
+    if s.pp == 1:
+        return 0.0
+    t = net.dim_collective_time_s("p2p", s, "pp", nbytes) + eff.collective_overhead_s
+    if s.tp > 1 and not s.sp:
+        t += net.dim_collective_time_s("all_gather", s, "tp", nbytes * s.tp) + eff.collective_overhead_s
+    return t
+
+
+def p2p_bytes(model: Model, s: Strategy) -> float:
+    """Bytes one TP rank sends per pipeline boundary per micro-batch: bf16 activations of the
+    local sequence chunk, 1/tp of the hidden width."""
+    return 2.0 * s.mbs * (s.seq_len // s.cp) * model.hidden_size / s.tp
+
+
+def stage_pieces_for(plan: Plan, net: Network, eff: KernelEfficiency, params: StageParams, num_layers: int,
+                     layer_fwd_s: float, layer_bwd_s: float) -> StagePieces:
+    """``stage_pieces`` of one stage of ``plan`` (floats)."""
+    s, gpu = plan.strategy, plan.cluster.gpu
+    rt = default_comm_runtime()
+    return stage_pieces(coll=dp_collectives(net, s, synced_params(params, s), rt, eff), zero=s.zero,
+                        dp_size=s.dp * s.cp, ep=s.ep, params=params, num_layers=num_layers, layer_fwd_s=layer_fwd_s,
+                        layer_bwd_s=layer_bwd_s, dp_overlap=s.dp_overlap,
+                        hbm_bytes_per_s=gpu.hbm_bytes_per_s * gpu.hbm_efficiency, rt=rt, eff=eff,
+                        accum_bytes_per_param=rt.grad_accumulation_bytes(plan.grad_accumulation, s.num_microbatches),
+                        fp16=s.precision == "fp16", fsdp_copies=plan.fsdp_copies)
+
+
 def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | None = None) -> StepCosts:
     """Cost every piece of one step of ``plan`` (see module docstring)."""
     model, cluster, s = plan.model, plan.cluster, plan.strategy
     net = net or default_network(cluster)
     eff = eff or default_efficiency()
-    rt = default_comm_runtime()
     gpu = cluster.gpu
 
-    dense_ops = layer_ops(model, s, moe=False, attention=plan.attention)
-    moe_ops = layer_ops(model, s, moe=True, attention=plan.attention) if model.moe is not None else None
-    dense_params = model.attention_params / s.tp + model.norm_params_per_layer + model.dense_ffn_params / s.tp
-    dense_cost = _layer_cost(plan, net, dense_ops, eff, dense_params)
+    dense_cost = layer_cost(plan, net, layer_ops(model, s, moe=False, attention=plan.attention), eff,
+                            layer_params(model, s, moe=False).total)
     moe_cost = None
-    if moe_ops is not None:
-        spec = model.moe
-        assert spec is not None
-        moe_params = (model.attention_params / s.tp + model.norm_params_per_layer
-                      + spec.num_experts * model.expert_params / (s.tp * s.ep)
-                      + spec.num_shared_experts * model.expert_params / s.tp)
-        moe_cost = _layer_cost(plan, net, moe_ops, eff, moe_params)
-
-    head_f, head_b = ops_time(gpu, s.precision, head_ops(model, s), eff, eager=plan.eager_elementwise)
-    head_flops = sum(op.counted_flops for op in head_ops(model, s))
-    emb_f, emb_b = ops_time(gpu, s.precision, embedding_ops(model, s), eff)
-
-    # Pipeline p2p: activations of one micro-batch, scattered across the TP ranks
-    # (Narayanan et al. 2021, Sec. 4.1 scatter/gather), between adjacent stages.
-    p2p_bytes = 2.0 * s.mbs * (s.seq_len // s.cp) * model.hidden_size / s.tp
-    p2p_s = 0.0
-    if s.pp > 1:  # every stage boundary sends at once
-        p2p_s = net.dim_collective_time_s("p2p", s, "pp", p2p_bytes) + eff.collective_overhead_s
-        if s.tp > 1 and not s.sp:
-            # scatter/gather: each TP rank sends 1/tp of the activation, the receiver
-            # all-gathers it over NVLink (Narayanan et al. 2021, Sec. 4.1); with SP the
-            # activation stays sharded and no gather is needed.
-            p2p_s += net.dim_collective_time_s("all_gather", s, "tp", p2p_bytes * s.tp) + eff.collective_overhead_s
-
-    dp_size = s.dp * s.cp
-    ep_dp = max(1, (s.dp * s.cp) // s.ep)
-    hbm = gpu.hbm_bytes_per_s * gpu.hbm_efficiency  # memory-bound passes (optimizer, accumulation, packing)
-    accum_bytes = rt.grad_accumulation_bytes(plan.grad_accumulation, s.num_microbatches)
+    if model.moe is not None:
+        moe_cost = layer_cost(plan, net, layer_ops(model, s, moe=True, attention=plan.attention), eff,
+                              layer_params(model, s, moe=True).total)
+    ends = end_costs(plan, eff)
+    nbytes = p2p_bytes(model, s)
+    p2p_s = p2p_time_s(net, s, eff, nbytes)
 
     stages = []
     for i, layers in enumerate(stage_layers(model, s)):
         first, last = i == 0, i == s.pp - 1
         costs = tuple(moe_cost if (moe_cost is not None and model.is_moe_layer(j)) else dense_cost for j in layers)
         params = stage_params(model, s, layers, first=first, last=last)
-        extra_f = (emb_f if first else 0.0) + (head_f if last else 0.0)
-        extra_b = (emb_b if first else 0.0) + (head_b if last else 0.0)
-        extra_flops = head_flops if last else 0.0
-
-        grad_sync = param_gather = 0.0
-        z3_f = z3_b = 0.0
-        slow_f = slow_b = 0.0
-        if dp_size > 1:
-            def coll(op: str, nparams: float, bytes_per: float) -> float:
-                if nparams <= 0:
-                    return 0.0
-                return net.dim_collective_time_s(op, s, "dp_cp", nparams * bytes_per) + eff.collective_overhead_s
-
-            g = rt.grad_reduce_bytes_per_param
-            pg = rt.param_gather_bytes_per_param
-            dense_p, exp_p = params.dense_params, params.expert_params
-            # Expert gradients reduce over the expert-data-parallel group (dp*cp/ep ranks);
-            # approximated as riding the same ring as the dense gradients (slightly pessimistic).
-            synced = dense_p + (exp_p if ep_dp > 1 else 0.0)
-            if s.zero == 0:
-                grad_sync = coll("all_reduce", synced, g)
-            elif s.zero in (1, 2):
-                grad_sync = coll("reduce_scatter", synced, g)
-                param_gather = coll("all_gather", synced, pg)
-            else:
-                # FSDP: per layer all-gather before forward and backward (prefetched one
-                # layer ahead), reduce-scatter of gradients after backward, per micro-batch.
-                ag_stage = coll("all_gather", synced, pg)
-                rs_stage = coll("reduce_scatter", synced, g)
-                if s.dp_overlap:
-                    z3_f = max(0.0, ag_stage - sum(c.fwd_s for c in costs) - extra_f) + ag_stage / max(1, len(costs))
-                    z3_b = max(0.0, ag_stage + rs_stage - sum(c.bwd_s + c.recompute_s for c in costs) - extra_b) \
-                        + rs_stage / max(1, len(costs))
-                else:  # no prefetch: every gather and reduce-scatter is on the critical path
-                    z3_f, z3_b = ag_stage, ag_stage + rs_stage
-                grad_sync = rs_stage
-                slow_f = eff.overlap_compute_slowdown * max(0.0, ag_stage - z3_f)
-                slow_b = eff.overlap_compute_slowdown * max(0.0, ag_stage + rs_stage - z3_b)
-
-        shard = s.dp * s.cp if s.zero >= 1 else 1
-        local_params = params.dense_params / shard + params.expert_params / (max(1, shard // s.ep) if s.zero >= 1 else 1)
-        opt_bytes = rt.optimizer_bytes_per_param + (rt.fp16_extra_bytes_per_param if s.precision == "fp16" else 0.0)
-        opt_s = local_params * opt_bytes / hbm
-        # weight gradients of this micro-batch added into the step's buffer (FSDP: the shard)
-        acc_params = local_params if s.zero >= 3 else params.total
-        accum_s = acc_params * accum_bytes / hbm
-        copy_f = copy_b = 0.0
-        if s.zero >= 3 and dp_size > 1 and plan.fsdp_copies:
-            copy_f = params.total * rt.fsdp_gather_copy_bytes_per_param / hbm
-            copy_b = params.total * (rt.fsdp_gather_copy_bytes_per_param + rt.fsdp_reduce_copy_bytes_per_param) / hbm
-
+        extra_f = (ends.embedding_fwd_s if first else 0.0) + (ends.head_fwd_s if last else 0.0)
+        extra_b = (ends.embedding_bwd_s if first else 0.0) + (ends.head_bwd_s if last else 0.0)
+        pieces = stage_pieces_for(plan, net, eff, params, len(layers),
+                                  sum(c.fwd_s for c in costs) + extra_f,
+                                  sum(c.bwd_s + c.recompute_s for c in costs) + extra_b)
         stages.append(StageCost(
             stage=i, layers=tuple(layers), layer_costs=costs, extra_fwd_s=extra_f, extra_bwd_s=extra_b,
-            extra_model_flops=extra_flops, p2p_s=p2p_s,
-            zero3_exposed_fwd_s=z3_f, zero3_exposed_bwd_s=z3_b, dp_grad_sync_s=grad_sync,
-            dp_param_gather_s=param_gather, optimizer_s=opt_s, params=params.total,
-            overlap_slowdown_fwd_s=slow_f, overlap_slowdown_bwd_s=slow_b, grad_accum_s=accum_s,
-            fsdp_copy_fwd_s=copy_f, fsdp_copy_bwd_s=copy_b))
-    return StepCosts(stages=tuple(stages), p2p_bytes=p2p_bytes)
+            extra_model_flops=ends.head_flops if last else 0.0, p2p_s=p2p_s, params=params.total,
+            **{k: float(getattr(pieces, k)) for k in StagePieces.__slots__}))
+    return StepCosts(stages=tuple(stages), p2p_bytes=nbytes)
+
+
+@dataclass(frozen=True, slots=True)
+class EndCosts:
+    """Embedding (first stage) and output layer + loss (last stage), per micro-batch."""
+
+    embedding_fwd_s: float
+    embedding_bwd_s: float
+    head_fwd_s: float
+    head_bwd_s: float
+    head_flops: float
+
+
+def end_costs(plan: Plan, eff: KernelEfficiency) -> EndCosts:
+    s, gpu, model = plan.strategy, plan.cluster.gpu, plan.model
+    head = head_ops(model, s)
+    head_f, head_b = ops_time(gpu, s.precision, head, eff, eager=plan.eager_elementwise)
+    emb_f, emb_b = ops_time(gpu, s.precision, embedding_ops(model, s), eff)
+    return EndCosts(embedding_fwd_s=emb_f, embedding_bwd_s=emb_b, head_fwd_s=head_f, head_bwd_s=head_b,
+                    head_flops=sum(op.counted_flops for op in head))

@@ -27,9 +27,12 @@ import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import yaml
 
 from sim.specs import Cluster, Model, Strategy
+from sim.stages import StageParams, StageShape, stage_shapes
+from sim.step import Num
 
 if TYPE_CHECKING:
     from sim.plan import Plan
@@ -174,86 +177,78 @@ def model_has_dropout(model: Model) -> bool:
 
 def inflight_microbatches(strategy: Strategy, stage: int) -> float:
     """Micro-batches whose activations a pipeline stage holds at its peak."""
-    p, m, v = strategy.pp, strategy.num_microbatches, strategy.vp
-    if p == 1:
-        return 1.0
-    if strategy.schedule == "gpipe":
-        return float(m)
-    inflight = float(min(p - stage, m))
-    if v > 1:
-        inflight = min(inflight * (1 + (p - 1) / (p * v)), float(m))
-    return inflight
+    return float(inflight(strategy.pp, strategy.num_microbatches, strategy.vp, strategy.schedule == "gpipe", stage))
 
 
-@dataclass(frozen=True, slots=True)
-class StageParams:
-    """Parameters held by one GPU of a pipeline stage, split by how they are sharded."""
-
-    dense_params: float  # sharded by TP, replicated over DP (ZeRO shards states over dp*cp)
-    expert_params: float  # sharded by TP and EP, replicated over dp*cp/ep
-
-    @property
-    def total(self) -> float:
-        return self.dense_params + self.expert_params
-
-
-def stage_layers(model: Model, strategy: Strategy) -> list[list[int]]:
-    """Layer indices per pipeline stage.
-
-    Even split; a remainder goes to the middle stages first, since the first stage also
-    holds the embedding and the last the output layer and loss.
-    """
-    p, n = strategy.pp, model.num_layers
-    base, extra = divmod(n, p)
-    order = list(range(1, p - 1)) + [0, p - 1] if p > 2 else list(range(p))
-    counts = [base] * p
-    for i in order[:extra]:
-        counts[i] += 1
-    out, start = [], 0
-    for c in counts:
-        out.append(list(range(start, start + c)))
-        start += c
-    return out
-
-
-def stage_params(model: Model, strategy: Strategy, layers: list[int], *, first: bool, last: bool) -> StageParams:
-    tp, ep = strategy.tp, strategy.ep
-    dense = 0.0
-    expert = 0.0
-    for i in layers:
-        dense += model.attention_params / tp + model.norm_params_per_layer
-        if model.is_moe_layer(i):
-            spec = model.moe
-            assert spec is not None
-            expert += spec.num_experts * model.expert_params / (tp * ep)
-            dense += spec.num_shared_experts * model.expert_params / tp + model.hidden_size * spec.num_experts
-        else:
-            dense += model.dense_ffn_params / tp
-    if first:
-        dense += model.embedding_params / tp
-    if last:
-        dense += model.hidden_size
-        if not model.tied_embeddings or strategy.pp > 1:
-            # a tied output layer on another stage keeps its own copy (Megatron)
-            dense += model.embedding_params / tp
-    return StageParams(dense, expert)
+def inflight(pp: int, m: Num, vp: Num, gpipe: Num, stage: int) -> Num:
+    """``inflight_microbatches`` over arrays of micro-batch counts ``m``, interleaving depths
+    ``vp`` and GPipe flags (module docstring)."""
+    if pp == 1:
+        return 1.0 + 0.0 * (m + vp)
+    one_f1b = np.minimum(pp - stage, m)
+    interleaved = np.minimum(one_f1b * (1 + (pp - 1) / (pp * vp)), m)
+    return np.where(gpipe, m, np.where(vp > 1, interleaved, one_f1b)) + 0.0
 
 
 def model_state_bytes(params: StageParams, strategy: Strategy) -> tuple[float, float, float]:
     """(weights, gradients, optimizer) bytes under mixed-precision Adam and ZeRO."""
-    shard = strategy.dp * strategy.cp
-    expert_shard = max(1, shard // strategy.ep)
-    z = strategy.zero
+    w, g, o = state_bytes(params, strategy.zero, strategy.dp * strategy.cp, strategy.ep)
+    return float(w), float(g), float(o)
 
-    def split(p: float, n: int) -> tuple[float, float, float]:
-        w = 2 * p / (n if z >= 3 else 1)
-        g = 2 * p / (n if z >= 2 else 1)
-        o = 12 * p / (n if z >= 1 else 1)
-        return w, g, o
+
+def state_bytes(params: StageParams, zero: Num, shard: int, ep: int) -> tuple[Num, Num, Num]:
+    """``model_state_bytes`` for a ZeRO stage or an array of them; ``shard`` = dp * cp ranks
+    (experts shard over ``shard / ep``)."""
+    z = np.asarray(zero)
+
+    def split(p: float, n: int) -> tuple[Num, Num, Num]:
+        return (np.where(z >= 3, 2 * p / n, 2 * p), np.where(z >= 2, 2 * p / n, 2 * p),
+                np.where(z >= 1, 12 * p / n, 12 * p))
 
     a = split(params.dense_params, shard)
-    b = split(params.expert_params, expert_shard)
+    b = split(params.expert_params, max(1, shard // ep))
     return a[0] + b[0], a[1] + b[1], a[2] + b[2]
+
+
+@dataclass(frozen=True, slots=True)
+class StageMemory:
+    """Bytes on one GPU of a stage (floats or arrays, as the inputs of ``stage_memory``)."""
+
+    weights_bytes: Num
+    gradients_bytes: Num
+    optimizer_bytes: Num
+    activations_bytes: Num
+    reserve_bytes: Num
+
+    @property
+    def total_bytes(self) -> Num:
+        return (self.weights_bytes + self.gradients_bytes + self.optimizer_bytes + self.activations_bytes
+                + self.reserve_bytes)
+
+
+def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, ep: int, tp: int,
+                 dense_act_bytes: Num, moe_act_bytes: Num, full_recompute: Num, recomputed_layer_bytes: Num,
+                 inflight_mb: Num, tokens: Num, rt: MemoryRuntime) -> StageMemory:
+    """Peak bytes of one GPU of a stage of ``shape`` (module docstring), for one plan or over
+    arrays: ``zero`` (ZeRO stage), per-layer activations ``dense_act_bytes`` / ``moe_act_bytes``,
+    ``full_recompute`` (bool), ``inflight_mb`` (``inflight``), ``tokens`` per micro-batch and
+    CP rank."""
+    w, g, o = state_bytes(shape.params, zero, shard, ep)
+    # FSDP gathers one layer ahead: two unsharded layers live
+    w = w + np.where(np.asarray(zero) >= 3, 2 * 2 * shape.params.total / max(1, shape.num_layers), 0.0)
+    act = (shape.num_dense_layers * dense_act_bytes + shape.num_moe_layers * moe_act_bytes) * inflight_mb
+    if shape.num_layers:  # the layer being recomputed holds its full activations once
+        act = act + np.where(full_recompute, recomputed_layer_bytes, 0.0)
+    if shape.first and model_has_dropout(model):
+        act = act + tokens * model.hidden_size * inflight_mb  # embedding dropout mask
+    if shape.last:
+        # Loss peak, one micro-batch at a time: bf16 logits, their fp32 up-cast, the fp32
+        # softmax kept for backward and the fp32 gradient (PyTorch cross_entropy on
+        # .float() logits; Megatron's vocab-parallel cross-entropy keeps the same set).
+        act = act + tokens * model.vocab_size / tp * LOSS_BYTES_PER_LOGIT
+    reserve = rt.workspace_bytes + rt.fragmentation_fraction * (w + g + o + act)
+    return StageMemory(weights_bytes=w, gradients_bytes=g, optimizer_bytes=o, activations_bytes=act,
+                       reserve_bytes=reserve)
 
 
 def plan_memory(plan: "Plan") -> MemoryBreakdown:
@@ -268,38 +263,23 @@ def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
                      selective_policy: str = "attention") -> MemoryBreakdown:
     """Memory of the most loaded GPU (the pipeline stage with the largest total)."""
     rt = runtime or default_runtime()
-    layers_per_stage = stage_layers(model, strategy)
+    s = strategy
+    kw = {"attention": attention, "selective_policy": selective_policy}
+    dense_act = activation_bytes_per_layer(model, s, moe=False, **kw)
+    moe_act = activation_bytes_per_layer(model, s, moe=True, **kw) if model.moe is not None else 0.0
+    recomputed = (activation_bytes_per_layer(model, s.with_(recompute="none"), attention=attention,
+                                             moe=model.moe is not None) if s.recompute == "full" else 0.0)
     best: MemoryBreakdown | None = None
-    dense_act = activation_bytes_per_layer(model, strategy, moe=False, attention=attention,
-                                           selective_policy=selective_policy)
-    moe_act = (activation_bytes_per_layer(model, strategy, moe=True, attention=attention,
-                                          selective_policy=selective_policy)
-               if model.moe is not None else 0.0)
-    tok = strategy.mbs * strategy.seq_len // strategy.cp
-    recomputed_layer = (activation_bytes_per_layer(model, strategy.with_(recompute="none"), attention=attention,
-                                                   moe=model.moe is not None)
-                        if strategy.recompute == "full" else 0.0)
-    for stage, layers in enumerate(layers_per_stage):
-        first, last = stage == 0, stage == strategy.pp - 1
-        params = stage_params(model, strategy, layers, first=first, last=last)
-        w, g, o = model_state_bytes(params, strategy)
-        if strategy.zero >= 3:  # FSDP gathers one layer ahead: two unsharded layers live
-            per_layer = params.total / max(1, len(layers))
-            w += 2 * 2 * per_layer
-        act_layer = sum(moe_act if model.is_moe_layer(i) else dense_act for i in layers)
-        act = act_layer * inflight_microbatches(strategy, stage)
-        if strategy.recompute == "full" and layers:
-            act += recomputed_layer  # the layer being recomputed holds its full activations once
-        if first and model_has_dropout(model):
-            act += tok * model.hidden_size * inflight_microbatches(strategy, stage)  # embedding dropout mask
-        if last:
-            # Loss peak, one micro-batch at a time: bf16 logits, their fp32 up-cast, the fp32
-            # softmax kept for backward and the fp32 gradient (PyTorch cross_entropy on
-            # .float() logits; Megatron's vocab-parallel cross-entropy keeps the same set).
-            act += tok * model.vocab_size / strategy.tp * LOSS_BYTES_PER_LOGIT
-        reserve = rt.workspace_bytes + rt.fragmentation_fraction * (w + g + o + act)
-        cand = MemoryBreakdown(weights_bytes=w, gradients_bytes=g, optimizer_bytes=o, activations_bytes=act,
-                               reserve_bytes=reserve, stage=stage, capacity_bytes=cluster.gpu.hbm_bytes)
+    for shape in stage_shapes(model, s):
+        mem = stage_memory(model, shape, zero=s.zero, shard=s.dp * s.cp, ep=s.ep, tp=s.tp, dense_act_bytes=dense_act,
+                           moe_act_bytes=moe_act, full_recompute=s.recompute == "full",
+                           recomputed_layer_bytes=recomputed, inflight_mb=inflight_microbatches(s, shape.index),
+                           tokens=s.mbs * s.seq_len // s.cp, rt=rt)
+        cand = MemoryBreakdown(weights_bytes=float(mem.weights_bytes), gradients_bytes=float(mem.gradients_bytes),
+                               optimizer_bytes=float(mem.optimizer_bytes),
+                               activations_bytes=float(mem.activations_bytes),
+                               reserve_bytes=float(mem.reserve_bytes), stage=shape.index,
+                               capacity_bytes=cluster.gpu.hbm_bytes)
         if best is None or cand.total_bytes > best.total_bytes:
             best = cand
     assert best is not None

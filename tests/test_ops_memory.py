@@ -2,7 +2,8 @@
 
 import pytest
 
-from sim.memory import activation_bytes_per_layer, inflight_microbatches, model_state_bytes, stage_layers, StageParams
+from sim.memory import activation_bytes_per_layer, inflight_microbatches, model_state_bytes
+from sim.stages import StageParams, stage_layers
 from sim.ops import model_flops_per_step
 from sim.specs import Model, MoeSpec, Strategy
 

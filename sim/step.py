@@ -1,0 +1,255 @@
+"""The composition of one training step, written once, over arrays of any broadcast shape.
+
+Every caller composes a step here: ``sim.analytic.simulate_analytic`` with one plan (floats),
+the planner's search with a grid of plans that share a layout (numpy arrays over micro-batch,
+sequence parallelism, recomputation, ZeRO stage and pipeline schedule), and the event engine
+takes the per-stage pieces from ``sim.costs.stage_pieces``, the same place these do.
+
+For ``p`` stages, ``m`` micro-batches and ``v`` model chunks per stage, with ``F_i, B_i`` the
+critical-path forward and backward time of one micro-batch on stage ``i`` (compute plus
+exposed TP/CP/EP/ZeRO-3 communication plus the point-to-point sends):
+
+* 1F1B and GPipe (Narayanan et al. 2021, Sec. 2.2):
+  ``T = sum_i (F_i + B_i) + (m - 1) * max_i (F_i + B_i)``, i.e. ``(m + p - 1)(F + B)`` for
+  equal stages, a bubble fraction ``(p - 1)/(m + p - 1)``;
+* interleaved 1F1B: ``T = sum_i (F_i + B_i)/v + (m - 1/v) max_i (F_i + B_i)``, a bubble of
+  ``(p - 1)/v`` stage-times (Narayanan et al. 2021, Sec. 2.2.2), with ``v`` times more sends;
+* zero-bubble ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", Sec. 3): the weight
+  gradient ``W`` fills the drain, ``T = m max_i(F_i + B_i) + (p - 1) max_i(F_i + B_i - W_i)/v``
+  with ``W`` taken as half the GEMM backward.
+
+End of step, per stage: data-parallel gradient reduction runs after the stage's last
+backward; with overlap it starts under that backward (bucketed, as DDP/Megatron do, so all
+but the last layer's share can hide) and a stage that finishes early (stage ``i > 0`` ends its
+last backward ``sum_{j<i} B_j`` before the pipeline) hides the rest in the drain.  The backward
+that hides a reduction runs slower by ``overlap_compute_slowdown`` of the hidden time
+(arXiv:2507.03114), as does the first forward that hides a ZeRO-1/2 parameter gather.  Then the
+memory-bound optimizer step, then (ZeRO-1/2) the parameter all-gather, overlapped with the next
+step's first forward when ``dp_overlap``.  The step ends when the last stage is ready.
+
+Stages are given as ``StageTimes`` with the number of stages each stands for (``count``) and
+how many stages of each entry precede it (``before``): one entry per stage (``count=1``) for
+a costed plan, one per ``sim.stages.StageShape`` for the search.  Known error: ignores the
+warm-up ramp of bucket sizes and assumes balanced experts; see docs/accuracy.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence, Union
+
+import numpy as np
+
+from sim.stages import StageParams
+
+if TYPE_CHECKING:
+    from sim.compute import KernelEfficiency
+    from sim.costs import CommRuntime
+
+Num = Union[float, np.ndarray]  # a float, or an array of the caller's broadcast shape
+
+
+@dataclass(frozen=True, slots=True)
+class StageTimes:
+    """One pipeline stage, one micro-batch, one chunk pass summed over its chunks (seconds).
+
+    ``compute_*`` include recomputation and per-parameter passes; ``exposed_*`` the exposed
+    TP/CP/EP and ZeRO-3 communication; ``p2p_s`` one activation send.  ``dp_grad_sync_s``
+    (full duration, per step), ``dp_param_gather_s`` (ZeRO-1/2, per step) and ``optimizer_s``
+    close the step.  ``weight_grad_s`` is the ``W`` of zero-bubble.  ``fwd_sends`` /
+    ``bwd_sends`` are 1 when the stage sends activations forward / gradients backward.
+    """
+
+    compute_fwd_s: Num
+    compute_bwd_s: Num
+    exposed_fwd_s: Num
+    exposed_bwd_s: Num
+    p2p_s: Num
+    weight_grad_s: Num
+    dp_grad_sync_s: Num
+    dp_param_gather_s: Num
+    optimizer_s: Num
+    num_layers: int
+    fwd_sends: int
+    bwd_sends: int
+    count: int = 1
+    before: tuple[int, ...] = ()
+
+    def critical_path(self, vp: Num) -> tuple[Num, Num]:
+        """(F, B): one micro-batch's forward and backward through the stage, with its blocking
+        sends (``vp`` of each per micro-batch under interleaving, as Megatron's 1F1B issues them)."""
+        return (self.compute_fwd_s + self.exposed_fwd_s + self.fwd_sends * vp * self.p2p_s,
+                self.compute_bwd_s + self.exposed_bwd_s + self.bwd_sends * vp * self.p2p_s)
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimes:
+    """The composed step: ``step_time_s`` and, per stage entry, the terms a breakdown needs."""
+
+    step_time_s: Num
+    pipeline_s: Num  # first forward to last backward
+    fwd_s: tuple[Num, ...]  # F per stage entry
+    bwd_s: tuple[Num, ...]
+    end_s: tuple[Num, ...]  # when each entry's stage is ready for the next step
+    dp_exposed_s: tuple[Num, ...]  # its exposed data-parallel time after the last backward
+    slowdown_s: tuple[Num, ...]  # compute slowed by the reductions/gathers it hides
+    optimizer_s: tuple[Num, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StagePieces:
+    """Per-stage pieces of one step that depend on the stage's parameters and the ZeRO stage
+    (seconds; floats or arrays, as their inputs): see ``stage_pieces``."""
+
+    dp_grad_sync_s: Num  # full duration: per step (ZeRO 0-2) or per micro-batch (ZeRO-3)
+    dp_param_gather_s: Num  # per step, after the optimizer (ZeRO-1/2)
+    zero3_exposed_fwd_s: Num  # per micro-batch
+    zero3_exposed_bwd_s: Num
+    overlap_slowdown_fwd_s: Num  # compute slowed by the hidden FSDP all-gathers / reduce-scatters
+    overlap_slowdown_bwd_s: Num
+    optimizer_s: Num
+    grad_accum_s: Num  # per micro-batch
+    fsdp_copy_fwd_s: Num  # per micro-batch
+    fsdp_copy_bwd_s: Num
+
+    @property
+    def param_work_fwd_s(self) -> Num:
+        """Per micro-batch forward work proportional to the stage's parameters (compute slowed
+        by hidden FSDP gathers, FSDP2 packing); it happens layer by layer, by parameter share."""
+        return self.overlap_slowdown_fwd_s + self.fsdp_copy_fwd_s
+
+    @property
+    def param_work_bwd_s(self) -> Num:
+        """As ``param_work_fwd_s`` for the backward, plus the gradient accumulation pass."""
+        return self.overlap_slowdown_bwd_s + self.grad_accum_s + self.fsdp_copy_bwd_s
+
+
+@dataclass(frozen=True, slots=True)
+class DpCollectives:
+    """Seconds of one stage's data-parallel collectives over ``dp x cp`` (all groups at once):
+    gradient all-reduce (ZeRO-0), reduce-scatter (ZeRO 1-3) and parameter all-gather."""
+
+    all_reduce_s: float
+    reduce_scatter_s: float
+    all_gather_s: float
+
+
+def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, ep: int, params: StageParams,
+                 num_layers: int, layer_fwd_s: Num, layer_bwd_s: Num, dp_overlap: bool, hbm_bytes_per_s: float,
+                 rt: CommRuntime, eff: KernelEfficiency, accum_bytes_per_param: Num, fp16: bool,
+                 fsdp_copies: bool) -> StagePieces:
+    """The per-stage pieces (``StagePieces``) of a stage, for one ZeRO stage or an array of them.
+
+    ``layer_fwd_s`` / ``layer_bwd_s``: the stage's compute per micro-batch (layers incl.
+    recomputation, plus the embedding/head), which hides FSDP's prefetched gathers.
+
+    * ZeRO-0: gradient all-reduce; ZeRO-1/2: reduce-scatter, then the parameter all-gather
+      (Rajbhandari et al. 2020, Sec. 5); both per step, composed in ``sim.step``.
+    * ZeRO-3 (FSDP): per layer, an all-gather before forward and backward (prefetched one layer
+      ahead), a reduce-scatter after backward, every micro-batch; what the stage's compute
+      cannot hide is exposed, plus one layer's share that no prefetch hides.  Without prefetch
+      (``dp_overlap`` off) every gather and reduce-scatter is exposed.  Hidden traffic slows
+      the compute under it by ``overlap_compute_slowdown`` (arXiv:2507.03114).
+    * The optimizer step is memory-bound: ``optimizer_bytes_per_param`` per local (sharded)
+      parameter at the GPU's achievable HBM rate; gradient accumulation outside the GEMM and
+      FSDP2's packing around its collectives likewise (``catalogs/runtime.yaml``).
+    """
+    z = np.asarray(zero)
+    z3 = z >= 3
+    grad_sync = np.where(z == 0, coll.all_reduce_s, coll.reduce_scatter_s)
+    param_gather = np.where((z == 1) | (z == 2), coll.all_gather_s, 0.0)
+    ag, rs = coll.all_gather_s, coll.reduce_scatter_s
+    n1 = max(1, num_layers)
+    if dp_overlap:
+        z3f = np.maximum(0.0, ag - layer_fwd_s) + ag / n1
+        z3b = np.maximum(0.0, ag + rs - layer_bwd_s) + rs / n1
+    else:  # no prefetch: every gather and reduce-scatter is on the critical path
+        z3f, z3b = ag + 0.0 * layer_fwd_s, ag + rs + 0.0 * layer_bwd_s
+    z3f, z3b = np.where(z3, z3f, 0.0), np.where(z3, z3b, 0.0)
+    sigma = eff.overlap_compute_slowdown
+    slow_f = np.where(z3, sigma * np.maximum(0.0, ag - z3f), 0.0)
+    slow_b = np.where(z3, sigma * np.maximum(0.0, ag + rs - z3b), 0.0)
+
+    shard = np.where(z >= 1, dp_size, 1)
+    local = params.dense_params / shard + params.expert_params / np.maximum(1, shard // ep)
+    opt_bytes = rt.optimizer_bytes_per_param + (rt.fp16_extra_bytes_per_param if fp16 else 0.0)
+    opt_s = local * opt_bytes / hbm_bytes_per_s
+    # weight gradients of each micro-batch added into the step's buffer (FSDP: into the shard)
+    accum_s = np.where(z3, local, params.total) * accum_bytes_per_param / hbm_bytes_per_s
+    copies = z3 & (dp_size > 1) & fsdp_copies
+    copy_f = np.where(copies, params.total * rt.fsdp_gather_copy_bytes_per_param / hbm_bytes_per_s, 0.0)
+    copy_b = np.where(copies, params.total * (rt.fsdp_gather_copy_bytes_per_param
+                                              + rt.fsdp_reduce_copy_bytes_per_param) / hbm_bytes_per_s, 0.0)
+    return StagePieces(dp_grad_sync_s=grad_sync, dp_param_gather_s=param_gather, zero3_exposed_fwd_s=z3f,
+                       zero3_exposed_bwd_s=z3b, overlap_slowdown_fwd_s=slow_f, overlap_slowdown_bwd_s=slow_b,
+                       optimizer_s=opt_s, grad_accum_s=accum_s, fsdp_copy_fwd_s=copy_f, fsdp_copy_bwd_s=copy_b)
+
+
+def stage_times(*, layer_fwd_s: Num, layer_bwd_s: Num, recompute_s: Num, layer_exposed_fwd_s: Num,
+                layer_exposed_bwd_s: Num, extra_fwd_s: Num, extra_bwd_s: Num, pieces: StagePieces, p2p_s: Num,
+                num_layers: int, first: bool, last: bool, count: int = 1,
+                before: tuple[int, ...] = ()) -> StageTimes:
+    """A stage's ``StageTimes`` from its layers' sums per micro-batch (``layer_*``: compute,
+    recomputation, exposed TP/CP/EP communication), its embedding/head compute (``extra_*``)
+    and its ``StagePieces``.  ``W`` (zero-bubble) is half the layers' backward: the weight
+    gradient GEMMs, which the layer cost does not separate from the input gradient."""
+    return StageTimes(
+        compute_fwd_s=layer_fwd_s + extra_fwd_s + pieces.param_work_fwd_s,
+        compute_bwd_s=layer_bwd_s + recompute_s + extra_bwd_s + pieces.param_work_bwd_s,
+        exposed_fwd_s=layer_exposed_fwd_s + pieces.zero3_exposed_fwd_s,
+        exposed_bwd_s=layer_exposed_bwd_s + pieces.zero3_exposed_bwd_s,
+        p2p_s=p2p_s, weight_grad_s=0.5 * layer_bwd_s, dp_grad_sync_s=pieces.dp_grad_sync_s,
+        dp_param_gather_s=pieces.dp_param_gather_s, optimizer_s=pieces.optimizer_s, num_layers=num_layers,
+        fwd_sends=0 if last else 1, bwd_sends=0 if first else 1, count=count, before=before)
+
+
+def pipeline_time_s(stages: Sequence[StageTimes], fb: Sequence[tuple[Num, Num]], m: Num, vp: Num,
+                    zero_bubble: Num, pp: int) -> Num:
+    """Closed-form time from the first forward to the last backward (module docstring).
+    ``zero_bubble`` is a bool (or bool array) per schedule; ``fb`` the stages' (F, B)."""
+    tot = [f + b for f, b in fb]
+    slowest = tot[0]
+    for t in tot[1:]:
+        slowest = np.maximum(slowest, t)
+    summed = sum(st.count * t for st, t in zip(stages, tot))
+    t_pipe = summed / vp + (m - 1.0 / vp) * slowest
+    if pp > 1 and np.any(zero_bubble):
+        drain = tot[0] - stages[0].weight_grad_s
+        for st, t in zip(stages[1:], tot[1:]):
+            drain = np.maximum(drain, t - st.weight_grad_s)
+        t_pipe = np.where(zero_bubble, m * slowest + (pp - 1) * drain / vp, t_pipe)
+    return t_pipe
+
+
+def compose(stages: Sequence[StageTimes], *, m: Num, vp: Num, zero_bubble: Num, pp: int, zero: Num,
+            dp_overlap: bool, overlap_slowdown: float) -> StepTimes:
+    """Step time of ``stages`` (module docstring).  ``zero`` may be an array (ZeRO-3 traffic is
+    per micro-batch, inside ``F``/``B``; stages 0-2 reduce after the last backward)."""
+    fb = [st.critical_path(vp) for st in stages]
+    t_pipe = pipeline_time_s(stages, fb, m, vp, zero_bubble, pp)
+    sigma = overlap_slowdown
+    z3 = np.asarray(zero) >= 3
+    ends, exposed, slows, opts = [], [], [], []
+    for st, (f, b) in zip(stages, fb):
+        tail = sum(k * fb[j][1] for j, k in enumerate(st.before) if k)
+        last_end = t_pipe - tail
+        window = b * (max(1, st.num_layers) - 1) / max(1, st.num_layers) if dp_overlap else 0.0
+        slow = np.where(z3, 0.0, sigma * np.minimum(st.dp_grad_sync_s, window))
+        ready = np.where(z3, last_end, np.maximum(last_end + slow, last_end - window + st.dp_grad_sync_s))
+        dp_exposed = ready - last_end - slow
+        gather = st.dp_param_gather_s
+        if dp_overlap:  # overlapped with the next step's first forward (overlap_param_gather)
+            hidden_gather = np.minimum(gather, f)
+            gather = gather - hidden_gather
+            slow = slow + sigma * hidden_gather
+            ready = ready + sigma * hidden_gather
+        ends.append(ready + st.optimizer_s + gather)
+        exposed.append(dp_exposed + gather)
+        slows.append(slow)
+        opts.append(st.optimizer_s)
+    step = ends[0]
+    for e in ends[1:]:
+        step = np.maximum(step, e)
+    return StepTimes(step_time_s=step, pipeline_s=t_pipe, fwd_s=tuple(f for f, _ in fb),
+                     bwd_s=tuple(b for _, b in fb), end_s=tuple(ends), dp_exposed_s=tuple(exposed),
+                     slowdown_s=tuple(slows), optimizer_s=tuple(opts))
