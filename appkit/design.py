@@ -20,6 +20,8 @@ from sim.errors import InfeasibleError, InputError
 from sim.modelio import MAX_FILE_BYTES, model_from_dict
 from sim.specs import Cluster, Model
 
+from planner.inputs import cluster_from_args
+
 DEFAULT_TOKENS_PER_PARAM = 20.0
 """Token budget when none is given: ~20 tokens per parameter (Hoffmann et al. 2022, Chinchilla,
 Table 3: compute-optimal training).  Only a default; users set their own budget."""
@@ -115,8 +117,6 @@ def _int_field(name: str, value: object, *, limit: int = 1 << 30) -> None:
 
 def cluster_of(design: Design) -> Cluster:
     """The ``Cluster`` of a design, with the CLI's defaults (``planner.inputs``)."""
-    from planner.inputs import cluster_from_args
-
     ns = argparse.Namespace(gpu=design.gpu, num_gpus=design.num_gpus, gpus_per_node=design.gpus_per_node,
                             nvlink_domain=design.nvlink_domain, nic=design.nic,
                             nics_per_node=design.nics_per_node, topology=design.topology,

@@ -1,17 +1,12 @@
-"""Adapters to the optional pieces the app shows: recommender, event engine, economics and
-launch-config exporters.
+"""The app's calls into the planner: recommender, event engine, economics, launch configs.
 
-Each piece is found at call time (``importlib``), so the app runs while a piece is still
-being built and picks it up as soon as it lands.  A missing piece raises ``Unavailable``
-with the sentence the app shows in its place ("recommendation engine not available ...");
-nothing here guesses numbers in its stead except ``simple_economics``, which is labelled as
-the plain GPU-hours x price estimate it is.
+Thin adapters that turn the planner's results into the JSON-like dicts the app shows.  The
+one estimate made here is ``simple_economics`` (GPU-hours x the catalog's on-demand price),
+for a design ``planner tco`` cannot cost (no price at all), labelled as such.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import io
 import json
 import os
@@ -19,54 +14,17 @@ import tempfile
 import zipfile
 from typing import Any, Mapping
 
+from planner.economics.strategy import default_gbs
+from planner.economics.tco import TcoOptions, compute_tco
+from planner.exports import FORMATS, LaunchSpec, job_name, render
+from planner.recommend import recommend as planner_recommend
 from sim.errors import InputError
 from sim.plan import Plan
+from sim.simulate import simulate
 from sim.specs import Cluster, Model
 
 
-class Unavailable(RuntimeError):
-    """An optional piece is not installed yet; ``str(exc)`` is the message to show."""
-
-
-
-
-def _module(name: str, attr: str):
-    """``name.attr`` if that module imports and defines it, else ``None`` (a folder that exists
-    but is still empty, as a piece lands, counts as missing)."""
-    try:
-        if importlib.util.find_spec(name) is None:
-            return None
-    except (ImportError, ValueError):
-        return None
-    mod = importlib.import_module(name)
-    return getattr(mod, attr, None)
-
-
-PIECES: dict[str, tuple[str, str]] = {
-    "recommend": ("planner.recommend", "recommend"),
-    "event": ("sim.event.engine", "simulate_event"),
-    "economics": ("planner.economics.tco", "compute_tco"),
-    "exports": ("planner.exports", "render"),
-}
-
-
-def available() -> dict[str, bool]:
-    """Which optional pieces are importable now."""
-    return {k: _module(*v) is not None for k, v in PIECES.items()}
-
-
 # --------------------------------------------------------------------------- recommender
-
-DEFAULT_TOKENS_PER_STEP = 1 << 22
-"""Global batch when the user gives none: 2**22 tokens per step (~4M, the Llama 2 batch;
-Touvron et al. 2023, Sec. 2.2), as ``planner recommend`` assumes without ``--gbs``."""
-
-
-def default_gbs(seq_len: int) -> int:
-    """Sequences per step when none is given: ``DEFAULT_TOKENS_PER_STEP / seq_len`` rounded,
-    as ``planner recommend`` without ``--gbs``."""
-    return max(1, round(DEFAULT_TOKENS_PER_STEP / seq_len))
-
 
 def recommend(model: Model, cluster: Cluster, *, gbs: int | None, seq_len: int, top: int,
               rerank: bool = True) -> dict[str, Any]:
@@ -74,13 +32,9 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int | None, seq_len: int, 
     with ``strategy`` and the simulate keys), ``candidates_evaluated``, ``search_time_s``,
     ``rejected`` (per reason), ``explanation`` and, when nothing fits, ``suggestions``.
     ``rerank=False`` ranks with the analytic model only (``planner recommend --rerank 0``)."""
-    fn = _module(*PIECES["recommend"])
-    if fn is None:
-        raise Unavailable("recommendation engine not available (planner.recommend is not installed yet): "
-                          "enter a STRATEGY in the sidebar to simulate one plan")
-    res = fn(model, cluster, gbs=gbs if gbs is not None else default_gbs(seq_len), seq_len=seq_len, top=top,
-             rerank=None if rerank else 0)
-    return res.to_dict() if hasattr(res, "to_dict") else dict(res)
+    res = planner_recommend(model, cluster, gbs=gbs if gbs is not None else default_gbs(seq_len), seq_len=seq_len,
+                            top=top, rerank=None if rerank else 0)
+    return res.to_dict()
 
 
 # --------------------------------------------------------------------------- event engine
@@ -88,11 +42,6 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int | None, seq_len: int, 
 
 def event_trace(plan: Plan) -> tuple[dict[str, Any], dict[str, Any]]:
     """Simulate ``plan`` with the event engine; return (its result JSON, the Chrome trace)."""
-    if _module(*PIECES["event"]) is None:
-        raise Unavailable("event engine not available (sim.event is not installed yet): "
-                          "the pipeline timeline needs it")
-    from sim.simulate import simulate
-
     fd, path = tempfile.mkstemp(prefix="planner-trace-", suffix=".json")
     os.close(fd)
     try:
@@ -118,10 +67,6 @@ def economics(model: Model, cluster: Cluster, plan: Plan, *, tokens: float, pric
 
     ``pricing='owned'`` needs a GPU purchase price; without one the cloud price is used and
     ``pricing`` in the answer says so."""
-    if _module(*PIECES["economics"]) is None:
-        raise Unavailable("economics module not available (planner.economics.tco is not installed yet)")
-    from planner.economics.tco import TcoOptions, compute_tco
-
     try:
         res = compute_tco(model, cluster, strategy=plan.strategy, options=TcoOptions(tokens=tokens, pricing=pricing))
     except InputError as exc:
@@ -133,8 +78,8 @@ def economics(model: Model, cluster: Cluster, plan: Plan, *, tokens: float, pric
 
 def simple_economics(cluster: Cluster, result: Mapping[str, Any], *, tokens: float) -> dict[str, Any]:
     """Time to train = tokens / throughput; cost = GPU-hours x the catalog's on-demand price
-    per GPU-hour (no failures, no power, no network capex).  Used only while
-    ``planner.economics`` is missing, and labelled so."""
+    per GPU-hour (no failures, no power, no network capex).  Used only for a design
+    ``planner tco`` cannot cost, and labelled so."""
     tps = float(result["tokens_per_s"])
     time_s = tokens / tps if tps > 0 else float("inf")
     price = cluster.gpu.price_usd_per_hour
@@ -156,10 +101,6 @@ def export_files(plan: Plan, *, steps: int | None = None, time_limit_s: float | 
                  ) -> tuple[dict[str, bytes], list[str]]:
     """Launch configs of ``plan`` in every format ``planner.exports`` renders:
     (``format/file name`` -> bytes, warnings about what a tool cannot express)."""
-    if _module(*PIECES["exports"]) is None:
-        raise Unavailable("launch-config exporters not available (planner.exports is not installed yet)")
-    from planner.exports import FORMATS, LaunchSpec, job_name, render
-
     c = plan.cluster
     spec = LaunchSpec(model=plan.model, strategy=plan.strategy, num_gpus=c.num_gpus, gpus_per_node=c.gpus_per_node,
                       gpu=c.gpu.id, attention=plan.attention, job_name=job_name(plan.model, c.num_gpus),

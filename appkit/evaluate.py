@@ -1,8 +1,8 @@
 """One design -> the plans, the chosen plan's step, and time and cost to train.
 
 ``evaluate`` is pure (same design, same answer) so the app caches it per design; it raises
-``InputError`` for bad input and returns degradations (a missing recommender, economics
-module ...) as ``notes`` rather than failing.
+``InputError`` for bad input and returns what it could not do (no recommendation next to a
+fixed strategy, a design ``planner tco`` cannot cost) as ``notes`` rather than failing.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from appkit import engines
 from appkit.design import Design, cluster_of
 from sim.errors import InputError
 from sim.plan import Plan, parse_strategy
+from sim.simulate import simulate
 from sim.specs import Cluster, Strategy
 
 GIB = float(1 << 30)
@@ -55,8 +56,6 @@ def fixed_strategy(design: Design, cluster: Cluster) -> Strategy:
 
 def simulate_strategy(design: Design, cluster: Cluster, strategy: Strategy | str) -> dict[str, Any]:
     """Analytic simulate JSON of one strategy on the design, with ``strategy`` and labels."""
-    from sim.simulate import simulate
-
     if isinstance(strategy, str):
         strategy = parse_strategy(strategy, num_gpus=cluster.num_gpus, seq_len=design.seq_len)
     plan = Plan(model=design.model, cluster=cluster, strategy=strategy)
@@ -84,11 +83,8 @@ def recommendation(design: Design, cluster: Cluster, *, top: int = DEFAULT_TOP) 
     Depends only on ``design.recommend_key()`` (model, cluster, sequence length, global batch),
     so the app caches it apart from the token budget, pricing and a fixed strategy.
     Raises ``InputError`` for input the recommender rejects."""
-    try:
-        return engines.recommend(design.model, cluster, gbs=design.gbs, seq_len=design.seq_len, top=top,
-                                 rerank=design.rerank), None
-    except engines.Unavailable as exc:
-        return None, str(exc)
+    return engines.recommend(design.model, cluster, gbs=design.gbs, seq_len=design.seq_len, top=top,
+                             rerank=design.rerank), None
 
 
 def evaluate(design: Design, *, top: int = DEFAULT_TOP,
@@ -153,8 +149,6 @@ def economics_of(design: Design, cluster: Cluster, plan: Mapping[str, Any]) -> t
         if eco.get("pricing") != design.pricing:
             note = f"{cluster.gpu.id} has no purchase price in the catalogs: costed at cloud prices"
         return eco, note
-    except engines.Unavailable as exc:
-        return engines.simple_economics(cluster, plan, tokens=tokens), f"{exc}; showing GPU-hours x price only"
     except InputError as exc:  # e.g. no price at all for this GPU: time still counts
         return (engines.simple_economics(cluster, plan, tokens=tokens),
                 f"planner tco could not cost this design ({exc}); showing GPU-hours x price only")

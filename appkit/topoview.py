@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
+from sim.topology import level_name
+
 TIER_COLORS = {"scale-up": "#2ca02c", "host": "#8c8c8c", "scale-out": "#1f77b4"}
 KIND_COLORS = {"gpu": "#76b900", "nvswitch": "#2ca02c", "nic": "#9467bd", "router": "#ff7f0e",
                "switch": "#1f77b4"}
@@ -142,8 +144,6 @@ def summarize_topology(graph: nx.Graph, *, max_boxes: int = 12) -> TopoSummary:
 
 
 def _make_box(key: tuple, ms: list[tuple], cluster, per_gpu: bool, node_chunk: int) -> Box:
-    from sim.topology import level_name
-
     kind = key[0]
     count = len(ms)
     if kind == "gpu":
@@ -268,7 +268,6 @@ def topology_figure(summary: TopoSummary, *, title: str = ""):
     for lvl in tickvals:
         b = levels[lvl][0]
         if b.kind == "switch":
-            from sim.topology import level_name
 
             ticktext.append(level_name(b.key[1]))
         elif b.kind == "router":

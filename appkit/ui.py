@@ -21,7 +21,12 @@ from appkit import charts, compare, engines
 from appkit.design import DEFAULT_TOKENS_PER_PARAM, Design, error_text, model_from_upload, widget_for_error
 from appkit.evaluate import (Evaluation, bottleneck, cli_command, economics_of, evaluate, plan_of, plans_table,
                              recommendation, result_document)
+from appkit.design import cluster_of
+from appkit.topoview import summarize_topology, topology_figure
+from sim.catalog import list_gpus, list_links, list_models
 from sim.errors import InputError
+from sim.specs import TOPOLOGIES
+from sim.topology import build_topology, topology_metrics
 
 _log = logging.getLogger(__name__)
 TABS = ("Plans", "Timeline", "Topology", "Compare", "Hand-off")
@@ -35,8 +40,6 @@ AUTO = "auto"
 @st.cache_resource(show_spinner=False)
 def catalog() -> dict[str, Any]:
     """GPU, NIC and model catalogs (loaded once per server)."""
-    from sim.catalog import list_gpus, list_links, list_models
-
     return {"gpus": {g.id: g for g in list_gpus()},
             "nics": {n.id: n for n in list_links("nic")},
             "models": dict(list_models())}
@@ -44,8 +47,6 @@ def catalog() -> dict[str, Any]:
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def cached_recommendation(key: str, _design: Design) -> tuple[dict | None, str | None]:
-    from appkit.design import cluster_of
-
     return recommendation(_design, cluster_of(_design))
 
 
@@ -67,8 +68,6 @@ def cached_upload(name: str, data: bytes):
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def cached_topology(key: str, _cluster) -> tuple[Any, Any]:
-    from appkit.topoview import summarize_topology
-    from sim.topology import build_topology, topology_metrics
 
     graph = build_topology(_cluster)
     return summarize_topology(graph), topology_metrics(graph)
@@ -187,7 +186,6 @@ def sidebar(cat: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[s
                                            key="nics_per_node", placeholder=f"auto ({gpu.nics_per_node})")
     slots["nic"] = sb.empty()
     slots["nics_per_node"] = sb.empty()
-    from sim.specs import TOPOLOGIES
 
     c1, c2 = sb.columns(2)
     raw["topology"] = c1.selectbox("Topology", TOPOLOGIES, key="topology")
@@ -348,9 +346,6 @@ def timeline_tab(ev: Evaluation, chosen: int) -> None:
         t = time.perf_counter()
         result, bars = cached_timeline(ev.design.cache_key() + "|" + plan["strategy"], p)
         took = time.perf_counter() - t
-    except engines.Unavailable as exc:
-        st.info(md(exc))
-        return
     except InputError as exc:
         st.error(md(error_text(exc)))
         return
@@ -363,7 +358,6 @@ def timeline_tab(ev: Evaluation, chosen: int) -> None:
 
 
 def topology_tab(ev: Evaluation) -> None:
-    from appkit.topoview import topology_figure
 
     c = ev.cluster
     key = repr((c.gpu.id, c.num_gpus, c.nic.id, c.gpus_per_node, c.nvlink_domain, c.nics_per_node, c.topology,
@@ -413,12 +407,8 @@ def handoff_tab(ev: Evaluation, chosen: int, eco: dict[str, Any]) -> None:
     p = plan_of(d, ev.cluster, plan)
     steps = math.ceil(d.token_budget / p.strategy.tokens_per_step)
     wall = float(eco["time_to_train_s"])
-    try:
-        files, warnings = cached_exports(d.cache_key() + "|" + plan["strategy"], p, steps,
-                                         wall if math.isfinite(wall) else None)
-    except engines.Unavailable as exc:
-        st.info(md(exc))
-        return
+    files, warnings = cached_exports(d.cache_key() + "|" + plan["strategy"], p, steps,
+                                     wall if math.isfinite(wall) else None)
     st.markdown(f"Launch configs for plan #{chosen + 1} ({steps:,} steps for the token budget):")
     st.download_button("Download all launch configs (zip)", data=engines.zip_bytes(files),
                        file_name="launch-configs.zip", mime="application/zip", key="download_zip", type="primary")

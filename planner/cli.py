@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Callable, Sequence
+from typing import Sequence
 
 from sim.errors import InputError
+
+from planner import cmd_check, cmd_economics, cmd_recommend, cmd_validate
 
 EXIT_BAD_INPUT = 2
 
@@ -185,25 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_catalog)
 
-    for register in _extensions():
-        register(sub)
+    for module in (cmd_recommend, cmd_check, cmd_validate, cmd_economics):  # subcommands in their own modules
+        module.register(sub)
     return parser
-
-
-def _extensions() -> list[Callable[[argparse._SubParsersAction], None]]:
-    """Subcommands living in their own modules (recommend, tco, ...) register here."""
-    out = []
-    import importlib
-
-    for name in ("planner.cmd_recommend", "planner.cmd_check", "planner.cmd_validate", "planner.cmd_economics"):
-        try:
-            mod = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            continue
-        out.append(mod.register)
-    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:

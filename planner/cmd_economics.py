@@ -310,8 +310,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise InputError("seq-len", args.seq_len, "must be in [1, 67108864]")
     if args.gbs is not None and args.gbs < 1:
         raise InputError("gbs", args.gbs, "must be >= 1")
-    engines = ("fallback",) if args.strategy_engine == "fallback" else ("recommend", "search", "fallback")
-    opts = SweepOptions(tco=_tco_options(args), gbs=args.gbs, seq_len=args.seq_len, engines=engines)
+    opts = SweepOptions(tco=_tco_options(args), gbs=args.gbs, seq_len=args.seq_len,
+                        quick=args.strategy_engine in ("quick", "fallback"))
     res = run_sweep(points, opts, executor=args.executor, max_workers=args.workers, ray_address=args.ray_address)
     out = res.as_dict()
     if args.json:
@@ -448,8 +448,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--topologies", type=_list(str, "topologies"), default=["fat-tree", "rail-optimized"])
     p.add_argument("--oversubscription", type=_list(float, "oversubscription"), default=[1.0, 2.0])
     p.add_argument("--seq-len", type=int, default=None)
-    p.add_argument("--strategy-engine", choices=("auto", "fallback"), default="auto",
-                   help="auto: recommender, else search, else the small fallback grid")
+    p.add_argument("--strategy-engine", choices=("auto", "quick", "fallback"), default="auto",
+                   help="auto: the recommender over the whole space; quick (alias fallback): over a small "
+                        "documented space (planner.economics.strategy.QUICK_SPACE), for fast sweeps")
     p.add_argument("--executor", choices=("local", "ray"), default="local")
     p.add_argument("--workers", type=int, default=None, help="local processes / Ray CPUs (default: all cores)")
     p.add_argument("--ray-address", default=None, help="connect to an existing Ray cluster instead of starting one")

@@ -33,7 +33,7 @@ from typing import Mapping
 
 import numpy as np
 
-from sim.collectives import Network
+from sim.network import Network
 from sim.compute import KernelEfficiency
 from sim.errors import InfeasibleError, InputError
 from sim.placement import group_shape

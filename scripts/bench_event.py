@@ -21,7 +21,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from sim.catalog import get_gpu, get_nic  # noqa: E402
-from sim.collectives import Network  # noqa: E402
+from sim.network import Network  # noqa: E402
 from sim.costs import step_costs  # noqa: E402
 from sim.event.engine import simulate_event  # noqa: E402
 from sim.modelio import load_model  # noqa: E402

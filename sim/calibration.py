@@ -41,6 +41,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from sim.compute import network_efficiency, network_size_curves
 from sim.errors import InputError
 from sim.specs import Gpu, Link
 
@@ -155,20 +156,8 @@ class Calibration:
         achieved (bus) bandwidths, so a measured tier runs at efficiency 1 without a size
         curve; a tier the profile did not measure keeps the catalog's fitted efficiency and
         size curve."""
-        eff: dict[str, float] = {}
-        try:
-            from sim.compute import network_efficiency
-
-            eff.update(network_efficiency(None))
-        except ImportError:  # pragma: no cover - older core without fitted efficiencies
-            pass
-        curves: dict[str, object] = {}
-        try:
-            from sim.compute import network_size_curves
-
-            curves.update(network_size_curves())
-        except ImportError:  # pragma: no cover - older core without size curves
-            pass
+        eff: dict[str, float] = dict(network_efficiency(None))
+        curves: dict[str, object] = dict(network_size_curves())
         if self.scale_up is not None:
             eff["scale-up"] = 1.0
             curves.pop("scale-up", None)  # the measured bandwidth replaces the curve too

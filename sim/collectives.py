@@ -30,8 +30,7 @@ NCCL's tuner) are not modelled; large-message bus bandwidth of real NCCL runs is
 
 Each algorithm comes as ``*_coeffs`` returning ``(seconds_per_byte, fixed_s)`` (time is
 ``seconds_per_byte * message_bytes + fixed_s``; ``sim.network`` caches these) and as a
-``*_time_s`` function.  ``Network`` (placement-aware) lives in ``sim.network`` and is
-re-exported here.
+``*_time_s`` function.  ``Network`` (placement-aware) lives in ``sim.network``.
 """
 
 from __future__ import annotations
@@ -254,10 +253,3 @@ def bytes_sent_per_rank(op: str, algorithm: str, num_ranks: int, message_bytes: 
             return s
         return bus_bandwidth_factor(op, n) * s
     raise InputError("algorithm", algorithm, f"not one of {', '.join(ALGORITHMS.get(op, ()))} for {op}")
-
-
-def __getattr__(name: str) -> object:  # PEP 562: ``from sim.collectives import Network``
-    if name in ("Network", "GroupLink"):
-        from sim import network
-        return getattr(network, name)
-    raise AttributeError(name)

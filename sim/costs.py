@@ -2,7 +2,7 @@
 
 ``step_costs(plan)`` times, per pipeline stage and per micro-batch, the forward and backward
 compute of each layer (``sim.compute``), its tensor/context/expert-parallel collectives on the
-actual rank placement (``sim.collectives.Network``), the pipeline point-to-point transfers,
+actual rank placement (``sim.network.Network``), the pipeline point-to-point transfers,
 the data-parallel gradient and parameter collectives and the optimizer step.  The analytic
 engine (``sim.analytic``) composes them with closed-form schedules; the event engine
 schedules the same pieces as events, so the two agree where both apply.

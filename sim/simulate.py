@@ -2,53 +2,44 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from sim.analytic import simulate_analytic
+from sim.calibration import load_calibration
+from sim.compute import default_efficiency, network_kwargs
 from sim.errors import InputError
+from sim.event.engine import simulate_event
+from sim.event.whatif import WhatIf
+from sim.network import Network
 from sim.plan import Plan
 from sim.result import StepResult
-
-if TYPE_CHECKING:
-    from sim.event.whatif import WhatIf
 
 ENGINES: tuple[str, ...] = ("analytic", "event")
 
 
 def simulate(plan: Plan, *, engine: str = "analytic", trace_path: str | None = None,
-             calibration: str | None = None, whatif: "WhatIf | None" = None,
+             calibration: str | None = None, whatif: WhatIf | None = None,
              explicit_ranks: bool = False) -> StepResult:
     """Predict one training step.  ``engine="event"`` runs the simpy discrete-event engine
     (``sim.event``), which alone takes ``whatif`` (stragglers, slow links, uneven stages),
-    ``explicit_ranks`` (every data-parallel replica simulated) and ``trace_path``."""
-    from sim.collectives import Network
-    from sim.compute import default_efficiency
-
+    ``explicit_ranks`` (every data-parallel replica simulated) and ``trace_path``.
+    ``calibration`` (a profile file or name, ``sim.calibration``) replaces the catalog's
+    hardware and efficiency with a measured machine's."""
     if engine not in ENGINES:
         raise InputError("engine", engine, f"must be one of {', '.join(ENGINES)}")
     if engine != "event" and (explicit_ranks or (whatif is not None and not whatif.empty)):
         raise InputError("engine", engine, "what-ifs and --explicit-ranks need --engine event")
+    if engine != "event" and trace_path is not None:
+        raise InputError("trace", trace_path, "--trace needs --engine event")
     eff = default_efficiency()
     net_kwargs: dict[str, object] = {}
     if calibration is not None:
-        from sim.calibration import load_calibration
-
         cal = load_calibration(calibration)
         eff = cal.apply_efficiency(eff)
         plan = cal.apply_plan(plan)
         net_kwargs = cal.network_kwargs(plan.cluster)
     if not net_kwargs:
-        from sim.compute import network_kwargs
-
         net_kwargs = network_kwargs(plan.cluster.gpu.nvlink_generation)
     net = Network(plan.cluster, **net_kwargs)  # type: ignore[arg-type]
     if engine == "event":
-        from sim.event.engine import simulate_event
-
         return simulate_event(plan, net=net, eff=eff, trace_path=trace_path, whatif=whatif,
                               explicit_ranks=explicit_ranks)
-    from sim.analytic import simulate_analytic
-
-    result = simulate_analytic(plan, net=net, eff=eff)
-    if trace_path is not None:
-        raise InputError("trace", trace_path, "--trace needs --engine event")
-    return result
+    return simulate_analytic(plan, net=net, eff=eff)

@@ -10,7 +10,7 @@ from planner.economics.sweep import SweepOptions, design_grid, evaluate_point, p
 from planner.economics.tco import TcoOptions
 from sim.errors import InputError
 
-OPTS = SweepOptions(tco=TcoOptions(tokens=1e11), engines=("fallback",))
+OPTS = SweepOptions(tco=TcoOptions(tokens=1e11), quick=True)
 
 
 def grid():

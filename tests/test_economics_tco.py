@@ -10,7 +10,7 @@ from planner.cli import main
 from planner.economics.bom import cluster_bom, network_bom
 from planner.economics.power import gpu_power_w
 from planner.economics.prices import PriceQuote, load_prices
-from planner.economics.strategy import choose_plan, fallback_search
+from planner.economics.strategy import choose_plan
 from planner.economics.tco import TcoOptions, compute_tco
 from sim.catalog import get_gpu, get_nic
 from sim.errors import InputError
@@ -134,10 +134,10 @@ def test_unpriced_gpu_asks_for_a_price():
     assert any("default assumption" in w for w in r.warnings)
 
 
-def test_fallback_search_returns_a_fitting_plan():
-    chosen = fallback_search(load_model("llama3-8b"), cluster(n=64))
-    assert chosen.result.fits_memory and chosen.source == "economics fallback search"
-    assert chosen.strategy.num_gpus == 64
+def test_quick_space_returns_a_fitting_plan():
+    chosen = choose_plan(load_model("llama3-8b"), cluster(n=64), quick=True)
+    assert chosen.result.fits_memory and chosen.source == "planner.recommend (quick space)"
+    assert chosen.strategy.num_gpus == 64 and chosen.strategy.tp in (1, 2, 4, 8) and chosen.strategy.mbs == 1
 
 
 def test_given_strategy_wins():

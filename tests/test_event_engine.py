@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 from sim.analytic import simulate_analytic
 from sim.catalog import get_gpu, get_nic
-from sim.collectives import Network
+from sim.network import Network
 from sim.costs import step_costs
 from sim.errors import InputError
 from sim.event.engine import Engine, simulate_event

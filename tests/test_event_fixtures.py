@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import fields
 
 from sim.catalog import get_gpu, get_nic
-from sim.collectives import Network
+from sim.network import Network
 from sim.costs import LayerCost, StageCost, StepCosts
 from sim.event.engine import Engine
 from sim.event.resources import LinkTable

@@ -1,22 +1,31 @@
 """One-way dependencies: catalogs -> sim -> planner -> app; validate is never imported by the core.
 
 Walks every module's imports with `ast` (torchtitan freezes its structure with a test the same
-way) and fails on a backward edge.
+way) and fails on a backward edge, on an import done by string (``importlib.import_module``,
+``__import__``: an edge this walk could not see, and the "this piece may be missing" pattern),
+and on an ``ImportError`` caught around an import of the project's own code.
 """
 
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("sim", "planner", "validate", "appkit")
+OWN = set(PACKAGES) | {"app"}
 
 # package -> packages it must never import (at module level or inside functions)
 FORBIDDEN = {
     "sim": {"planner", "validate", "app", "appkit"},
-    "planner": {"app", "appkit"},
-    "validate": {"app", "appkit"},
+    "planner": {"app", "appkit", "validate"},
+    "validate": {"planner", "app", "appkit"},  # validate uses sim's specs; the CLI front imports it
+    "appkit": {"validate", "app"},  # the app drives the planner; it never runs torch workloads
 }
-# planner.cmd_validate is the CLI front of validate and may import it lazily.
+# planner.cmd_validate is the CLI front of validate and may import it lazily (torch stays optional).
 ALLOWED = {("planner/cmd_validate.py", "validate")}
+
+
+def _files(pkg: str) -> list[Path]:
+    return sorted((ROOT / pkg).rglob("*.py")) if (ROOT / pkg).is_dir() else [ROOT / f"{pkg}.py"]
 
 
 def _imports(path: Path) -> set[str]:
@@ -30,15 +39,72 @@ def _imports(path: Path) -> set[str]:
     return out
 
 
+def _string_imports(path: Path) -> list[str]:
+    """Calls that import a module named by a string: ``importlib.import_module(...)``,
+    ``__import__(...)``, ``importlib.util.find_spec(...)``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+            if name in ("import_module", "__import__", "find_spec"):
+                out.append(f"line {node.lineno}: {name}(...)")
+    return out
+
+
+def _guarded_own_imports(path: Path) -> list[str]:
+    """``try: import <own module> except ImportError/ModuleNotFoundError``: an optional piece."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Try):
+            continue
+        caught = set()
+        for h in node.handlers:
+            for t in ([h.type] if not isinstance(h.type, ast.Tuple) else h.type.elts) if h.type else []:
+                if isinstance(t, ast.Name):
+                    caught.add(t.id)
+        if not caught & {"ImportError", "ModuleNotFoundError"}:
+            continue
+        for stmt in node.body:
+            for sub in ast.walk(stmt):
+                mods = []
+                if isinstance(sub, ast.Import):
+                    mods = [a.name for a in sub.names]
+                elif isinstance(sub, ast.ImportFrom) and sub.module and sub.level == 0:
+                    mods = [sub.module]
+                out += [f"line {sub.lineno}: {m}" for m in mods if m.split(".")[0] in OWN]
+    return out
+
+
 def test_no_backward_imports():
     bad = []
     for pkg, forbidden in FORBIDDEN.items():
-        for path in sorted((ROOT / pkg).rglob("*.py")):
+        for path in _files(pkg):
             rel = path.relative_to(ROOT).as_posix()
             for mod in _imports(path) & forbidden:
                 if (rel, mod) not in ALLOWED:
                     bad.append(f"{rel} imports {mod}")
     assert not bad, "\n".join(bad)
+
+
+def test_no_imports_by_string_or_optional_own_modules():
+    bad = []
+    for pkg in PACKAGES + ("app",):
+        for path in _files(pkg):
+            rel = path.relative_to(ROOT).as_posix()
+            bad += [f"{rel} {x}" for x in _string_imports(path)]
+            bad += [f"{rel} guards an import of its own code: {x}" for x in _guarded_own_imports(path)]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_walk_sees_an_import_by_string(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("import importlib\ntry:\n    import sim.event\nexcept ImportError:\n    pass\n"
+                     "mod = importlib.import_module('planner.recommend')\n", encoding="utf-8")
+    assert _string_imports(probe) == ["line 6: import_module(...)"]
+    assert _guarded_own_imports(probe) == ["line 3: sim.event"]
 
 
 def test_planner_imports_validate_only_from_its_cli_front():

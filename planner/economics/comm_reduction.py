@@ -28,7 +28,7 @@ from sim.costs import default_network
 from dataclasses import dataclass, field, replace
 
 from sim.analytic import simulate_analytic
-from sim.collectives import Network
+from sim.network import Network
 from sim.costs import StepCosts, step_costs
 from sim.errors import InputError
 from sim.plan import Plan

@@ -50,7 +50,7 @@ class SweepOptions:
     tco: TcoOptions = field(default_factory=TcoOptions)
     gbs: int | None = None
     seq_len: int | None = None
-    engines: tuple[str, ...] = ("recommend", "search", "fallback")
+    quick: bool = False  # search planner.economics.strategy.QUICK_SPACE only (fast sweeps)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -111,7 +111,7 @@ def evaluate_point(point: DesignPoint, options: SweepOptions) -> dict:
         model = load_model(point.model)
         cluster = _cluster(point)
         row["nic"] = cluster.nic.id
-        plan = choose_plan(model, cluster, gbs=options.gbs, seq_len=options.seq_len, engines=options.engines)
+        plan = choose_plan(model, cluster, gbs=options.gbs, seq_len=options.seq_len, quick=options.quick)
         res = compute_tco(model, cluster, options=options.tco, plan=plan)
     except InfeasibleError as exc:
         row.update(status="infeasible", reason=f"{exc.reason}: {exc}")

@@ -25,22 +25,22 @@ from __future__ import annotations
 import math
 import os
 from collections import deque
-from typing import TYPE_CHECKING, Generator, NamedTuple
+from typing import Generator, NamedTuple
 
 import simpy
 
+from sim.compute import KernelEfficiency, default_efficiency
+from sim.costs import StepCosts, default_network, step_costs
 from sim.errors import InputError
+from sim.event.measure import step_result
 from sim.event.resources import CollectiveStream, FairShare, Kind, LinkTable
 from sim.event.scenario import COMM_DIMS, Piece, Scenario, Unit, _bytes
 from sim.event.schedules import w_limit
-
-if TYPE_CHECKING:
-    from sim.collectives import Network
-    from sim.compute import KernelEfficiency
-    from sim.costs import StepCosts
-    from sim.event.whatif import WhatIf
-    from sim.plan import Plan
-    from sim.result import StepResult
+from sim.event.trace import write_trace
+from sim.event.whatif import WhatIf
+from sim.network import Network
+from sim.plan import Plan
+from sim.result import StepResult
 
 
 class Entry(NamedTuple):
@@ -334,9 +334,9 @@ class Engine:
         return out
 
 
-def simulate_event(plan: "Plan", *, net: "Network | None" = None, eff: "KernelEfficiency | None" = None,
-                   trace_path: str | None = None, whatif: "WhatIf | None" = None, explicit_ranks: bool = False,
-                   costs: "StepCosts | None" = None) -> "StepResult":
+def simulate_event(plan: Plan, *, net: Network | None = None, eff: KernelEfficiency | None = None,
+                   trace_path: str | None = None, whatif: WhatIf | None = None, explicit_ranks: bool = False,
+                   costs: StepCosts | None = None) -> StepResult:
     """Predict one optimizer step of ``plan`` with the event engine.
 
     Parameters
@@ -348,21 +348,13 @@ def simulate_event(plan: "Plan", *, net: "Network | None" = None, eff: "KernelEf
     explicit_ranks : simulate every data-parallel replica instead of one per stage.
     costs : precomputed ``step_costs(plan, net, eff)``.
     """
-    from sim.collectives import Network
-    from sim.costs import step_costs
-    from sim.event.measure import step_result
-    from sim.event.trace import write_trace
-    from sim.event.whatif import WhatIf
-
     whatif = whatif or WhatIf()
     whatif.check(plan)
     if trace_path is not None:
         folder = os.path.dirname(os.path.abspath(trace_path))
         if not os.path.isdir(folder) or os.path.isdir(trace_path):
             raise InputError("trace", trace_path, "cannot write: no such folder, or it is a folder")
-    from sim.compute import default_efficiency
-
-    net = net or Network(plan.cluster)
+    net = net or default_network(plan.cluster)
     eff = eff or default_efficiency()
     costs = costs or step_costs(plan, net, eff)
     eng = Engine(Scenario(plan, costs, net, explicit=explicit_ranks, whatif=whatif), LinkTable(net),

@@ -14,12 +14,15 @@ own timeline is used.)
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from sim.event.engine import Engine, Entry
+from sim.analytic import plan_warnings
 from sim.memory import plan_memory
 from sim.ops import model_flops_per_step
 from sim.result import Breakdown, StepResult
+
+if TYPE_CHECKING:  # the engine imports this module
+    from sim.event.engine import Engine, Entry
 
 _CATS = ("compute", "tp", "cp", "ep", "pp", "dp", "optimizer")
 
@@ -83,7 +86,6 @@ def breakdown_from_log(entries: Sequence[Entry], unit_end: Sequence[float]) -> t
 
 def step_result(eng: Engine, *, extra: dict[str, object]) -> StepResult:
     """The ``StepResult`` of a finished engine run."""
-    from sim.analytic import plan_warnings
 
     sc = eng.sc
     plan = sc.plan

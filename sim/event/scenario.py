@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.collectives import Network
+from sim.network import Network
 from sim.costs import LayerCost, StageCost, StepCosts, default_comm_runtime
 from sim.errors import InputError
 from sim.event.schedules import Op, schedule_orders

@@ -10,10 +10,12 @@ stands for (symmetric mode) or runs in lock-step with (explicit mode), one threa
 from __future__ import annotations
 
 import json
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from sim.errors import InputError
-from sim.event.engine import Engine, Entry
+
+if TYPE_CHECKING:  # the engine imports this module
+    from sim.event.engine import Engine, Entry
 
 STREAMS: tuple[str, ...] = ("compute", "tp", "cp", "ep", "pp", "dp", "dp-ag")
 
