@@ -8,7 +8,6 @@ so the app and ``planner simulate`` never disagree).  Bad input raises ``InputEr
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from dataclasses import dataclass, replace
@@ -16,13 +15,12 @@ from pathlib import PurePath
 
 import yaml
 
+from sim.catalog import cluster_from_catalog
+from sim.conventions import conventions
 from sim.errors import InfeasibleError, InputError
 from sim.modelio import MAX_FILE_BYTES, model_from_dict
 from sim.specs import Cluster, Model
 
-from planner.inputs import cluster_from_args
-
-DEFAULT_TOKENS_PER_PARAM = 20.0
 """Token budget when none is given: ~20 tokens per parameter (Hoffmann et al. 2022, Chinchilla,
 Table 3: compute-optimal training).  Only a default; users set their own budget."""
 
@@ -86,7 +84,7 @@ class Design:
         """Tokens to train: the given budget, else 20 per parameter (Chinchilla)."""
         if self.token_budget_tokens is not None:
             return float(self.token_budget_tokens)
-        return DEFAULT_TOKENS_PER_PARAM * self.model.num_params
+        return conventions().tokens_per_parameter * self.model.num_params
 
     @property
     def label(self) -> str:
@@ -116,12 +114,11 @@ def _int_field(name: str, value: object, *, limit: int = 1 << 30) -> None:
 
 
 def cluster_of(design: Design) -> Cluster:
-    """The ``Cluster`` of a design, with the CLI's defaults (``planner.inputs``)."""
-    ns = argparse.Namespace(gpu=design.gpu, num_gpus=design.num_gpus, gpus_per_node=design.gpus_per_node,
-                            nvlink_domain=design.nvlink_domain, nic=design.nic,
-                            nics_per_node=design.nics_per_node, topology=design.topology,
-                            oversubscription=float(design.oversubscription), tree_levels=2)
-    return cluster_from_args(ns)
+    """The ``Cluster`` of a design, with the CLI's defaults (``sim.catalog.cluster_from_catalog``)."""
+    return cluster_from_catalog(design.gpu, design.num_gpus, gpus_per_node=design.gpus_per_node,
+                                nvlink_domain=design.nvlink_domain, nic=design.nic,
+                                nics_per_node=design.nics_per_node, topology=design.topology,
+                                oversubscription=float(design.oversubscription))
 
 
 def model_from_upload(file_name: str, data: bytes) -> Model:

@@ -14,10 +14,10 @@ import tempfile
 import zipfile
 from typing import Any, Mapping
 
-from planner.economics.strategy import default_gbs
 from planner.economics.tco import TcoOptions, compute_tco
 from planner.exports import FORMATS, LaunchSpec, job_name, render
 from planner.recommend import recommend as planner_recommend
+from sim.conventions import default_global_batch
 from sim.errors import InputError
 from sim.plan import Plan
 from sim.simulate import simulate
@@ -32,7 +32,7 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int | None, seq_len: int, 
     with ``strategy`` and the simulate keys), ``candidates_evaluated``, ``search_time_s``,
     ``rejected`` (per reason), ``explanation`` and, when nothing fits, ``suggestions``.
     ``rerank=False`` ranks with the analytic model only (``planner recommend --rerank 0``)."""
-    res = planner_recommend(model, cluster, gbs=gbs if gbs is not None else default_gbs(seq_len), seq_len=seq_len,
+    res = planner_recommend(model, cluster, gbs=gbs if gbs is not None else default_global_batch(seq_len), seq_len=seq_len,
                             top=top, rerank=None if rerank else 0)
     return res.to_dict()
 

@@ -18,12 +18,13 @@ from typing import Any
 import streamlit as st
 
 from appkit import charts, compare, engines
-from appkit.design import DEFAULT_TOKENS_PER_PARAM, Design, error_text, model_from_upload, widget_for_error
+from appkit.design import Design, error_text, model_from_upload, widget_for_error
 from appkit.evaluate import (Evaluation, bottleneck, cli_command, economics_of, evaluate, plan_of, plans_table,
                              recommendation, result_document)
 from appkit.design import cluster_of
 from appkit.topoview import summarize_topology, topology_figure
 from sim.catalog import list_gpus, list_links, list_models
+from sim.conventions import conventions
 from sim.errors import InputError
 from sim.specs import TOPOLOGIES
 from sim.topology import build_topology, topology_metrics
@@ -202,7 +203,7 @@ def sidebar(cat: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[s
     raw["gbs"] = sb.number_input("Global batch (sequences)", min_value=1, max_value=1 << 30, value=None, step=64,
                                  key="gbs", placeholder="auto (recommender's choice)")
     slots["gbs"] = sb.empty()
-    default_b = DEFAULT_TOKENS_PER_PARAM * raw["model"].num_params / 1e9 if "model" in raw else None
+    default_b = conventions().tokens_per_parameter * raw["model"].num_params / 1e9 if "model" in raw else None
     raw["token_budget_b"] = sb.number_input(
         "Token budget (billion tokens)", min_value=0.0, value=None, step=100.0, key="token_budget",
         placeholder=f"auto: {default_b:,.0f} B (20 per parameter)" if default_b else "auto: 20 per parameter")

@@ -25,7 +25,7 @@ def cmd_check_published(args: argparse.Namespace) -> int:
         known = {r["id"] for r in load_runs()}
         for i in ids:
             if i not in known:
-                raise InputError("ids", i, f"unknown run id; see `planner check-published --list`")
+                raise InputError("ids", i, "unknown run id; see `planner check-published --list`")
     if args.list:
         for r in load_runs():
             print(r["id"])

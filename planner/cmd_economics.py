@@ -107,7 +107,8 @@ def _tco_options(args: argparse.Namespace):
 def _add_cost_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("cost")
     g.add_argument("--tokens", type=float, default=None, help="token budget (default: --tokens-per-param x parameters)")
-    g.add_argument("--tokens-per-param", type=float, default=20.0, help="Chinchilla ratio (default 20)")
+    g.add_argument("--tokens-per-param", type=float, default=None,
+                   help="token budget per parameter (default: catalogs/conventions.yaml, the Chinchilla 20)")
     g.add_argument("--pricing", choices=("owned", "cloud"), default="owned",
                    help="cost_to_train_usd from owned hardware (depreciation + energy) or cloud rent")
     g.add_argument("--usd-per-kwh", type=float, default=None)
@@ -465,7 +466,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--storage", default="lustre-ddn")
     p.add_argument("--raw-text", action="store_true", help="tokenise on the fly (default: pre-tokenised data)")
     p.add_argument("--bytes-per-token-storage", type=float, default=None)
-    p.add_argument("--bytes-per-token-device", type=float, default=16.0)
+    p.add_argument("--bytes-per-token-device", type=float, default=None,
+                   help="host-to-GPU bytes per token (default: catalogs/conventions.yaml, 16 for text)")
     p.add_argument("--host-bytes-per-s-per-node", type=float, default=None,
                    help="host decode/tokenise rate per node (bytes of input per second)")
     p.add_argument("--host-bytes-per-token", type=float, default=None)

@@ -6,10 +6,10 @@ import argparse
 import json
 import math
 
+from sim.conventions import conventions, default_global_batch
 from sim.errors import InputError
 from sim.specs import RECOMPUTES, SCHEDULES, TRAIN_PRECISIONS
 
-DEFAULT_TOKENS_PER_BATCH = 1 << 22  # ~4M tokens per step when --gbs is not given (Llama 2/3 scale)
 GIB = 2**30
 
 
@@ -132,10 +132,10 @@ def gbs_from_args(args: argparse.Namespace, seq_len: int) -> tuple[int, str | No
         if args.gbs < 1 or args.gbs > 1 << 30:
             raise InputError("gbs", args.gbs, "must be in [1, 2^30]")
         return args.gbs, None
-    tokens = args.batch_tokens if args.batch_tokens is not None else DEFAULT_TOKENS_PER_BATCH
+    tokens = args.batch_tokens if args.batch_tokens is not None else conventions().default_tokens_per_step
     if not math.isfinite(tokens) or tokens < seq_len or tokens > 1 << 40:
         raise InputError("batch-tokens", tokens, f"must be at least one sequence ({seq_len} tokens)")
-    gbs = max(1, round(tokens / seq_len))
+    gbs = default_global_batch(seq_len, tokens)
     note = None if args.batch_tokens is not None else \
         f"--gbs not given: assumed {gbs} sequences ({gbs * seq_len:,} tokens) per step"
     return gbs, note

@@ -27,12 +27,13 @@ from typing import Mapping
 import numpy as np
 
 from sim.compute import KernelEfficiency, default_efficiency
-from sim.costs import (LayerCost, default_comm_runtime, default_network, dp_collectives, end_costs,
+from sim.costs import (LayerCost, default_network, dp_collectives, end_costs,
                        layer_cost, p2p_bytes, p2p_time_s, synced_params)
-from sim.memory import activation_bytes_per_layer, default_runtime, inflight, stage_memory
+from sim.memory import activation_bytes_per_layer, inflight, stage_memory
 from sim.network import Network
 from sim.ops import layer_ops
 from sim.plan import Plan
+from sim.runtime import default_comm_runtime, default_runtime
 from sim.specs import Cluster, Model, Strategy
 from sim.stages import StageShape, layer_params, stage_shapes
 from sim.step import DpCollectives, compose, stage_pieces, stage_times

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from sim.catalog import get_gpu, get_nic
+from sim.catalog import cluster_from_catalog
 from sim.errors import InputError
 from sim.modelio import load_model
 from sim.specs import TOPOLOGIES, Cluster, Model
@@ -32,24 +32,11 @@ def add_cluster_args(p: argparse.ArgumentParser, *, required: bool = True) -> No
 
 
 def cluster_from_args(args: argparse.Namespace) -> Cluster:
-    gpu = get_gpu(args.gpu)
-    gpn = args.gpus_per_node if args.gpus_per_node is not None else gpu.gpus_per_node
-    if args.nvlink_domain is not None:
-        domain = args.nvlink_domain
-    elif args.gpus_per_node is not None:
-        domain = gpn
-    else:
-        domain = max(gpu.nvlink_domain_size, gpn)
-    if args.num_gpus is not None and args.num_gpus >= 1 and args.num_gpus < gpn:
-        gpn = args.num_gpus  # a partial node
-        domain = min(domain, gpn) if args.nvlink_domain is None else domain
-    nic = get_nic(args.nic if args.nic is not None else gpu.default_nic)
-    topology = str(args.topology).lower()
-    if topology not in TOPOLOGIES:
-        raise InputError("topology", args.topology, f"must be one of {', '.join(TOPOLOGIES)}")
-    return Cluster(gpu=gpu, num_gpus=args.num_gpus, nic=nic, gpus_per_node=gpn, nvlink_domain=domain,
-                   nics_per_node=args.nics_per_node if args.nics_per_node is not None else gpu.nics_per_node,
-                   topology=topology, oversubscription=args.oversubscription, tree_levels=args.tree_levels)
+    """The cluster the cluster flags describe (``sim.catalog.cluster_from_catalog`` defaults)."""
+    return cluster_from_catalog(args.gpu, args.num_gpus, gpus_per_node=args.gpus_per_node,
+                                nvlink_domain=args.nvlink_domain, nic=args.nic, nics_per_node=args.nics_per_node,
+                                topology=args.topology, oversubscription=args.oversubscription,
+                                tree_levels=args.tree_levels)
 
 
 def model_from_args(args: argparse.Namespace) -> Model:

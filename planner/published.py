@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from sim.catalog import catalog_dir, get_gpu, get_nic
+from sim.catalog import catalog_dir, cluster_from_catalog, get_gpu, get_nic
 from sim.errors import InputError
 from sim.framework import Framework, apply_framework, get_framework
 from sim.plan import Plan
@@ -139,8 +139,7 @@ def _cluster(run: dict, num_gpus: int) -> Cluster:
     else:
         nic = get_nic(gpu.default_nic)
     gpn = run.get("gpus_per_node", 8)
-    return Cluster(gpu=gpu, num_gpus=num_gpus, nic=nic, gpus_per_node=gpn, nvlink_domain=gpn,
-                   nics_per_node=8, topology="fat-tree")
+    return cluster_from_catalog(gpu, num_gpus, gpus_per_node=gpn, nvlink_domain=gpn, nic=nic, nics_per_node=8)
 
 
 def _published(run: dict, model: Model, strategy: Strategy) -> Published:

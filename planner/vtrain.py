@@ -21,10 +21,10 @@ import csv
 import functools
 from dataclasses import dataclass
 
-from sim.catalog import catalog_dir, get_gpu, get_nic
+from sim.catalog import catalog_dir, cluster_from_catalog, get_gpu, get_nic
 from sim.framework import apply_framework, get_framework
 from sim.plan import Plan
-from sim.specs import Cluster, Model, Strategy
+from sim.specs import Model, Strategy
 
 VOCAB_PADDED = 50304  # 50,257 padded by Megatron to a multiple of 128
 NICS_PER_NODE = 4  # 800 Gb/s per node of HDR 200 Gb/s HCAs (module docstring)
@@ -49,8 +49,7 @@ def load_vtrain(which: str) -> tuple[VtrainRow, ...]:
             model = Model(name=f"gpt-h{h}", num_layers=int(r["# layers"]), hidden_size=h,
                           num_attention_heads=int(r["attention heads"]), ffn_hidden_size=4 * h,
                           vocab_size=VOCAB_PADDED, tied_embeddings=True)
-            gpn = min(8, n)
-            cluster = Cluster(gpu=gpu, num_gpus=n, nic=nic, gpus_per_node=gpn, nvlink_domain=gpn, nics_per_node=NICS_PER_NODE)
+            cluster = cluster_from_catalog(gpu, n, gpus_per_node=8, nic=nic, nics_per_node=NICS_PER_NODE)
             strategy = Strategy(tp=int(r["tensor parallelism"]), pp=int(r["pipeline parallelism"]),
                                 dp=int(r["data parallelism"]), mbs=int(r["micro batch"]), gbs=int(r["global batch"]),
                                 seq_len=int(r["sequence length"]), recompute="full", precision="fp16",

@@ -21,7 +21,7 @@ import numpy as np
 from planner.recommend import recommend
 from planner.search import SearchSpace, search
 from sim.analytic import simulate_analytic
-from sim.catalog import get_gpu, get_model, get_nic
+from sim.catalog import cluster_from_catalog, get_model
 from sim.specs import Cluster
 
 CASES = [
@@ -34,9 +34,7 @@ CASES = [
 
 
 def cluster(gpu: str, n: int) -> Cluster:
-    g = get_gpu(gpu)
-    return Cluster(gpu=g, num_gpus=n, nic=get_nic(g.default_nic), gpus_per_node=g.gpus_per_node,
-                   nvlink_domain=max(g.nvlink_domain_size, g.gpus_per_node), nics_per_node=g.nics_per_node)
+    return cluster_from_catalog(gpu, n)
 
 
 def _cpu_s() -> float:

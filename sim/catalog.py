@@ -6,9 +6,13 @@ SI once (bytes, bytes/s, FLOP/s, seconds) and caches the result per catalog fold
 record carries ``source``; unknown keys are rejected so that a typo cannot silently drop a
 number.  Ids and aliases are case-insensitive.  See ``catalogs/README.md`` for the schemas.
 
+Every catalog file is read here: ``load_yaml_records`` for ``{schema_version, records}`` files
+(ids unique, ``source`` present), ``catalog_document`` for files of sections; fields are
+converted by the one record validator, ``sim.records.Record``.
+
 Public API: ``catalog_dir``, ``get_gpu``, ``get_link``, ``get_nic``, ``get_model``,
-``has_model``, ``list_gpus``, ``list_links``, ``list_models``, ``catalog_records``,
-``load_yaml_records``, ``clear_cache``.
+``has_model``, ``list_gpus``, ``list_links``, ``list_models``, ``cluster_from_catalog``, ``catalog_records``,
+``catalog_document``, ``load_yaml_records``, ``clear_cache``.
 """
 
 from __future__ import annotations
@@ -16,14 +20,14 @@ from __future__ import annotations
 import copy
 import difflib
 import functools
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from sim.errors import InputError
-from sim.specs import PRECISIONS, Gpu, Link, Model
+from sim.records import Record
+from sim.specs import PRECISIONS, TOPOLOGIES, Cluster, Gpu, Link, Model
 
 ENV_VAR = "PLANNER_CATALOG_DIR"
 """Environment variable that points the loader at another catalogs/ folder."""
@@ -143,6 +147,49 @@ def _records(path: str, stamp: tuple[int, int], require_id: bool,
     return tuple(out)
 
 
+def catalog_file(name: str) -> Path:
+    """``catalogs/<name>`` of the active catalogs folder."""
+    return catalog_dir() / name
+
+
+def file_version(name: str) -> tuple[str, int, int]:
+    """``(path, mtime_ns, size)`` of ``catalogs/<name>``: a cache key for objects built from it,
+    so that an edited catalog (or another ``$PLANNER_CATALOG_DIR``) is re-read."""
+    path = str(catalog_file(name).resolve())
+    return (path, *_stamp(path))
+
+
+def catalog_file_records(name: str) -> list[dict[str, Any]]:
+    """The records of ``catalogs/<name>`` (``load_yaml_records``)."""
+    return load_yaml_records(catalog_file(name))
+
+
+def catalog_document(name: str) -> Mapping[str, Any]:
+    """The whole YAML document of ``catalogs/<name>`` (for files whose data are sections, not a
+    ``records`` list: ``efficiency.yaml``, ``runtime.yaml``, ``frameworks.yaml``,
+    ``conventions.yaml``, ...).  Cached, re-read when the file changes; read-only."""
+    path = str((catalog_dir() / name).resolve())
+    return _document(path, _stamp(path))
+
+
+@functools.cache
+def _document(path: str, stamp: tuple[int, int]) -> Mapping[str, Any]:
+    from sim.modelio import read_structured_file
+
+    doc = read_structured_file(path, field="catalog")
+    if not isinstance(doc, Mapping):
+        raise InputError("catalog", path, "must be a mapping")
+    return _freeze(doc)
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return FrozenDict({k: _freeze(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
 def catalog_records(kind: str) -> list[dict[str, Any]]:
     """Raw records (data-sheet units, with ``source`` and ``notes``) of one catalog.
 
@@ -242,7 +289,7 @@ def _nic_index(links: _Index) -> _Index:
 
 def clear_cache() -> None:
     """Forget every loaded catalog (files are also re-read when their mtime or size changes)."""
-    for fn in (_records, _gpu_index, _link_index, _model_index, _nic_index):
+    for fn in (_records, _document, _gpu_index, _link_index, _model_index, _nic_index):
         fn.cache_clear()
 
 
@@ -257,6 +304,38 @@ def get_gpu(id_or_alias: str) -> Gpu:
 def get_link(id: str) -> Link:
     """Any link (NIC, scale-up fabric, PCIe generation) by id or alias."""
     return _lookup(_links(str(catalog_dir())), "link", "link", id)
+
+
+def cluster_from_catalog(gpu: str | Gpu, num_gpus: int, *, gpus_per_node: int | None = None,
+                         nvlink_domain: int | None = None, nic: str | Link | None = None,
+                         nics_per_node: int | None = None, topology: str = "fat-tree",
+                         oversubscription: float = 1.0, tree_levels: int = 2) -> Cluster:
+    """A ``Cluster`` of catalog parts, with the defaults every entry point (CLI, app, published
+    runs, tests) uses:
+
+    * ``gpus_per_node``, ``nics_per_node``, ``nic``: the GPU's usual server (``gpus.yaml``);
+    * ``nvlink_domain``: ``gpus_per_node`` when that is given, else the larger of the GPU's
+      usual domain and its node (a GB200 rack: 72);
+    * fewer GPUs than a node: the node (and, unless given, the domain) shrinks to them.
+    """
+    g = gpu if isinstance(gpu, Gpu) else get_gpu(gpu)
+    gpn = gpus_per_node if gpus_per_node is not None else g.gpus_per_node
+    if nvlink_domain is not None:
+        domain = nvlink_domain
+    elif gpus_per_node is not None:
+        domain = gpn
+    else:
+        domain = max(g.nvlink_domain_size, gpn)
+    if isinstance(num_gpus, int) and not isinstance(num_gpus, bool) and 1 <= num_gpus < gpn:
+        gpn = num_gpus  # a partial node
+        domain = min(domain, gpn) if nvlink_domain is None else domain
+    link = nic if isinstance(nic, Link) else get_nic(nic if nic is not None else g.default_nic)
+    topo = str(topology).lower()
+    if topo not in TOPOLOGIES:
+        raise InputError("topology", topology, f"must be one of {', '.join(TOPOLOGIES)}")
+    return Cluster(gpu=g, num_gpus=num_gpus, nic=link, gpus_per_node=gpn, nvlink_domain=domain,
+                   nics_per_node=nics_per_node if nics_per_node is not None else g.nics_per_node,
+                   topology=topo, oversubscription=oversubscription, tree_levels=tree_levels)
 
 
 def get_nic(id: str) -> Link:
@@ -311,72 +390,10 @@ _LINK_KEYS = frozenset({
 })
 
 
-class _Rec:
-    """Typed access to one raw record with errors that name ``<kind>[<id>].<key>``."""
-
-    def __init__(self, rec: Mapping[str, Any], kind: str, path: Path, allowed: frozenset[str]) -> None:
-        self.rec, self.path = rec, path
-        self.prefix = f"{kind}[{rec['id']}]"
-        for key in rec:
-            if key not in allowed:
-                close = difflib.get_close_matches(key, sorted(allowed), n=1)
-                hint = f" (did you mean {close[0]}?)" if close else ""
-                raise self.fail(key, f"unknown key{hint}")
-
-    def fail(self, key: str, message: str) -> InputError:
-        from sim.modelio import printable_value
-
-        return InputError(f"{self.prefix}.{key}", printable_value(self.rec.get(key)), f"{self.path.name}: {message}")
-
-    def number(self, key: str, *, optional: bool = False, allow_zero: bool = False) -> float | None:
-        value = self.rec.get(key)
-        if value is None:
-            if optional:
-                return None
-            raise self.fail(key, "missing required key")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise self.fail(key, "must be a finite number")
-        if value < 0 or (value == 0 and not allow_zero):
-            raise self.fail(key, "must be > 0")
-        return float(value)
-
-    def integer(self, key: str, *, optional: bool = False) -> int | None:
-        value = self.rec.get(key)
-        if value is None and optional:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise self.fail(key, "must be a positive integer")
-        return value
-
-    def text(self, key: str, *, default: str | None = None) -> str:
-        value = self.rec.get(key)
-        if value is None:
-            if default is None:
-                raise self.fail(key, "missing required key")
-            return default
-        if not isinstance(value, str):
-            raise self.fail(key, "must be a string")
-        return value.strip()
-
-    def table(self, key: str) -> dict[str, float]:
-        value = self.rec.get(key)
-        if not isinstance(value, Mapping) or not value:
-            raise self.fail(key, f"must be a mapping of precision ({', '.join(PRECISIONS)}) to a number")
-        out = {}
-        for p, v in value.items():
-            if p not in PRECISIONS:
-                raise InputError(f"{self.prefix}.{key}.{p}", v, f"{self.path.name}: unknown precision; "
-                                 f"known: {', '.join(PRECISIONS)}")
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-                raise InputError(f"{self.prefix}.{key}.{p}", v, f"{self.path.name}: must be a positive number")
-            out[p] = float(v)
-        return out
-
-
 def _gpu_from_record(rec: Mapping[str, Any], path: Path, links: _Index) -> Gpu:
-    r = _Rec(rec, "gpu", path, _GPU_KEYS)
-    peaks = r.table("dense_tflops")
-    eff = r.table("matmul_efficiency")
+    r = Record(rec, where=f"gpu[{rec['id']}]", file=path.name, allowed=_GPU_KEYS)
+    peaks = r.table("dense_tflops", keys=PRECISIONS)
+    eff = r.table("matmul_efficiency", keys=PRECISIONS)
     notes = r.text("notes", default="")
     if "bf16" not in peaks and "fp16" in peaks:
         # Pre-Ampere (V100): no bf16 tensor cores; 16-bit mixed precision runs in fp16.
@@ -394,24 +411,24 @@ def _gpu_from_record(rec: Mapping[str, Any], path: Path, links: _Index) -> Gpu:
     if gen_link is None or gen_link.kind != "scale-up":
         raise r.fail("nvlink_generation", "must name a scale-up link in links.yaml")
     pcie = r.integer("pcie_generation")
-    price_hour = r.number("price_usd_per_hour", optional=True)
+    price_hour = r.number("price_usd_per_hour", optional=True, positive=True)
     return Gpu(
         id=r.text("id"),
         name=r.text("name"),
         dense_flops_per_s=FrozenDict({p: v * _TERA for p, v in peaks.items()}),
-        hbm_bytes=r.number("hbm_gib") * _GIB,
-        hbm_bytes_per_s=r.number("hbm_tb_per_s") * _TERA,
-        nvlink_bytes_per_s_per_direction=r.number("nvlink_gb_per_s_per_direction") * _GIGA,
+        hbm_bytes=r.req("hbm_gib", positive=True) * _GIB,
+        hbm_bytes_per_s=r.req("hbm_tb_per_s", positive=True) * _TERA,
+        nvlink_bytes_per_s_per_direction=r.req("nvlink_gb_per_s_per_direction", positive=True) * _GIGA,
         nvlink_domain_size=r.integer("nvlink_domain_size"),
         nvlink_generation=gen_link.id,
         pcie_generation=pcie,
-        tdp_w=r.number("tdp_w"),
+        tdp_w=r.req("tdp_w", positive=True),
         gpus_per_node=r.integer("gpus_per_node"),
         nics_per_node=r.integer("nics_per_node"),
         default_nic=nic_link.id,
         matmul_efficiency=FrozenDict(eff),
-        hbm_efficiency=r.number("hbm_efficiency"),
-        price_usd=r.number("price_usd", optional=True),
+        hbm_efficiency=r.req("hbm_efficiency", positive=True),
+        price_usd=r.number("price_usd", optional=True, positive=True),
         price_usd_per_hour=price_hour,
         vendor=r.text("vendor", default="nvidia"),
         architecture=r.text("architecture", default=""),
@@ -423,7 +440,7 @@ def _gpu_from_record(rec: Mapping[str, Any], path: Path, links: _Index) -> Gpu:
 
 
 def _link_from_record(rec: Mapping[str, Any], path: Path) -> Link:
-    r = _Rec(rec, "link", path, _LINK_KEYS)
+    r = Record(rec, where=f"link[{rec['id']}]", file=path.name, allowed=_LINK_KEYS)
     kind = r.text("kind")
     if kind not in LINK_KINDS:
         raise r.fail("kind", f"must be one of {', '.join(LINK_KINDS)}")
@@ -432,19 +449,19 @@ def _link_from_record(rec: Mapping[str, Any], path: Path) -> Link:
     if has_gbit == has_gbyte:
         raise r.fail("gbit_per_s_per_direction", "give exactly one of gbit_per_s_per_direction (Gb/s) "
                                                  "or gb_per_s_per_direction (GB/s)")
-    bw = (r.number("gbit_per_s_per_direction") * _GIGA / 8 if has_gbit
-          else r.number("gb_per_s_per_direction") * _GIGA)
+    bw = (r.req("gbit_per_s_per_direction", positive=True) * _GIGA / 8 if has_gbit
+          else r.req("gb_per_s_per_direction", positive=True) * _GIGA)
     return Link(
         id=r.text("id"),
         name=r.text("name"),
         kind=kind,
         bytes_per_s_per_direction=bw,
-        latency_s=r.number("latency_us", allow_zero=True) / 1e6,
+        latency_s=r.req("latency_us") / 1e6,
         technology=r.text("technology", default=""),
-        switch_radix=r.integer("switch_radix", optional=True),
-        price_usd=r.number("price_usd", optional=True),
-        switch_price_usd=r.number("switch_price_usd", optional=True),
-        power_w=r.number("power_w", optional=True),
+        switch_radix=r.integer("switch_radix", minimum=2, optional=True),
+        price_usd=r.number("price_usd", optional=True, positive=True),
+        switch_price_usd=r.number("switch_price_usd", optional=True, positive=True),
+        power_w=r.number("power_w", optional=True, positive=True),
         aliases=tuple(a.strip() for a in rec.get("aliases") or ()),
         source=r.text("source"),
         notes=r.text("notes", default=""),

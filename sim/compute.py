@@ -16,9 +16,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
-import yaml
-
+from sim.catalog import catalog_document
 from sim.errors import InputError
+from sim.records import Record
 from sim.ops import BF16_GEMMS, Op
 from sim.specs import Gpu
 
@@ -67,12 +67,8 @@ class KernelEfficiency:
                              "must be in [0, 1)")
 
 
-@functools.cache
-def _efficiency_yaml() -> dict:
-    from sim.catalog import catalog_dir
-
-    with open(catalog_dir() / "efficiency.yaml", encoding="utf-8") as fh:
-        return yaml.safe_load(fh)
+def _efficiency_yaml() -> Mapping:
+    return catalog_document("efficiency.yaml")
 
 
 @functools.cache
@@ -82,20 +78,31 @@ def default_efficiency() -> KernelEfficiency:
     return efficiency_from_catalog(include_fitted=True)
 
 
+_DEFAULT_KEYS = ("attention_fwd_vs_matmul", "attention_bwd_vs_matmul", "kernel_overhead_s", "gemm_reference_flops_per_sm",
+                 "eager_elementwise_traffic", "overlap_compute_slowdown")
+
+
 def efficiency_from_catalog(*, include_fitted: bool) -> KernelEfficiency:
-    data = _efficiency_yaml()
-    d = {k: (v if k == "source" else float(v)) for k, v in dict(data["default"]).items()}
-    fitted = (data.get("fitted") or {}) if include_fitted else {}
-    if "gemm" in fitted:
-        d["gemm_half_dim"] = float(fitted["gemm"]["gemm_half_dim"])
-        d["gemm_sustained_fraction"] = float(fitted["gemm"].get("gemm_sustained_fraction", 1.0))
-    if "collective_overhead_s" in fitted:
-        d["collective_overhead_s"] = float(fitted["collective_overhead_s"])
-    if "host" in fitted:
-        d["host_op_floor_s"] = float(fitted["host"]["host_op_floor_s"])
+    doc = Record(_efficiency_yaml(), where="efficiency", file="efficiency.yaml")
+    default = doc.mapping("default", allowed=_DEFAULT_KEYS + ("source",))
+    d: dict[str, object] = {k: default.req(k) for k in _DEFAULT_KEYS}
+    d["source"] = default.text("source")
+    if include_fitted and doc.has("fitted"):
+        fitted = doc.mapping("fitted")
+        if fitted.has("gemm"):
+            gemm = fitted.mapping("gemm")
+            d["gemm_half_dim"] = gemm.req("gemm_half_dim")
+            d["gemm_sustained_fraction"] = gemm.fraction("gemm_sustained_fraction", optional=True, default=1.0)
+        if fitted.has("collective_overhead_s"):
+            d["collective_overhead_s"] = fitted.req("collective_overhead_s")
+        if fitted.has("host"):
+            d["host_op_floor_s"] = fitted.mapping("host").req("host_op_floor_s")
     table = {}
-    for arch, kernels in (data.get("attention") or {}).items():
-        table[arch] = {k: (float(v["fwd"]), float(v["bwd"])) for k, v in kernels.items() if isinstance(v, dict)}
+    attention = doc.mapping("attention")
+    for arch in attention.rec:
+        kernels = attention.mapping(arch)
+        table[arch] = {k: (kernels.mapping(k).req("fwd", positive=True), kernels.mapping(k).req("bwd", positive=True))
+                       for k in kernels.rec if k not in ("source", "notes")}
     return KernelEfficiency(**d, attention_fractions=table)
 
 

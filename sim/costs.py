@@ -10,18 +10,14 @@ schedules the same pieces as events, so the two agree where both apply.
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass, field
-from typing import Mapping
+from dataclasses import dataclass
 
-import yaml
-
-import numpy as np
-
+from sim.conventions import conventions
 from sim.compute import KernelEfficiency, default_efficiency, network_kwargs, ops_time
 from sim.network import Network
 from sim.ops import LayerOps, embedding_ops, head_ops, layer_ops
 from sim.plan import Plan
+from sim.runtime import CommRuntime, default_comm_runtime
 from sim.specs import Cluster, Model, Strategy
 from sim.stages import StageParams, layer_params, stage_layers, stage_params
 from sim.step import DpCollectives, StagePieces, StageTimes, stage_pieces, stage_times
@@ -31,44 +27,6 @@ def default_network(cluster: Cluster) -> Network:
     """The cluster's network with collective efficiency (large-message level and size curve)
     calibrated from NCCL measurements."""
     return Network(cluster, **network_kwargs(cluster.gpu.nvlink_generation))  # type: ignore[arg-type]
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class CommRuntime:
-    grad_reduce_bytes_per_param: float
-    param_gather_bytes_per_param: float
-    optimizer_bytes_per_param: float
-    fp16_extra_bytes_per_param: float = 0.0
-    # framework grad_accumulation mode -> HBM bytes per local parameter per micro-batch
-    grad_accumulation_bytes_per_param: Mapping[str, float] = field(default_factory=dict)
-    # FSDP2 pack/unpack around each all-gather (fwd, and again in bwd) and reduce-scatter
-    fsdp_gather_copy_bytes_per_param: float = 0.0
-    fsdp_reduce_copy_bytes_per_param: float = 0.0
-
-    def grad_accumulation_bytes(self, mode: str, microbatches: int) -> float:
-        """Bytes per parameter per micro-batch, averaged over the step's micro-batches
-        (``autograd`` has nothing to add into on the first one)."""
-        b = self.grad_accumulation_bytes_per_param.get(mode, 0.0)
-        return b * (microbatches - 1) / microbatches if mode == "autograd" else b
-
-
-@functools.cache
-def default_comm_runtime() -> CommRuntime:
-    from sim.catalog import catalog_dir
-
-    with open(catalog_dir() / "runtime.yaml", encoding="utf-8") as fh:
-        data = yaml.safe_load(fh)
-    c, o = data["communication"], data["optimizer"]
-    return CommRuntime(grad_reduce_bytes_per_param=c["grad_reduce_bytes_per_param"],
-                       param_gather_bytes_per_param=c["param_gather_bytes_per_param"],
-                       optimizer_bytes_per_param=o["bytes_per_param"],
-                       fp16_extra_bytes_per_param=o.get("fp16_extra_bytes_per_param", 0.0),
-                       grad_accumulation_bytes_per_param={
-                           k: float(v) for k, v in (data.get("grad_accumulation") or {}).get("bytes_per_param", {}).items()},
-                       fsdp_gather_copy_bytes_per_param=float(
-                           (data.get("fsdp_copies") or {}).get("all_gather_copy_out_bytes_per_param", 0.0)),
-                       fsdp_reduce_copy_bytes_per_param=float(
-                           (data.get("fsdp_copies") or {}).get("reduce_scatter_copy_in_bytes_per_param", 0.0)))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -230,7 +188,7 @@ def layer_cost(plan: Plan, net: Network, lops: LayerOps, eff: KernelEfficiency, 
         cp_f = (s.cp - 1) * step
         cp_b = 2 * cp_f  # K,V forward again plus dK,dV back around the ring
         # Ring attention overlaps each exchange with the attention block of the previous chunk.
-        attn_bwd = attn_f * 2.5
+        attn_bwd = attn_f * conventions().attention_backward_per_forward
         ex_cp_f = max(0.0, cp_f - attn_f * (s.cp - 1) / s.cp)
         ex_cp_b = max(0.0, cp_b - attn_bwd * (s.cp - 1) / s.cp)
 
@@ -319,7 +277,6 @@ def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | N
     model, cluster, s = plan.model, plan.cluster, plan.strategy
     net = net or default_network(cluster)
     eff = eff or default_efficiency()
-    gpu = cluster.gpu
 
     dense_cost = layer_cost(plan, net, layer_ops(model, s, moe=False, attention=plan.attention), eff,
                             layer_params(model, s, moe=False).total)

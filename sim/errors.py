@@ -8,6 +8,9 @@ Both are ``ValueError`` subclasses so library callers can catch them together.
 
 from __future__ import annotations
 
+import reprlib
+from typing import Any
+
 
 class InputError(ValueError):
     """A user-supplied value is wrong.  ``field`` and ``value`` name it."""
@@ -37,3 +40,22 @@ def _short(value: object, limit: int = 80) -> str:
     text = repr(value) if not isinstance(value, str) else value
     text = text.replace("\n", " ")
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def printable_value(value: Any) -> Any:
+    """``value`` itself if small, else a bounded repr (for error messages)."""
+    if value is None or isinstance(value, (bool, float)):
+        return value
+    if isinstance(value, int):
+        return value if value.bit_length() <= 128 else f"<{value.bit_length()}-bit integer>"
+    if isinstance(value, str):
+        return value if len(value) <= 200 else value[:200] + "..."
+    try:
+        return _REPR.repr(value)
+    except Exception:  # e.g. an int too long to print inside a container
+        return f"<{type(value).__name__}>"
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxdict, _REPR.maxlist, _REPR.maxstring, _REPR.maxother = 3, 6, 6, 60, 60
+_REPR.maxlong = 40

@@ -11,7 +11,10 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from sim.catalog import catalog_document
 from sim.errors import InputError
+from sim.plan import ATTENTION_IMPLS, GRAD_ACCUMULATION, SELECTIVE_POLICIES
+from sim.records import Record
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -29,23 +32,23 @@ class Framework:
     notes: str = ""
 
 
+_KEYS = ("id", "name", "aliases", "attention", "dp_overlap", "elementwise", "selective_recompute",
+         "grad_accumulation", "fsdp_copies", "source", "notes")
+
+
 @functools.cache
 def _frameworks() -> dict[str, Framework]:
-    import yaml
-
-    from sim.catalog import catalog_dir
-
-    with open(catalog_dir() / "frameworks.yaml", encoding="utf-8") as fh:
-        data = yaml.safe_load(fh)
+    doc = catalog_document("frameworks.yaml")
     out: dict[str, Framework] = {}
-    for rec in data["frameworks"]:
-        fw = Framework(id=rec["id"], name=rec["name"], attention=rec["attention"],
-                       dp_overlap=bool(rec["dp_overlap"]), eager_elementwise=rec["elementwise"] == "eager",
-                       selective_recompute=rec.get("selective_recompute", "attention"),
-                       grad_accumulation=rec.get("grad_accumulation", "fused"),
-                       fsdp_copies=bool(rec.get("fsdp_copies", False)),
-                       aliases=tuple(rec.get("aliases", ())), source=rec.get("source", ""),
-                       notes=rec.get("notes", ""))
+    for raw in doc["frameworks"]:
+        r = Record(raw, where=f"framework[{raw.get('id')}]", file="frameworks.yaml", allowed=_KEYS)
+        fw = Framework(id=r.text("id"), name=r.text("name"), attention=r.text("attention", choices=ATTENTION_IMPLS),
+                       dp_overlap=r.flag("dp_overlap"),
+                       eager_elementwise=r.text("elementwise", choices=("fused", "eager")) == "eager",
+                       selective_recompute=r.text("selective_recompute", default="attention", choices=SELECTIVE_POLICIES),
+                       grad_accumulation=r.text("grad_accumulation", default="fused", choices=GRAD_ACCUMULATION),
+                       fsdp_copies=r.flag("fsdp_copies"), aliases=r.strings("aliases", lower=False),
+                       source=r.text("source"), notes=r.text("notes", default=""))
         for key in (fw.id, *fw.aliases):
             out[key.lower()] = fw
     return out

@@ -23,13 +23,12 @@ good to 5-10% against ``torch.cuda.max_memory_allocated``.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-import yaml
 
+from sim.runtime import MemoryRuntime, default_runtime
 from sim.specs import Cluster, Model, Strategy
 from sim.stages import StageParams, StageShape, stage_shapes
 from sim.step import Num
@@ -39,26 +38,6 @@ if TYPE_CHECKING:
 
 BYTES_ACT = 2
 LOSS_BYTES_PER_LOGIT = 2 + 4 + 4 + 4
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class MemoryRuntime:
-    """Framework-level memory not tied to the model (``catalogs/runtime.yaml``)."""
-
-    workspace_bytes: float  # cuBLAS/cuDNN/NCCL workspaces
-    fragmentation_fraction: float  # caching-allocator slack on top of live tensors
-    source: str = ""
-
-
-@functools.cache
-def default_runtime() -> MemoryRuntime:
-    from sim.catalog import catalog_dir
-
-    with open(catalog_dir() / "runtime.yaml", encoding="utf-8") as fh:
-        data = yaml.safe_load(fh)
-    m = data["memory"]
-    return MemoryRuntime(workspace_bytes=float(m["workspace_bytes"]),
-                         fragmentation_fraction=float(m["fragmentation_fraction"]), source=m.get("source", ""))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -27,13 +27,12 @@ import difflib
 import json
 import math
 import os
-import reprlib
 from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
 
-from sim.errors import InputError
+from sim.errors import InputError, printable_value
 from sim.specs import FFN_TYPES, MAX_DIM, Model, MoeSpec
 
 MAX_FILE_BYTES = 4 * 1024 * 1024
@@ -461,24 +460,6 @@ def _err(field: str, value: Any, message: str) -> InputError:
     """An ``InputError`` whose value is safe to print (bounded, never an expanding YAML alias graph)."""
     return InputError(field, printable_value(value), message)
 
-
-def printable_value(value: Any) -> Any:
-    """``value`` itself if small, else a bounded repr (for error messages)."""
-    if value is None or isinstance(value, (bool, float)):
-        return value
-    if isinstance(value, int):
-        return value if value.bit_length() <= 128 else f"<{value.bit_length()}-bit integer>"
-    if isinstance(value, str):
-        return value if len(value) <= 200 else value[:200] + "..."
-    try:
-        return _REPR.repr(value)
-    except Exception:  # e.g. an int too long to print inside a container
-        return f"<{type(value).__name__}>"
-
-
-_REPR = reprlib.Repr()
-_REPR.maxlevel, _REPR.maxdict, _REPR.maxlist, _REPR.maxstring, _REPR.maxother = 3, 6, 6, 60, 60
-_REPR.maxlong = 40
 
 
 def _int(d: Mapping[str, Any], key: str, where: str, *, prefix: str = "model", required: bool = True,

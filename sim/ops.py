@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from sim.conventions import conventions
 from sim.specs import Model, Strategy
 
 OpKind = Literal["matmul", "attention", "memory"]
@@ -42,15 +43,10 @@ class Op:
     recompute_selective: bool = False  # recomputed under selective recomputation
     tp_sharded: bool = True
     kernel: str = ""  # attention kernel family for kind == "attention" (flash | flash2)
-
-    @property
-    def backward_flop_factor(self) -> float:
-        """Backward work relative to forward.
-
-        GEMMs: 2x (dgrad + wgrad).  FlashAttention backward: 2.5x forward FLOPs (it recomputes
-        the score matrix; Dao 2023, FlashAttention-2, Sec. 3.1).
-        """
-        return 2.5 if self.kind == "attention" else 2.0
+    # Backward work relative to forward.  GEMMs: 2x (dgrad + wgrad).  A fused attention
+    # kernel's backward: catalogs/conventions.yaml ``attention_backward_per_forward`` (2.5x:
+    # it recomputes the score matrix; Dao 2023, FlashAttention-2, Sec. 3.1), set by layer_ops.
+    backward_flop_factor: float = 2.0
 
     @property
     def backward_bytes_factor(self) -> float:
@@ -139,7 +135,8 @@ def layer_ops(model: Model, strategy: Strategy, *, moe: bool, attention: str = "
     if attention in ("flash", "flash2"):
         hbm = act * tokens * (a_loc * d_qk + kv_width + a_loc * d_v) + 4 * b * a_loc * s_loc
         ops.append(Op("attention", "attention", full_flops / 2, hbm, model_flops=full_flops,
-                      recompute_selective=True, kernel=attention))
+                      recompute_selective=True, kernel=attention,
+                      backward_flop_factor=conventions().attention_backward_per_forward))
     else:
         sq = b * a_loc * s_loc * s  # score elements
         ops.append(_gemm("scores_qk", s_loc, s, d_qk, batch=b * a_loc, recompute_selective=True))

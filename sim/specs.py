@@ -8,7 +8,7 @@ Every number carries its SI unit in its name.  Hardware values come from ``catal
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Literal, Mapping
 
 from sim.errors import InputError

@@ -40,11 +40,11 @@ from typing import TYPE_CHECKING, Sequence, Union
 
 import numpy as np
 
+from sim.runtime import CommRuntime
 from sim.stages import StageParams
 
 if TYPE_CHECKING:
     from sim.compute import KernelEfficiency
-    from sim.costs import CommRuntime
 
 Num = Union[float, np.ndarray]  # a float, or an array of the caller's broadcast shape
 

@@ -23,7 +23,7 @@ Modelling choices (each is an approximation; ``sim.network`` follows the same on
   uplinks one edge with their summed bandwidth.  This assumes ideal ECMP/adaptive routing (no
   hash collisions) and keeps a 16k-GPU graph to ~35k nodes.  Physical counts come from the
   radix, not from the graph.
-* **Sizing.**  Radix ``R`` = ``nic.switch_radix`` (64 when unknown).  A leaf with
+* **Sizing.**  Radix ``R`` = ``nic.switch_radix`` (``catalogs/fabric.yaml`` when unknown: 64).  A leaf with
   oversubscription ``o`` has ``floor(R*o/(1+o))`` down ports (``R/2`` when non-blocking) and
   uplink capacity ``attached NIC bandwidth / o``.  ``fat-tree`` (folded Clos, Al-Fares et al.
   2008) uses the fewest levels that fit: 1 if NICs <= R, 2 if <= R*R/2, 3 if <= R^3/4, ...,
@@ -40,7 +40,7 @@ Modelling choices (each is an approximation; ``sim.network`` follows the same on
 * **Host edges** (GPU-NIC) carry the GPU generation's PCIe x16 bandwidth, which binds only
   where a NIC is faster than the slot (e.g. NDR-400 behind an A100's PCIe 4).
 * **Latency.**  NIC-leaf edges take half the NIC's latency (so one switch hop costs the NIC's
-  quoted host-to-host latency), every further switch traversal ``SWITCH_HOP_LATENCY_S``, a
+  quoted host-to-host latency), every further switch traversal ``catalogs/fabric.yaml`` ``switch_hop_latency_us``, a
   grid hop the NIC's latency, NVLink edges half the scale-up latency.
 
 Reference routing (:func:`route_stripes`, :func:`graph_group_link`) walks the graph; it is
@@ -53,6 +53,7 @@ from the GPU that owns a NIC that is not the sender's or receiver's own.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
@@ -60,23 +61,31 @@ from typing import Mapping, Sequence
 import networkx as nx
 import numpy as np
 
+from sim.catalog import catalog_document, file_version, get_link
 from sim.errors import InputError
+from sim.records import Record
 from sim.specs import Cluster
 
-DEFAULT_SWITCH_RADIX = 64
-"""Ports per switch when the NIC's catalog record has no ``switch_radix`` (Quantum-2: 64)."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FabricDefaults:
+    """What the fabric model assumes when a link record leaves it out (``catalogs/fabric.yaml``)."""
 
-SWITCH_HOP_LATENCY_S = 0.3e-6
-"""One extra switch traversal.  InfiniBand switches forward port-to-port in ~0.1-0.2 us,
-Ethernet ones in ~0.5-1 us; a calibration may refine it."""
+    switch_radix: int  # ports per switch when the NIC record has no switch_radix
+    switch_hop_latency_s: float  # one switch traversal beyond the first hop
+    scale_up_latency_s: float  # GPU-to-GPU through an NVSwitch when no scale-up link is named
 
-DEFAULT_SCALE_UP_LATENCY_S = 1.0e-6
-"""GPU-to-GPU NVLink latency through an NVSwitch when the cluster names no scale-up link.
-NCCL's tuner (``src/graph/tuning.cc``, ``hwLat[NVLINK]``) uses 0.6-1.9 us per step."""
 
-_PCIE_X16_BYTES_PER_S = {1: 4.0e9, 2: 8.0e9, 3: 15.75e9, 4: 31.5e9, 5: 63.0e9, 6: 121.0e9}
-"""PCIe x16 per direction after line coding (PCI-SIG: 8 GT/s 128b/130b = 0.985 GB/s/lane for
-gen 3; each generation doubles; gen 6 FLIT mode ~121 GB/s)."""
+def fabric_defaults() -> FabricDefaults:
+    return _fabric_defaults(file_version("fabric.yaml"))
+
+
+@functools.cache
+def _fabric_defaults(_version: tuple[str, int, int]) -> FabricDefaults:
+    d = Record(catalog_document("fabric.yaml"), where="fabric", file="fabric.yaml").mapping("defaults")
+    return FabricDefaults(switch_radix=d.integer("switch_radix", minimum=2),
+                          switch_hop_latency_s=d.req("switch_hop_latency_us") * 1e-6,
+                          scale_up_latency_s=d.req("scale_up_latency_us") * 1e-6)
+
 
 TIERS: tuple[str, ...] = ("scale-up", "host", "scale-out")
 
@@ -84,12 +93,11 @@ _LEVEL_NAMES = ("leaf", "spine", "core")
 
 
 def pcie_x16_bytes_per_s(generation: int) -> float:
-    """Per-direction bandwidth of a PCIe x16 slot of ``generation`` (doubling past gen 6)."""
-    if generation in _PCIE_X16_BYTES_PER_S:
-        return _PCIE_X16_BYTES_PER_S[generation]
-    if generation > 6:
-        return _PCIE_X16_BYTES_PER_S[6] * 2.0 ** (generation - 6)
-    raise InputError("gpu.pcie_generation", generation, "must be >= 1")
+    """Per-direction bandwidth of a PCIe x16 slot of ``generation`` (the ``pcie<N>`` records of
+    ``catalogs/links.yaml``)."""
+    if isinstance(generation, bool) or not isinstance(generation, int):
+        raise InputError("gpu.pcie_generation", generation, "must be an integer")
+    return get_link(f"pcie{generation}").bytes_per_s_per_direction
 
 
 def level_name(level: int) -> str:
@@ -197,7 +205,8 @@ def layout_fabric(cluster: Cluster) -> Fabric:
     c = cluster
     G, gpn, nics = c.num_gpus, c.gpus_per_node, c.nics_per_node
     num_nodes = c.num_nodes
-    radix = c.nic.switch_radix or DEFAULT_SWITCH_RADIX
+    defaults = fabric_defaults()
+    radix = c.nic.switch_radix or defaults.switch_radix
     if radix < 2:
         raise InputError(f"nic[{c.nic.id}].switch_radix", radix, "must be >= 2")
     o = float(c.oversubscription)
@@ -233,7 +242,7 @@ def layout_fabric(cluster: Cluster) -> Fabric:
         su_link, su_lat = c.scale_up.id, c.scale_up.latency_s
     else:
         su_link, su_lat = f"nvlink-{c.gpu.nvlink_generation}" if c.gpu.nvlink_generation else "scale-up", \
-            DEFAULT_SCALE_UP_LATENCY_S
+            defaults.scale_up_latency_s
 
     kw: dict[str, object] = dict(
         topology=c.topology, num_gpus=G, gpus_per_node=gpn, num_nodes=num_nodes,
@@ -243,7 +252,7 @@ def layout_fabric(cluster: Cluster) -> Fabric:
         host_link=f"pcie-gen{c.gpu.pcie_generation}",
         host_bytes_per_s=pcie_x16_bytes_per_s(c.gpu.pcie_generation),
         nic_link=c.nic.id, nic_bytes_per_s=c.nic.bytes_per_s_per_direction,
-        nic_latency_s=c.nic.latency_s, switch_latency_s=SWITCH_HOP_LATENCY_S,
+        nic_latency_s=c.nic.latency_s, switch_latency_s=defaults.switch_hop_latency_s,
         gpu_domain=gpu_domain, gpu_pool=gpu_pool, pool_nics=pool_nics, nic_present=nic_present,
         nic_owner=nic_owner, gpu_nics=attach)
 

@@ -9,7 +9,7 @@ from sim.errors import InputError
 
 from planner.economics.failures import load_failure_model, rates_for_units
 from planner.economics.prices import load_prices
-from planner.economics.records import load_records
+from sim.catalog import catalog_file_records as load_records
 from planner.economics.storage import load_storage
 
 

@@ -12,21 +12,16 @@ from planner.economics.power import gpu_power_w
 from planner.economics.prices import PriceQuote, load_prices
 from planner.economics.strategy import choose_plan
 from planner.economics.tco import TcoOptions, compute_tco
-from sim.catalog import get_gpu, get_nic
 from sim.errors import InputError
 from sim.modelio import load_model
 from sim.plan import parse_strategy
-from sim.specs import Cluster
+from tests.conftest import cluster as shared_cluster
 
 QUOTE = PriceQuote(value=27500.0, source="test", estimate=False)
 
 
 def cluster(gpu="h100-80gb", n=1024, nic=None, topology="fat-tree", o=1.0):
-    g = get_gpu(gpu)
-    gpn = min(g.gpus_per_node, n)
-    return Cluster(gpu=g, num_gpus=n, nic=get_nic(nic or g.default_nic), gpus_per_node=gpn,
-                   nvlink_domain=min(g.nvlink_domain_size, n) if g.nvlink_domain_size % gpn == 0 else gpn,
-                   nics_per_node=g.nics_per_node, topology=topology, oversubscription=o)
+    return shared_cluster(gpu, n, nic=nic, topology=topology, o=o)
 
 
 def items(bom, category):

@@ -24,18 +24,15 @@ from sim.plan import Plan, parse_strategy
 from sim.placement import all_groups
 from sim.specs import Cluster
 from sim.topology import build_topology, route_stripes
+from tests.conftest import cluster as shared_cluster
 from tests.test_event_fixtures import run_engine, synthetic_costs, tiny_plan
 
 
 def real_plan(model: str, gpu: str, n: int, strategy: str, **cluster: object) -> Plan:
-    g = get_gpu(gpu)
-    gpn = int(cluster.pop("gpus_per_node", g.gpus_per_node))  # type: ignore[call-overload]
-    dom = int(cluster.pop("nvlink_domain", max(g.nvlink_domain_size, gpn)))  # type: ignore[call-overload]
-    c = Cluster(gpu=g, num_gpus=n, nic=get_nic(g.default_nic), gpus_per_node=gpn, nvlink_domain=dom,
-                nics_per_node=g.nics_per_node, **cluster)  # type: ignore[arg-type]
+    gpn, dom = cluster.pop("gpus_per_node", None), cluster.pop("nvlink_domain", None)
+    o = cluster.pop("oversubscription", 1.0)
+    c = shared_cluster(gpu, n, gpn=gpn, domain=dom, o=o, **cluster)  # type: ignore[arg-type]
     return Plan(model=load_model(model), cluster=c, strategy=parse_strategy(strategy, num_gpus=n))
-
-# --------------------------------------------------------------------------- shared links
 
 
 def _two_flows_one_nic() -> tuple[FairShare, simpy.Environment, object, object]:

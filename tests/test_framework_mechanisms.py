@@ -8,7 +8,8 @@ import pytest
 from planner.published import compare_run, load_runs
 from sim.analytic import simulate_analytic
 from sim.catalog import get_gpu, get_model, get_nic
-from sim.costs import default_comm_runtime, step_costs
+from sim.costs import step_costs
+from sim.runtime import default_comm_runtime
 from sim.errors import InputError
 from sim.framework import apply_framework, get_framework
 from sim.plan import Plan, parse_strategy

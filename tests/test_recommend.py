@@ -11,23 +11,20 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner import recommend as rec_mod
 from planner.recommend import ObjectiveSpec, complexity, recommend
 from planner.search import SearchSpace, search
 from sim.analytic import simulate_analytic
-from sim.catalog import catalog_dir, get_gpu, get_model, get_nic
+from sim.catalog import catalog_dir, get_model
 from sim.errors import InputError
 from sim.simulate import simulate
 from sim.specs import Cluster
+from tests.conftest import cluster as shared_cluster
 
 FAST = dict(rerank=0, explain=False, suggest=False)
 
 
 def cluster(gpu: str, n: int, *, domain: int = 8, nic: str | None = None, nics: int | None = None) -> Cluster:
-    g = get_gpu(gpu)
-    gpn = min(8, n)
-    return Cluster(gpu=g, num_gpus=n, nic=get_nic(nic or g.default_nic), gpus_per_node=gpn,
-                   nvlink_domain=min(domain, n) if n < 8 else domain, nics_per_node=nics or g.nics_per_node)
+    return shared_cluster(gpu, n, gpn=8, domain=min(domain, n), nic=nic, nics=nics)
 
 
 # --------------------------------------------------------------------------- expert configs

@@ -10,19 +10,18 @@ import pytest
 from planner.recommend import Settings
 from planner.search import SearchSpace, divisors, search
 from sim.analytic import simulate_analytic
-from sim.catalog import get_gpu, get_model, get_nic
+from sim.catalog import get_model
 from sim.errors import InputError
 from sim.memory import memory_breakdown
 from sim.plan import Plan
 from sim.specs import Cluster, Strategy
+from tests.conftest import cluster as shared_cluster
 
 REL = 1e-9  # the fast path sums n identical layers as n*x: ~1e-15 apart
 
 
 def cluster(gpu: str, n: int, *, gpn: int = 8, domain: int | None = None) -> Cluster:
-    g = get_gpu(gpu)
-    return Cluster(gpu=g, num_gpus=n, nic=get_nic(g.default_nic), gpus_per_node=gpn,
-                   nvlink_domain=domain or gpn, nics_per_node=g.nics_per_node)
+    return shared_cluster(gpu, n, gpn=gpn, domain=domain)
 
 
 def _frameworks() -> list[str | None]:

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Mapping
 
+from sim.catalog import catalog_document, catalog_file_records, file_version
 from sim.errors import InputError
+from sim.records import Record
 from sim.specs import Cluster
 from sim.topology import topology_metrics
-
-from planner.economics.records import Rec, load_document, load_records
 
 FILE = "failures.yaml"
 UNITS = ("gpu", "node", "nic", "cable")
@@ -43,6 +44,7 @@ class FailureModel:
     components: tuple[ComponentRate, ...]
     restart_s: float
     repair_s: float
+    reconfigure_s: float  # a planned elastic resize (planner schedule)
     spare_fraction: float
     observation: str
 
@@ -82,44 +84,35 @@ class ClusterRates:
 
 @functools.cache
 def _load(_stamp: object) -> FailureModel:
-    doc = load_document(FILE)
+    doc = catalog_document(FILE)
     obs = doc.get("observation")
-    if not isinstance(obs, dict):
+    if not isinstance(obs, Mapping):
         raise InputError("catalog", FILE, "needs an 'observation' mapping")
-    o = Rec(obs, f"{FILE}:observation")
-    exposure = {"gpu": o.req("num_gpus", allow_zero=False), "node": o.req("num_nodes", allow_zero=False),
-                "nic": o.req("num_nics", allow_zero=False), "cable": o.req("num_cables", allow_zero=False)}
-    seconds = o.req("days", allow_zero=False) * SECONDS_PER_DAY
+    o = Record(obs, where=f"{FILE}:observation")
+    exposure = {"gpu": o.req("num_gpus", positive=True), "node": o.req("num_nodes", positive=True),
+                "nic": o.req("num_nics", positive=True), "cable": o.req("num_cables", positive=True)}
+    seconds = o.req("days", positive=True) * SECONDS_PER_DAY
     comps = []
-    for raw in load_records(FILE):
-        r = Rec(raw, f"{FILE}:{raw['id']}")
+    for raw in catalog_file_records(FILE):
+        r = Record(raw, where=f"{FILE}:{raw['id']}")
         per = r.text("per")
         if per not in UNITS:
             raise r.fail("per", f"must be one of {', '.join(UNITS)}")
-        count = r.integer("count")
+        count = r.integer("count", minimum=0)
         comps.append(ComponentRate(id=raw["id"], per=per, needs_node=r.flag("needs_node"),
                                    rate_per_s=count / (exposure[per] * seconds), count=count,
                                    source=r.text("source")))
     rec = doc.get("recovery")
-    if not isinstance(rec, dict):
+    if not isinstance(rec, Mapping):
         raise InputError("catalog", FILE, "needs a 'recovery' mapping")
-    rv = Rec(rec, f"{FILE}:recovery")
-    return FailureModel(components=tuple(comps), restart_s=rv.req("restart_s"), repair_s=rv.req("repair_s"),
+    rv = Record(rec, where=f"{FILE}:recovery")
+    return FailureModel(components=tuple(comps), restart_s=rv.req("restart_s"), repair_s=rv.req("repair_s"), reconfigure_s=rv.req("reconfigure_s"),
                         spare_fraction=rv.fraction("spare_fraction"), observation=o.text("source"))
 
 
 def load_failure_model() -> FailureModel:
     """The failure model of the active catalogs folder (cached per file version)."""
-    import os
-
-    from planner.economics.records import catalog_path
-
-    try:
-        st = os.stat(catalog_path(FILE))
-        stamp: object = (str(catalog_path(FILE)), st.st_mtime_ns, st.st_size)
-    except OSError:
-        stamp = (str(catalog_path(FILE)), 0, -1)
-    return _load(stamp)
+    return _load(file_version(FILE))
 
 
 def cluster_units(cluster: Cluster) -> dict[str, int]:

@@ -13,7 +13,8 @@ each converted to tokens per second for the whole cluster:
   images or video, give the decode rate and bytes per token of your pipeline.
 * **Host-to-GPU PCIe**: every data-parallel (x context-parallel) replica receives its share
   of the batch; each GPU's PCIe x16 link (``sim.topology.pcie_x16_bytes_per_s``) carries
-  ``bytes_per_token_device`` per token (int64 input ids + labels = 16 B for text), so the
+  ``bytes_per_token_device`` per token (``catalogs/conventions.yaml``: int64 input ids +
+  labels = 16 B for text), so the
   cluster supply is ``dp * cp * pcie / bytes_per_token_device``.
 
 ``data_bound`` is set when the slowest stage supplies less than the step consumes; the step
@@ -26,14 +27,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sim.conventions import conventions
 from sim.errors import InputError
 from sim.specs import Cluster, Model, Strategy
 from sim.topology import pcie_x16_bytes_per_s
 
 from planner.economics.storage import DEFAULT_STORAGE, load_storage
 
-UINT16_VOCAB = 65536
-DEFAULT_DEVICE_BYTES_PER_TOKEN = 16.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -63,10 +63,12 @@ def _positive(name: str, v: float | None) -> None:
 def input_pipeline(model: Model, cluster: Cluster, strategy: Strategy, tokens_per_s: float, *,
                    storage: str = DEFAULT_STORAGE, pretokenized: bool = True,
                    bytes_per_token_storage: float | None = None,
-                   bytes_per_token_device: float = DEFAULT_DEVICE_BYTES_PER_TOKEN,
+                   bytes_per_token_device: float | None = None,
                    host_bytes_per_s_per_node: float | None = None,
                    host_bytes_per_token: float | None = None) -> PipelineReport:
     """Compare the step's token demand with what each input stage supplies (module docstring)."""
+    if bytes_per_token_device is None:
+        bytes_per_token_device = conventions().device_bytes_per_token
     for name, v in (("bytes-per-token-storage", bytes_per_token_storage),
                     ("bytes-per-token-device", bytes_per_token_device),
                     ("host-bytes-per-s-per-node", host_bytes_per_s_per_node),
@@ -78,7 +80,7 @@ def input_pipeline(model: Model, cluster: Cluster, strategy: Strategy, tokens_pe
     nodes = cluster.num_nodes
     if bytes_per_token_storage is None:
         if pretokenized:
-            bytes_per_token_storage = 2.0 if model.vocab_size <= UINT16_VOCAB else 4.0
+            bytes_per_token_storage = 2.0 if model.vocab_size <= conventions().uint16_vocab_limit else 4.0
         else:
             bytes_per_token_storage = tok.text_bytes_per_token
     supply = {"storage": tier.bytes_per_s(nodes, write=False) / bytes_per_token_storage}

@@ -11,10 +11,10 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from sim.catalog import catalog_file_records, file_version
 from sim.errors import InputError
+from sim.records import Record
 from sim.specs import Gpu, Link
-
-from planner.economics.records import Rec, catalog_path, load_records
 
 FILE = "prices.yaml"
 _KINDS = ("switch", "nic_adapter", "link_media", "server", "gpu_price", "power_model", "electricity", "finance")
@@ -166,19 +166,19 @@ def _one(kind: str, items: list, where: str) -> object:
 
 
 @functools.cache
-def _load(path: str, _stamp: tuple[int, int]) -> PriceBook:
-    recs = load_records(FILE)
+def _load(_version: tuple[str, int, int]) -> PriceBook:
+    recs = catalog_file_records(FILE)
     switches, adapters, links, servers, power, elec, fin = [], [], [], [], [], [], []
     gpu_prices: dict[str, tuple[float | None, float | None, bool, str]] = {}
     for raw in recs:
-        r = Rec(raw, f"{FILE}:{raw['id']}")
+        r = Record(raw, where=f"{FILE}:{raw['id']}")
         kind = r.text("kind")
         if kind not in _KINDS:
             raise r.fail("kind", f"must be one of {', '.join(_KINDS)}")
         est = r.flag("estimate")
         src = r.text("source")
         if kind == "switch":
-            radix = r.integer("radix")
+            radix = r.integer("radix", minimum=2)
             if radix < 2:
                 raise r.fail("radix", "must be >= 2")
             switches.append(SwitchPrice(id=raw["id"], nics=r.strings("nics"), radix=radix,
@@ -192,7 +192,7 @@ def _load(path: str, _stamp: tuple[int, int]) -> PriceBook:
             if media not in ("dac", "optical"):
                 raise r.fail("media", "must be dac or optical")
             links.append(LinkPrice(id=raw["id"], media=media,
-                                   max_bytes_per_s=r.req("gbit_per_s", allow_zero=False) * 1e9 / 8,
+                                   max_bytes_per_s=r.req("gbit_per_s", positive=True) * 1e9 / 8,
                                    price_usd_per_link=r.req("price_usd_per_link"),
                                    power_w_per_link=r.req("power_w_per_link"), estimate=est, source=src))
         elif kind == "server":
@@ -201,8 +201,8 @@ def _load(path: str, _stamp: tuple[int, int]) -> PriceBook:
                                        host_power_w_per_node=r.req("host_power_w_per_node"),
                                        default=r.flag("default"), estimate=est, source=src))
         elif kind == "gpu_price":
-            gpu_prices[r.text("gpu").lower()] = (r.number("price_usd", optional=True, allow_zero=False),
-                                                 r.number("price_usd_per_hour", optional=True, allow_zero=False),
+            gpu_prices[r.text("gpu").lower()] = (r.number("price_usd", optional=True, positive=True),
+                                                 r.number("price_usd_per_hour", optional=True, positive=True),
                                                  est, raw["id"])
         elif kind == "power_model":
             pue = r.req("pue")
@@ -214,7 +214,7 @@ def _load(path: str, _stamp: tuple[int, int]) -> PriceBook:
         elif kind == "electricity":
             elec.append((r.req("usd_per_kwh"), src))
         else:
-            fin.append((r.req("amortization_years", allow_zero=False), src))
+            fin.append((r.req("amortization_years", positive=True), src))
     usd_per_kwh, esrc = _one("electricity", elec, FILE)  # type: ignore[misc]
     years, fsrc = _one("finance", fin, FILE)  # type: ignore[misc]
     return PriceBook(switches=tuple(switches), adapters=tuple(adapters), links=tuple(links),
@@ -226,12 +226,4 @@ def _load(path: str, _stamp: tuple[int, int]) -> PriceBook:
 
 def load_prices() -> PriceBook:
     """The price book of the active catalogs folder (cached; re-read when the file changes)."""
-    import os
-
-    p = catalog_path(FILE)
-    try:
-        st = os.stat(p)
-        stamp = (st.st_mtime_ns, st.st_size)
-    except OSError:
-        stamp = (0, -1)
-    return _load(str(p), stamp)
+    return _load(file_version(FILE))

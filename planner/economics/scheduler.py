@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -44,6 +44,7 @@ import simpy
 
 from sim.errors import InputError
 
+from planner.economics.failures import load_failure_model
 from planner.economics.traces import JobSpec
 
 POLICIES: tuple[str, ...] = ("fifo", "backfill", "priority")
@@ -55,9 +56,10 @@ class ClusterSpec:
     gpus_per_node: int
     node_failure_rate_per_s: float = 0.0  # per node; the node goes down for repair_s
     job_failure_rate_per_s: float = 0.0  # per node; restarts the job on it, node stays up
-    repair_s: float = 86400.0
-    restart_s: float = 900.0
-    reconfigure_s: float = 120.0
+    # recovery times: catalogs/failures.yaml ``recovery`` unless given
+    repair_s: float = field(default_factory=lambda: load_failure_model().repair_s)
+    restart_s: float = field(default_factory=lambda: load_failure_model().restart_s)
+    reconfigure_s: float = field(default_factory=lambda: load_failure_model().reconfigure_s)
     checkpoint_interval_s: float = 3600.0
 
     def __post_init__(self) -> None:

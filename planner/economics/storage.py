@@ -14,11 +14,12 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import Mapping
 
+from sim.catalog import catalog_document, catalog_file_records, file_version
 from sim.errors import InputError
+from sim.records import Record
 from sim.specs import Model
-
-from planner.economics.records import Rec, load_document, load_records
 
 FILE = "storage.yaml"
 _GB = 1e9
@@ -78,25 +79,25 @@ class StorageCatalog:
         return next(t for t in self.tiers if t.id == key)
 
 
-def _gb(r: Rec, key: str) -> float | None:
-    v = r.number(key, optional=True, allow_zero=False)
+def _gb(r: Record, key: str) -> float | None:
+    v = r.number(key, optional=True, positive=True)
     return None if v is None else v * _GB
 
 
 @functools.cache
 def _load(_stamp: object) -> StorageCatalog:
-    doc = load_document(FILE)
+    doc = catalog_document(FILE)
     ck = doc.get("checkpoint")
-    if not isinstance(ck, dict):
+    if not isinstance(ck, Mapping):
         raise InputError("catalog", FILE, "needs a 'checkpoint' mapping")
-    c = Rec(ck, f"{FILE}:checkpoint")
+    c = Record(ck, where=f"{FILE}:checkpoint")
     tiers, aliases, toks = [], {}, []
-    for raw in load_records(FILE):
-        r = Rec(raw, f"{FILE}:{raw['id']}")
+    for raw in catalog_file_records(FILE):
+        r = Record(raw, where=f"{FILE}:{raw['id']}")
         kind = r.text("kind")
         if kind == "tokenizer":
-            toks.append(Tokenizer(id=raw["id"], text_bytes_per_s_per_node=r.req("text_bytes_per_s_per_node", allow_zero=False),
-                                  text_bytes_per_token=r.req("text_bytes_per_token", allow_zero=False),
+            toks.append(Tokenizer(id=raw["id"], text_bytes_per_s_per_node=r.req("text_bytes_per_s_per_node", positive=True),
+                                  text_bytes_per_token=r.req("text_bytes_per_token", positive=True),
                                   source=r.text("source")))
             continue
         t = StorageTier(id=raw["id"], name=r.text("name", default=raw["id"]), kind=kind,
@@ -120,17 +121,7 @@ def _load(_stamp: object) -> StorageCatalog:
 
 
 def load_storage() -> StorageCatalog:
-    import os
-
-    from planner.economics.records import catalog_path
-
-    p = catalog_path(FILE)
-    try:
-        st = os.stat(p)
-        stamp: object = (str(p), st.st_mtime_ns, st.st_size)
-    except OSError:
-        stamp = (str(p), 0, -1)
-    return _load(stamp)
+    return _load(file_version(FILE))
 
 
 def checkpoint_bytes(model: Model, catalog: StorageCatalog | None = None) -> float:

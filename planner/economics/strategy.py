@@ -7,8 +7,8 @@ over many designs stays fast: ``tp`` in {1, 2, 4, 8}, ``pp`` in {1, 2, 4, 8, 16}
 parallelism, ``mbs = 1``, ZeRO-1 or ZeRO-3, sequence parallelism with ``tp > 1``, selective or
 full recomputation, 1F1B, bf16.  If nothing fits, the plan is infeasible.
 
-Global batch when not given: ``2**22`` tokens per step (~4M, the Llama 2 batch; Touvron et al.
-2023, Sec. 2.2) divided by the sequence length.
+Global batch when not given: ``sim.conventions.default_global_batch`` (the catalog's default
+tokens per step, 2^22 ~ 4M as Llama 2's, over the sequence length).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.analytic import simulate_analytic
+from sim.conventions import default_global_batch
 from sim.costs import default_network
 from sim.errors import InfeasibleError
 from sim.network import Network
@@ -26,7 +27,6 @@ from sim.specs import Cluster, Model, Strategy
 from planner.recommend import recommend
 from planner.search import SearchSpace
 
-DEFAULT_TOKENS_PER_STEP = 1 << 22
 DEFAULT_SEQ_LEN = 2048
 QUICK_SPACE = SearchSpace(tp=(1, 2, 4, 8), pp=(1, 2, 4, 8, 16), cp=(1,), mbs=(1,), zero=(1, 3), sp=(True,),
                           recompute=("selective", "full"), schedule=("1f1b",), precision=("bf16",))
@@ -38,10 +38,6 @@ class ChosenPlan:
     result: StepResult
     source: str  # "given" | "planner.recommend" | "planner.recommend (quick space)"
     candidates_evaluated: int
-
-
-def default_gbs(seq_len: int) -> int:
-    return max(1, DEFAULT_TOKENS_PER_STEP // seq_len)
 
 
 def evaluate(model: Model, cluster: Cluster, strategy: Strategy, net: Network | None = None) -> StepResult:
@@ -58,7 +54,7 @@ def choose_plan(model: Model, cluster: Cluster, *, strategy: Strategy | None = N
         return ChosenPlan(strategy=strategy, result=evaluate(model, cluster, strategy), source="given",
                           candidates_evaluated=1)
     seq = seq_len or DEFAULT_SEQ_LEN
-    b = gbs if gbs is not None else default_gbs(seq)
+    b = gbs if gbs is not None else default_global_batch(seq)
     rec = recommend(model, cluster, gbs=b, seq_len=seq, space=QUICK_SPACE if quick else None, top=1, rerank=0,
                     explain=False, suggest=False)
     if not rec.plans:

@@ -2,7 +2,7 @@
 
 Every design point is a cluster (``planner.inputs`` rules: the GPU's usual node, NVLink
 domain and NIC count) costed with ``planner.economics.tco.compute_tco``; its strategy comes
-from ``planner.economics.strategy.choose_plan`` (the recommender when present).  Points that
+from ``planner.economics.strategy.choose_plan`` (the recommender).  Points that
 cannot run (nothing fits in memory, indivisible counts, no price) are kept with a ``status``
 and ``reason``.  The Pareto front (per model: token budgets differ) holds the points no other
 point beats on both time to train and cost to train.
@@ -14,7 +14,6 @@ locally, or ``address=`` an existing cluster).  Both return identical rows.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import sys
@@ -23,10 +22,10 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
-from sim.catalog import get_gpu, get_nic
+from sim.catalog import cluster_from_catalog, get_gpu, get_nic
 from sim.errors import InfeasibleError, InputError
 from sim.modelio import load_model
-from sim.specs import TOPOLOGIES
+from sim.specs import TOPOLOGIES, Cluster
 
 from planner.economics.strategy import choose_plan
 from planner.economics.tco import TcoOptions, compute_tco
@@ -94,13 +93,9 @@ def design_grid(*, models: Sequence[str], gpus: Sequence[str], counts: Sequence[
     return points
 
 
-def _cluster(point: DesignPoint):
-    from planner.inputs import cluster_from_args
-
-    ns = argparse.Namespace(gpu=point.gpu, num_gpus=point.num_gpus, gpus_per_node=None, nvlink_domain=None,
-                            nic=point.nic, nics_per_node=None, topology=point.topology,
-                            oversubscription=point.oversubscription, tree_levels=2)
-    return cluster_from_args(ns)
+def _cluster(point: DesignPoint) -> Cluster:
+    return cluster_from_catalog(point.gpu, point.num_gpus, nic=point.nic, topology=point.topology,
+                                oversubscription=point.oversubscription)
 
 
 def evaluate_point(point: DesignPoint, options: SweepOptions) -> dict:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sim.conventions import conventions
 from sim.errors import InputError
 from sim.specs import Cluster, Model, Strategy
 
@@ -31,7 +32,6 @@ from planner.economics.prices import PriceBook, PriceQuote, load_prices
 from planner.economics.storage import DEFAULT_STORAGE
 from planner.economics.strategy import ChosenPlan, choose_plan
 
-CHINCHILLA_TOKENS_PER_PARAM = 20.0
 PRICINGS = ("owned", "cloud")
 UNPRICED_GPU = PriceQuote(value=0.0, source="unknown (cloud pricing only)", estimate=True)
 
@@ -39,7 +39,7 @@ UNPRICED_GPU = PriceQuote(value=0.0, source="unknown (cloud pricing only)", esti
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TcoOptions:
     tokens: float | None = None
-    tokens_per_param: float = CHINCHILLA_TOKENS_PER_PARAM
+    tokens_per_param: float | None = None  # None: catalogs/conventions.yaml (Chinchilla, 20)
     pricing: str = "owned"
     usd_per_kwh: float | None = None
     pue: float | None = None
@@ -57,7 +57,7 @@ class TcoOptions:
             v = getattr(self, name)
             if v is not None and not (0 < v < 1e30):
                 raise InputError(name.replace("_", "-"), v, "must be a positive finite number")
-        if not (0 < self.tokens_per_param < 1e9):
+        if self.tokens_per_param is not None and not (0 < self.tokens_per_param < 1e9):
             raise InputError("tokens-per-param", self.tokens_per_param, "must be a positive finite number")
         if self.pue is not None and not 1.0 <= self.pue <= 3.0:
             raise InputError("pue", self.pue, "must be in [1, 3]")
@@ -124,7 +124,10 @@ class TcoResult:
 
 def token_budget(model: Model, options: TcoOptions) -> float:
     """``options.tokens`` or ``tokens_per_param * num_params`` (Chinchilla, module docstring)."""
-    return options.tokens if options.tokens is not None else options.tokens_per_param * model.num_params
+    if options.tokens is not None:
+        return options.tokens
+    per = options.tokens_per_param if options.tokens_per_param is not None else conventions().tokens_per_parameter
+    return per * model.num_params
 
 
 def compute_tco(model: Model, cluster: Cluster, *, strategy: Strategy | None = None, gbs: int | None = None,

@@ -27,11 +27,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.network import Network
-from sim.costs import LayerCost, StageCost, StepCosts, default_comm_runtime
+from sim.costs import LayerCost, StageCost, StepCosts
 from sim.errors import InputError
 from sim.event.schedules import Op, schedule_orders
 from sim.event.whatif import WhatIf, apply_layers_per_stage
 from sim.plan import Plan
+from sim.runtime import default_comm_runtime
 
 COMM_DIMS: tuple[str, ...] = ("tp", "cp", "ep")
 

@@ -1,0 +1,17 @@
+"""Shared test helpers.  ``cluster`` builds catalog clusters with the defaults every entry point
+uses (``sim.catalog.cluster_from_catalog``); tests import it (``from tests.conftest import cluster``)."""
+
+from __future__ import annotations
+
+from sim.catalog import cluster_from_catalog
+from sim.specs import Cluster
+
+
+def cluster(gpu: str = "a100-80gb", n: int = 8, *, gpn: int | None = None, domain: int | None = None,
+            nic: str | None = None, nics: int | None = None, topology: str = "fat-tree", o: float = 1.0,
+            **rest: object) -> Cluster:
+    """``n`` GPUs of catalog id ``gpu``; ``gpn`` GPUs per node and ``domain`` per NVLink domain
+    (default: the GPU's usual server), ``nic`` / ``nics`` per node, ``topology``, ``o``
+    (oversubscription)."""
+    return cluster_from_catalog(gpu, n, gpus_per_node=gpn, nvlink_domain=domain, nic=nic, nics_per_node=nics,
+                                topology=topology, oversubscription=o, **rest)  # type: ignore[arg-type]
