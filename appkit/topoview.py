@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
-from sim.topology import level_name
+from sim.fabric import level_name
 
 TIER_COLORS = {"scale-up": "#2ca02c", "host": "#8c8c8c", "scale-out": "#1f77b4"}
 KIND_COLORS = {"gpu": "#76b900", "nvswitch": "#2ca02c", "nic": "#9467bd", "router": "#ff7f0e",

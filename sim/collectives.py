@@ -36,6 +36,9 @@ Each algorithm comes as ``*_coeffs`` returning ``(seconds_per_byte, fixed_s)`` (
 from __future__ import annotations
 
 import math
+from typing import Mapping, Sequence
+
+import numpy as np
 
 from sim.errors import InputError
 
@@ -253,3 +256,61 @@ def bytes_sent_per_rank(op: str, algorithm: str, num_ranks: int, message_bytes: 
             return s
         return bus_bandwidth_factor(op, n) * s
     raise InputError("algorithm", algorithm, f"not one of {', '.join(ALGORITHMS.get(op, ()))} for {op}")
+
+
+# --------------------------------------------------------------------------- size curves
+
+
+class SizeCurve:
+    """Fraction of a tier's large-message collective bandwidth reached at a given chunk size
+    (the bytes one rank moves per algorithm step: ``S/n`` for ring collectives over ``n``
+    ranks and all-to-all, ``S`` for a point-to-point send).  Between measured points the
+    bandwidth-bound time ``chunk / fraction`` is interpolated log-log (so a curve whose points
+    never get faster with size gives a time that never does); beyond them the fraction is
+    flat.  Fitted from NCCL bus-bandwidth curves (``scripts/fit_efficiency.py``): it carries
+    what an alpha-beta line cannot, NCCL's protocol and channel switches at mid sizes (up to
+    ~2x slower than the line at 1 MiB)."""
+
+    __slots__ = ("log_chunk", "log_time", "frac")
+
+    def __init__(self, points: Sequence[Sequence[float]]) -> None:
+        pts = sorted((float(c), float(f)) for c, f in points)
+        if not pts or any(not (c > 0 and 0 < f <= 1) for c, f in pts):
+            raise InputError("size_curve", points, "needs points (chunk_bytes > 0, fraction in (0, 1])")
+        self.log_chunk = np.log2([c for c, _ in pts])
+        self.frac = np.array([f for _, f in pts])
+        self.log_time = self.log_chunk - np.log2(self.frac)
+
+    def __call__(self, chunk_bytes: float) -> float:
+        if chunk_bytes <= 0:
+            return 1.0
+        x = math.log2(chunk_bytes)
+        if x <= self.log_chunk[0]:
+            return float(self.frac[0])
+        if x >= self.log_chunk[-1]:
+            return float(self.frac[-1])
+        return float(2.0 ** (x - np.interp(x, self.log_chunk, self.log_time)))
+
+
+# One candidate algorithm: (seconds per byte at full efficiency, fixed seconds, chunk divisor,
+# tier whose size curve applies).
+Line = tuple[float, float, float, str]
+
+
+def envelope_time_s(lines: tuple[Line, ...], message_bytes: float,
+              curves: Mapping[str, SizeCurve] | None = None) -> float:
+    """Cheapest ``a * bytes / f(bytes / div) + b`` over ``lines`` (0 for an empty message);
+    ``f`` is the tier's size curve (1 without one)."""
+    if message_bytes == 0:
+        return 0.0
+    best = math.inf
+    for a, b, div, tier in lines:
+        t = a * message_bytes
+        if curves and t > 0:
+            curve = curves.get(tier)
+            if curve is not None:
+                t /= curve(message_bytes / div)
+        t += b
+        if t < best:
+            best = t
+    return best

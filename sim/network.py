@@ -1,9 +1,9 @@
 """Placement-aware collective costs: which links a group's traffic crosses, and how shared.
 
 ``Network(cluster)`` prices a collective over given ranks (GPU index = rank) on the cluster's
-fabric (``sim.topology.layout_fabric``).  It routes every flow of the group, and of every group
+fabric (``sim.fabric.layout_fabric``).  It routes every flow of the group, and of every group
 running at the same time (``concurrent_groups``), with the reference policy of
-``sim.topology`` (NVSwitch inside a domain; otherwise striped over the node's NICs, PXN-style,
+``sim.routing`` (NVSwitch inside a domain; otherwise striped over the node's NICs, PXN-style,
 then the switch tree or the mesh/torus), counts on each directed link how many flows share it,
 and gives the group the bottleneck ``min over its links of capacity * efficiency / flows``.
 That per-rank bandwidth and the worst per-step path latency feed the closed forms of
@@ -31,10 +31,12 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from sim import collectives as cf
+from sim.collectives import Line, SizeCurve, envelope_time_s
 from sim.errors import InputError
+from sim.fabric import TIERS, Fabric, layout_fabric
+from sim.links import Links
 from sim.placement import group_shape, pipeline_pairs
 from sim.specs import Cluster, Strategy
-from sim.topology import TIERS, Fabric, layout_fabric
 
 _LOCAL = -1
 
@@ -55,61 +57,6 @@ class GroupLink:
 
 
 _Classes = list[np.ndarray]  # groups, one 2-D array (num_groups, size) per group size
-
-
-class SizeCurve:
-    """Fraction of a tier's large-message collective bandwidth reached at a given chunk size
-    (the bytes one rank moves per algorithm step: ``S/n`` for ring collectives over ``n``
-    ranks and all-to-all, ``S`` for a point-to-point send).  Between measured points the
-    bandwidth-bound time ``chunk / fraction`` is interpolated log-log (so a curve whose points
-    never get faster with size gives a time that never does); beyond them the fraction is
-    flat.  Fitted from NCCL bus-bandwidth curves (``scripts/fit_efficiency.py``): it carries
-    what an alpha-beta line cannot, NCCL's protocol and channel switches at mid sizes (up to
-    ~2x slower than the line at 1 MiB)."""
-
-    __slots__ = ("log_chunk", "log_time", "frac")
-
-    def __init__(self, points: Sequence[Sequence[float]]) -> None:
-        pts = sorted((float(c), float(f)) for c, f in points)
-        if not pts or any(not (c > 0 and 0 < f <= 1) for c, f in pts):
-            raise InputError("size_curve", points, "needs points (chunk_bytes > 0, fraction in (0, 1])")
-        self.log_chunk = np.log2([c for c, _ in pts])
-        self.frac = np.array([f for _, f in pts])
-        self.log_time = self.log_chunk - np.log2(self.frac)
-
-    def __call__(self, chunk_bytes: float) -> float:
-        if chunk_bytes <= 0:
-            return 1.0
-        x = math.log2(chunk_bytes)
-        if x <= self.log_chunk[0]:
-            return float(self.frac[0])
-        if x >= self.log_chunk[-1]:
-            return float(self.frac[-1])
-        return float(2.0 ** (x - np.interp(x, self.log_chunk, self.log_time)))
-
-
-# One candidate algorithm: (seconds per byte at full efficiency, fixed seconds, chunk divisor,
-# tier whose size curve applies).
-_Line = tuple[float, float, float, str]
-
-
-def _envelope(lines: tuple[_Line, ...], message_bytes: float,
-              curves: Mapping[str, SizeCurve] | None = None) -> float:
-    """Cheapest ``a * bytes / f(bytes / div) + b`` over ``lines`` (0 for an empty message);
-    ``f`` is the tier's size curve (1 without one)."""
-    if message_bytes == 0:
-        return 0.0
-    best = math.inf
-    for a, b, div, tier in lines:
-        t = a * message_bytes
-        if curves and t > 0:
-            curve = curves.get(tier)
-            if curve is not None:
-                t /= curve(message_bytes / div)
-        t += b
-        if t < best:
-            best = t
-    return best
 
 
 class _GroupsKey:
@@ -154,224 +101,53 @@ class Network:
         self.cluster = cluster
         self.bandwidth_efficiency = {t: float(eff.get(t, 1.0)) for t in TIERS}
         self.fabric: Fabric = layout_fabric(cluster)
-        self._build_links()
+        self.links = Links(self.fabric, self.bandwidth_efficiency)
         self._coeffs: dict[tuple, tuple[tuple[float, float], ...]] = {}
         self._links: dict[tuple, GroupLink | tuple] = {}
         self._cg_memo: tuple[object, int, object] | None = None
 
-    # ------------------------------------------------------------------ link table
-
-    def _build_links(self) -> None:
-        f, eff = self.fabric, self.bandwidth_efficiency
-        G, gpn, nics = f.num_gpus, f.gpus_per_node, f.nics_per_node
-        total_nics = f.num_nodes * nics
-        H = G if f.gpu_per_nic_host_edge else total_nics
-        self._su_up, self._su_down = 0, G
-        self._host_up, self._host_down = 2 * G, 2 * G + H
-        self._nic_up, self._nic_down = 2 * G + 2 * H, 2 * G + 2 * H + total_nics
-        base = self._nic_down + total_nics
-        cap: list[np.ndarray] = []
-        lat: list[np.ndarray] = []
-
-        def add(n: int, bytes_per_s: float | np.ndarray, latency_s: float, t: int) -> None:
-            cap.append(np.broadcast_to(np.asarray(bytes_per_s, dtype=float) * eff[TIERS[t]], (n,)))
-            lat.append(np.full(n, latency_s))
-
-        add(2 * G, f.scale_up_bytes_per_s, f.scale_up_latency_s / 2, 0)
-        add(2 * H, f.host_bytes_per_s, 0.0, 1)
-        add(2 * total_nics, f.nic_bytes_per_s, f.nic_latency_s / 2 if f.switched else 0.0, 2)
-        self._blk_up: list[int] = []
-        self._blk_down: list[int] = []
-        for k in range(1, f.levels):
-            up = f.block_up_bytes_per_s[k - 1]
-            self._blk_up.append(base)
-            self._blk_down.append(base + len(up))
-            base += 2 * len(up)
-            add(len(up), up, f.switch_latency_s, 2)
-            add(len(up), up, f.switch_latency_s, 2)
-        self._grid = base
-        if not f.switched:
-            rows, cols = f.grid_rows, f.grid_cols
-            node = np.arange(f.num_nodes)
-            x, y = node % cols, node // cols
-            bw = np.zeros((f.num_nodes, 4))
-            xb, yb = f.grid_link_bytes_per_s
-            ok_plus_x = (x + 1 < cols) | (f.torus and cols > 1)
-            ok_minus_x = (x > 0) | (f.torus and cols > 1)
-            ok_plus_y = (y + 1 < rows) | (f.torus and rows > 1)
-            ok_minus_y = (y > 0) | (f.torus and rows > 1)
-            bw[:, 0], bw[:, 1] = np.where(ok_plus_x, xb, 0.0), np.where(ok_minus_x, xb, 0.0)
-            bw[:, 2], bw[:, 3] = np.where(ok_plus_y, yb, 0.0), np.where(ok_minus_y, yb, 0.0)
-            add(4 * f.num_nodes, bw.ravel(), f.nic_latency_s, 2)
-            base += 4 * f.num_nodes
-        self._num_links = base
-        self._cap = np.concatenate(cap)
-        self._lat = np.concatenate(lat)
-
-        # Sender / receiver pieces of a cross-domain flow, per GPU and stripe (3 links at most).
-        gpus = np.arange(G)
-        m = f.stripes
-        a = f.pool_nics[f.gpu_pool]  # (G, m) NIC of each stripe
-        owner = f.nic_owner[a]
-        attached = owner == gpus[:, None] if not f.gpu_per_nic_host_edge else \
-            (a == (gpus // gpn * nics + np.array([f.gpu_nics[l][0] for l in range(gpn)])[gpus % gpn])[:, None])
-        pair_self = gpus[:, None] if f.gpu_per_nic_host_edge else a
-        pair_owner = owner if f.gpu_per_nic_host_edge else a
-        out = np.full((G, m, 3), -1, dtype=np.int64)
-        inn = np.full((G, m, 3), -1, dtype=np.int64)
-        gg = np.broadcast_to(gpus[:, None], (G, m))
-        out[..., 0] = np.where(attached, self._host_up + pair_self, self._su_up + gg)
-        out[..., 1] = np.where(attached, -1, self._su_down + owner)
-        out[..., 2] = np.where(attached, -1, self._host_up + pair_owner)
-        inn[..., 0] = np.where(attached, self._host_down + pair_self, self._host_down + pair_owner)
-        inn[..., 1] = np.where(attached, -1, self._su_up + owner)
-        inn[..., 2] = np.where(attached, -1, self._su_down + gg)
-        self._out_path, self._in_path = out, inn
-        self._out_lat_j = self._path_latency(out)  # (G, stripes)
-        self._in_lat_j = self._path_latency(inn)
-        self._out_lat = self._out_lat_j.max(axis=1)
-        self._in_lat = self._in_lat_j.max(axis=1)
-
-    def _path_latency(self, paths: np.ndarray) -> np.ndarray:
-        return np.where(paths >= 0, self._lat[np.maximum(paths, 0)], 0.0).sum(axis=-1)
-
-    def _fabric_paths(self, pool_src: np.ndarray, pool_dst: np.ndarray) -> np.ndarray:
-        """Link ids ``(pairs, stripes, L)`` (-1 padded) from NIC pool to NIC pool."""
-        f = self.fabric
-        a = f.pool_nics[pool_src]
-        b = f.pool_nics[pool_dst]
-        same = a == b
-        cols = [np.where(same, -1, self._nic_up + a)]
-        if f.switched:
-            downs = []
-            for k in range(1, f.levels):
-                ba, bb = f.block_of[k - 1][a], f.block_of[k - 1][b]
-                cross = (ba != bb) & ~same
-                cols.append(np.where(cross, self._blk_up[k - 1] + ba, -1))
-                downs.append(np.where(cross, self._blk_down[k - 1] + bb, -1))
-            cols += downs[::-1]
-        else:
-            cols += self._grid_hops(a // f.nics_per_node, b // f.nics_per_node, same)
-        cols.append(np.where(same, -1, self._nic_down + b))
-        return np.stack(cols, axis=-1)
-
-    def _grid_hops(self, na: np.ndarray, nb: np.ndarray, same: np.ndarray) -> list[np.ndarray]:
-        f = self.fabric
-        rows, cols = f.grid_rows, f.grid_cols
-        xa, ya, xb, yb = na % cols, na // cols, nb % cols, nb // cols
-        out: list[np.ndarray] = []
-        for size, cur, goal, fixed, axis in ((cols, xa, xb, ya, 0), (rows, ya, yb, xb, 1)):
-            if size == 1:
-                continue
-            if f.torus:
-                fwd = (goal - cur) % size
-                plus = fwd <= size - fwd
-                count = np.where(plus, fwd, size - fwd)
-            else:
-                plus = goal >= cur
-                count = np.abs(goal - cur)
-            step = np.where(plus, 1, -1)
-            direction = 2 * axis + np.where(plus, 0, 1)
-            for i in range(int(count.max(initial=0))):
-                pos = (cur + step * i) % size
-                node = fixed * cols + pos if axis == 0 else pos * cols + fixed
-                out.append(np.where((i < count) & ~same, self._grid + 4 * node + direction, -1))
-        return out
-
     # ------------------------------------------------------------------ flow evaluation
 
     def link_loads(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-        """Load on every directed link (array indexed by link id) when all flows
-        ``src[k] -> dst[k]`` run at once; a striped flow puts ``1/stripes`` on each stripe."""
-        return self._route(np.asarray(src, dtype=np.int64).ravel(), np.asarray(dst, dtype=np.int64).ravel())[0]
-
-    def _route(self, src: np.ndarray, dst: np.ndarray) -> tuple:
-        """Route every flow: ``(loads, same, fabric_inverse, fabric_paths, fabric_valid)``."""
-        f = self.fabric
-        E = self._num_links
-        m = f.stripes
-        if f.has_scale_up:
-            same = f.gpu_domain[src] == f.gpu_domain[dst]
-        else:
-            same = np.zeros(len(src), dtype=bool)
-        loads = np.zeros(E)
-        ss, sd = src[same], dst[same]
-        if ss.size:
-            loads += np.bincount(ss + self._su_up, minlength=E)
-            loads += np.bincount(sd + self._su_down, minlength=E)
-        xs, xd = src[~same], dst[~same]
-        inv = fpath = valid = None
-        if xs.size:
-            G = f.num_gpus
-            for counts, paths in ((np.bincount(xs, minlength=G), self._out_path),
-                                  (np.bincount(xd, minlength=G), self._in_path)):
-                used = np.nonzero(counts)[0]
-                p = paths[used]
-                w = np.broadcast_to((counts[used] / m)[:, None, None], p.shape)
-                ok = p >= 0
-                loads += np.bincount(p[ok], weights=w[ok], minlength=E)
-            pools = f.num_pools
-            key = f.gpu_pool[xs] * pools + f.gpu_pool[xd]
-            ukey, inv, cnt = np.unique(key, return_inverse=True, return_counts=True)
-            fpath = self._fabric_paths(ukey // pools, ukey % pools)
-            valid = fpath >= 0
-            w = np.broadcast_to((cnt / m)[:, None, None], fpath.shape)
-            loads += np.bincount(fpath[valid], weights=w[valid], minlength=E)
-        return loads, same, inv, fpath, valid
+        """Load on every directed link (``self.links`` ids) when all flows ``src[k] -> dst[k]``
+        run at once; a striped flow puts ``1/stripes`` on each stripe."""
+        return self.links.link_loads(src, dst)
 
     def _evaluate(self, src: np.ndarray, dst: np.ndarray, starts: np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per flow group (segments of the flow arrays beginning at ``starts``): bottleneck
         flow rate, worst path latency and highest tier, all flows running at once."""
         f = self.fabric
-        loads, same, inv, fpath, valid = self._route(src, dst)
+        loads, same, inv, fpath, valid = self.links.route(src, dst)
         ss, sd = src[same], dst[same]
         cross = ~same
         xs, xd = src[cross], dst[cross]
-        share = self._share(loads)
+        share = self.links.share(loads)
 
         n = len(src)
         rate = np.empty(n)
         lat = np.empty(n)
         tier = np.empty(n, dtype=np.int8)
         if ss.size:
-            rate[same] = np.minimum(share[ss + self._su_up], share[sd + self._su_down])
-            lat[same] = self._lat[ss + self._su_up] + self._lat[sd + self._su_down]
+            rate[same] = np.minimum(share[ss + self.links.su_up], share[sd + self.links.su_down])
+            lat[same] = self.links.lat[ss + self.links.su_up] + self.links.lat[sd + self.links.su_down]
             tier[same] = 0
         if xs.size:
             def piece_rate(paths: np.ndarray) -> np.ndarray:
-                return self._piece_rate(share, paths)
+                return self.links.piece_rate(share, paths)
             out_rate = np.full(f.num_gpus, np.inf)
             in_rate = np.full(f.num_gpus, np.inf)
             u_out, u_in = np.unique(xs), np.unique(xd)
-            out_rate[u_out] = piece_rate(self._out_path[u_out])
-            in_rate[u_in] = piece_rate(self._in_path[u_in])
+            out_rate[u_out] = piece_rate(self.links.out_path[u_out])
+            in_rate[u_in] = piece_rate(self.links.in_path[u_in])
             f_rate = piece_rate(fpath)
-            f_lat = self._path_latency(fpath)  # (pairs, stripes)
+            f_lat = self.links.path_latency(fpath)  # (pairs, stripes)
             f_tier = np.where(valid.any(axis=(1, 2)), 2, 1)
             rate[cross] = np.minimum(np.minimum(out_rate[xs], in_rate[xd]), f_rate[inv])
-            lat[cross] = (self._out_lat_j[xs] + f_lat[inv] + self._in_lat_j[xd]).max(axis=1)
+            lat[cross] = (self.links.out_lat_j[xs] + f_lat[inv] + self.links.in_lat_j[xd]).max(axis=1)
             tier[cross] = f_tier[inv]
         return (np.minimum.reduceat(rate, starts), np.maximum.reduceat(lat, starts),
                 np.maximum.reduceat(tier, starts))
-
-    def _piece_rate(self, share: np.ndarray, paths: np.ndarray) -> np.ndarray:
-        return np.where(paths >= 0, share[np.maximum(paths, 0)], np.inf).min(axis=(-1, -2))
-
-    def _share(self, loads: np.ndarray) -> np.ndarray:
-        """Per-link rate each unit of load gets: ``capacity * efficiency / load``."""
-        busy = loads > 0
-        return np.where(busy, self._cap / np.where(busy, loads, 1.0), np.inf)
-
-    def _side_loads(self, loads: np.ndarray, counts: np.ndarray) -> None:
-        """Add the sender- and receiver-side pieces of ``counts[gpu]`` cross-domain flows."""
-        m = self.fabric.stripes
-        for paths in (self._out_path, self._in_path):
-            used = np.nonzero(counts)[0]
-            p = paths[used]
-            w = np.broadcast_to((counts[used] / m)[:, None, None], p.shape)
-            valid = p >= 0
-            loads += np.bincount(p[valid], weights=w[valid], minlength=self._num_links)
 
     def _evaluate_a2a(self, classes: _Classes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per group (all classes, in order): pair-flow rate, worst latency, highest tier of an
@@ -384,7 +160,7 @@ class Network:
         group)^2 rather than groups x n^2.  Latency is bounded piece by piece.
         """
         f = self.fabric
-        E, G, P, m = self._num_links, f.num_gpus, f.num_pools, f.stripes
+        E, G, P, m = self.links.num_links, f.num_gpus, f.num_pools, f.stripes
         pool_domain = f.gpu_domain[np.minimum(np.arange(P) * min(f.gpus_per_node, f.nvlink_domain), G - 1)]
         ndom = int(f.gpu_domain[-1]) + 1
         loads = np.zeros(E)
@@ -402,10 +178,10 @@ class Network:
                 same = np.zeros(g * n, dtype=np.int64)
             cross = (n - 1) - same
             if same.any():
-                loads += np.bincount(members + self._su_up, weights=same, minlength=E)
-                loads += np.bincount(members + self._su_down, weights=same, minlength=E)
+                loads += np.bincount(members + self.links.su_up, weights=same, minlength=E)
+                loads += np.bincount(members + self.links.su_down, weights=same, minlength=E)
             if cross.any():
-                self._side_loads(loads, np.bincount(members, weights=cross, minlength=G))
+                self.links.side_loads(loads, np.bincount(members, weights=cross, minlength=G))
             records = []
             if cross.any():
                 ukey, cnt = np.unique(rows * P + f.gpu_pool[members], return_counts=True)
@@ -431,18 +207,18 @@ class Network:
             keys = np.concatenate(keys_all)
             ukeys, kinv = np.unique(keys, return_inverse=True)
             wsum = np.bincount(kinv, weights=np.concatenate(w_all))
-            fpath = self._fabric_paths(ukeys // P, ukeys % P)
+            fpath = self.links.fabric_paths(ukeys // P, ukeys % P)
             valid = fpath >= 0
             loads += np.bincount(fpath[valid], weights=np.broadcast_to((wsum / m)[:, None, None], fpath.shape)[valid],
                                  minlength=E)
-        share = self._share(loads)
+        share = self.links.share(loads)
         if keys_all:
-            f_rate = self._piece_rate(share, fpath)[kinv]
-            f_lat = self._path_latency(fpath).max(axis=1)[kinv]
+            f_rate = self.links.piece_rate(share, fpath)[kinv]
+            f_lat = self.links.path_latency(fpath).max(axis=1)[kinv]
             f_link = valid.any(axis=(1, 2))[kinv]
-        out_rate = self._piece_rate(share, self._out_path)
-        in_rate = self._piece_rate(share, self._in_path)
-        su_rate = np.minimum(share[self._su_up:self._su_up + G], share[self._su_down:self._su_down + G])
+        out_rate = self.links.piece_rate(share, self.links.out_path)
+        in_rate = self.links.piece_rate(share, self.links.in_path)
+        su_rate = np.minimum(share[self.links.su_up:self.links.su_up + G], share[self.links.su_down:self.links.su_down + G])
         su_lat = self.fabric.scale_up_latency_s
         rates, lats, tiers = [], [], []
         for g, n, members, same, cross, records in per_class:
@@ -453,8 +229,8 @@ class Network:
             has_same = (same > 0).reshape(g, n).any(axis=1)
             has_cross = (cross > 0).reshape(g, n).any(axis=1)
             side = np.where(cross > 0, 1.0, -np.inf).reshape(g, n)
-            out_l = (side * self._out_lat[members].reshape(g, n)).max(axis=1)
-            in_l = (side * self._in_lat[members].reshape(g, n)).max(axis=1)
+            out_l = (side * self.links.out_lat[members].reshape(g, n)).max(axis=1)
+            in_l = (side * self.links.in_lat[members].reshape(g, n)).max(axis=1)
             fab_rate, fab_lat, fab_link = np.full(g, np.inf), np.zeros(g), np.zeros(g, dtype=bool)
             for rows_u, pinv, npat, pat_id, off, cnt in records:
                 sl = slice(off, off + cnt)
@@ -588,7 +364,7 @@ class Network:
     # ------------------------------------------------------------------ coefficients
 
     def _lines(self, op: str, algorithm: str, spec: Callable[[], tuple[_Classes, np.ndarray | None]],
-               link_key: tuple) -> tuple[_Line, ...]:
+               link_key: tuple) -> tuple[Line, ...]:
         """``(seconds_per_byte, fixed_s, chunk_divisor, tier)`` of ``algorithm`` (one line) or of
         every candidate (``auto``: the time is the lower envelope)."""
         if op not in cf.OPS:
@@ -599,7 +375,7 @@ class Network:
         return tuple(self._candidates(op, algorithm, spec, link_key).values())
 
     def _candidates(self, op: str, algorithm: str, spec: Callable[[], tuple[_Classes, np.ndarray | None]],
-                    link_key: tuple) -> dict[str, _Line]:
+                    link_key: tuple) -> dict[str, Line]:
         if op == "p2p":
             link = self._cached_link(link_key + ("p2p",), spec, "p2p")
             return {"direct": (*cf.p2p_coeffs(link.bytes_per_s, link.latency_s), 1.0, link.tier)}
@@ -610,7 +386,7 @@ class Network:
         ring = self._cached_link(link_key + ("ring",), spec, "ring")
         n, B, a = ring.num_ranks, ring.bytes_per_s, ring.latency_s
         chunk = float(max(1, n))  # a ring step moves S/n
-        cands: dict[str, _Line] = {}
+        cands: dict[str, Line] = {}
         if algorithm in ("ring", "auto"):
             cands["ring"] = (*(cf.ring_all_reduce_coeffs if op == "all_reduce" else cf.ring_all_gather_coeffs)(n, B, a),
                              chunk, ring.tier)
@@ -656,7 +432,7 @@ class Network:
             self._coeffs[key] = lines
         if not message_bytes >= 0 or message_bytes == math.inf:
             raise InputError("message_bytes", message_bytes, "must be a finite number >= 0")
-        return _envelope(lines, message_bytes, self.size_curves)
+        return envelope_time_s(lines, message_bytes, self.size_curves)
 
     # ------------------------------------------------------------------ public API
 
@@ -718,7 +494,7 @@ class Network:
         key = (op, algorithm) + gkey
         lines = self._coeffs.get(key)
         if lines is not None and 0 < message_bytes < math.inf:
-            return _envelope(lines, message_bytes, self.size_curves)
+            return envelope_time_s(lines, message_bytes, self.size_curves)
         if op == "p2p" and len(gkey[0]) != 2:
             raise InputError("ranks", gkey[0], "p2p takes (src, dst)")
         return self._time(key, op, algorithm, message_bytes, self._group_spec(gkey), ("g",) + gkey)
@@ -736,7 +512,7 @@ class Network:
         gkey = self._group_key(ranks, concurrent_groups)
         self._lines(op, "auto", self._group_spec(gkey), ("g",) + gkey)  # validates op
         co = self._candidates(op, "auto", self._group_spec(gkey), ("g",) + gkey)
-        return min(co, key=lambda name: _envelope((co[name],), message_bytes, self.size_curves))
+        return min(co, key=lambda name: envelope_time_s((co[name],), message_bytes, self.size_curves))
 
     # -- per strategy dimension: all groups of the dimension at once, worst group ----------
 
@@ -773,6 +549,6 @@ class Network:
         key = ("dim", op, algorithm, dim, strategy.tp, strategy.cp, strategy.dp, strategy.pp, strategy.ep)
         lines = self._coeffs.get(key)
         if lines is not None and 0 < message_bytes < math.inf:
-            return _envelope(lines, message_bytes, self.size_curves)
+            return envelope_time_s(lines, message_bytes, self.size_curves)
         lkey, spec = self._dim_spec(strategy, dim, pattern_pp=(op == "p2p"))
         return self._time(key, op, algorithm, message_bytes, spec, lkey)

@@ -13,7 +13,8 @@ from sim import collectives as cf
 from sim.errors import InputError
 from sim.network import GroupLink, Network
 from sim.placement import all_groups, group_ranks, pipeline_pairs
-from sim.topology import build_topology, graph_group_link
+from sim.routing import graph_group_link
+from sim.topology import build_topology
 from tests.topo_fixtures import A100, GB200, make_cluster, make_gpu, make_nic, make_strategy
 
 S, B, A = 1e9, 25e9, 5e-6

@@ -12,7 +12,7 @@ from sim.errors import InputError
 from sim.modelio import load_model
 from sim.plan import Plan, parse_strategy
 from sim.specs import Cluster
-from sim.topology import pcie_x16_bytes_per_s
+from sim.fabric import pcie_x16_bytes_per_s
 
 M8 = load_model("llama3-8b")
 

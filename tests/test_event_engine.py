@@ -23,7 +23,8 @@ from sim.modelio import load_model
 from sim.plan import Plan, parse_strategy
 from sim.placement import all_groups
 from sim.specs import Cluster
-from sim.topology import build_topology, route_stripes
+from sim.routing import route_stripes
+from sim.topology import build_topology
 from tests.conftest import cluster as shared_cluster
 from tests.test_event_fixtures import run_engine, synthetic_costs, tiny_plan
 

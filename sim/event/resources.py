@@ -39,7 +39,8 @@ import numpy as np
 import simpy
 
 from sim.errors import InputError
-from sim.topology import TIERS
+from sim.fabric import TIERS
+from sim.network import Network
 
 _EPS = 1e-12
 
@@ -47,27 +48,24 @@ _EPS = 1e-12
 class LinkTable:
     """Directed links of ``net``'s fabric: capacities (bytes/s, after efficiency) and tiers.
 
-    Built from ``sim.network.Network``'s link layout so both price the same fabric.  ``scale``
+    Built from ``sim.network.Network``'s link layout (``net.links``, ``sim.links``) so both
+    price the same fabric.  ``scale``
     multiplies capacities (what-ifs); ``scale_link(ids, factor)`` returns a new table.
     """
 
-    def __init__(self, net: object) -> None:
-        try:
-            self._net = net
-            f = net.fabric  # type: ignore[attr-defined]
-            self.fabric = f
-            self.num_links = int(net._num_links)  # type: ignore[attr-defined]
-            self.cap = np.asarray(net._cap, dtype=float).copy()  # type: ignore[attr-defined]
-            self._su_up, self._su_down = net._su_up, net._su_down  # type: ignore[attr-defined]
-            self._host_up, self._host_down = net._host_up, net._host_down  # type: ignore[attr-defined]
-            self._nic_up, self._nic_down = net._nic_up, net._nic_down  # type: ignore[attr-defined]
-            # Link ids are laid out by tier: scale-up ports, host edges, then scale-out.
-            ids = np.arange(self.num_links)
-            self.tier = np.where(ids < self._host_up, 0, np.where(ids < self._nic_up, 1, 2)).astype(np.int8)
-            self._blk_up, self._blk_down = list(net._blk_up), list(net._blk_down)  # type: ignore[attr-defined]
-        except AttributeError as exc:  # pragma: no cover - guards a refactor of sim.network
-            raise RuntimeError(f"sim.network.Network no longer exposes its link layout ({exc}); "
-                               "sim/event/resources.py LinkTable needs updating") from exc
+    def __init__(self, net: Network) -> None:
+        self._net = net
+        links = net.links
+        self.fabric = links.fabric
+        self.num_links = int(links.num_links)
+        self.cap = np.asarray(links.cap, dtype=float).copy()
+        self._su_up, self._su_down = links.su_up, links.su_down
+        self._host_up, self._host_down = links.host_up, links.host_down
+        self._nic_up, self._nic_down = links.nic_up, links.nic_down
+        # Link ids are laid out by tier: scale-up ports, host edges, then scale-out.
+        ids = np.arange(self.num_links)
+        self.tier = np.where(ids < self._host_up, 0, np.where(ids < self._nic_up, 1, 2)).astype(np.int8)
+        self._blk_up, self._blk_down = list(links.blk_up), list(links.blk_down)
         assert self.cap.shape == (self.num_links,)
 
     # ------------------------------------------------------------------ routing
@@ -83,7 +81,7 @@ class LinkTable:
         src, dst = src[keep], dst[keep]
         if src.size == 0:
             return np.zeros(0, dtype=np.int64), np.zeros(0)
-        load = self._net.link_loads(src, dst)  # type: ignore[attr-defined]
+        load = self._net.link_loads(src, dst)
         ids = np.nonzero(load > 0)[0]
         return ids, load[ids]
 
