@@ -6,7 +6,7 @@
 # one-node Slurm on loopback for validate's sbatch path).
 set -euo pipefail
 VENV=${1:-.venv}
-"$VENV/bin/pip" install -q -e '.[test,torch,app]'
+PYTHONWARNINGS=ignore::UserWarning "$VENV/bin/pip" install -q -e '.[test,torch,app]'
 
 need=()
 command -v chromium >/dev/null 2>&1 || need+=(chromium)

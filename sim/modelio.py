@@ -1,7 +1,7 @@
 """Read a ``Model`` from a catalog id, a project model file or a Hugging Face ``config.json``.
 
 ``load_model(spec)`` is what ``--model`` takes.  The project schema (YAML or JSON) is the one
-in ``catalogs/models.yaml`` and ``/INTERFACE.md``; unknown keys are rejected so that a typo
+in ``catalogs/models.yaml`` and ``docs/interface.md``; unknown keys are rejected so that a typo
 (``hiden_size``) does not silently fall back to a default.  Hugging Face configs carry dozens
 of keys that do not matter here, so unknown keys are ignored there; the architecture is
 recognised by its keys:

@@ -72,7 +72,7 @@ def _parse_bool(key: str, text: str) -> bool:
 
 
 def parse_strategy(text: str, *, num_gpus: int, seq_len: int | None = None) -> Strategy:
-    """Parse ``tp=8,pp=16,mbs=1,gbs=1536,...`` (INTERFACE.md) into a ``Strategy``.
+    """Parse ``tp=8,pp=16,mbs=1,gbs=1536,...`` (docs/interface.md) into a ``Strategy``.
 
     ``dp`` defaults to ``num_gpus / (tp*pp*cp)``; ``schedule`` to ``interleaved`` when
     ``vp > 1`` else ``1f1b``; ``gbs`` to ``mbs * dp * 4 * pp`` with pipelining (4 micro-batches

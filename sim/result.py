@@ -1,4 +1,4 @@
-"""The result of simulating one step, and its JSON form (INTERFACE.md ``planner simulate``)."""
+"""The result of simulating one step, and its JSON form (docs/interface.md ``planner simulate``)."""
 
 from __future__ import annotations
 

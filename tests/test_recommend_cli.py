@@ -1,4 +1,4 @@
-"""``planner recommend`` on the command line: the INTERFACE.md JSON, the table, exports, and bad
+"""``planner recommend`` on the command line: the docs/interface.md JSON, the table, exports, and bad
 input (exit 2, one line naming the field)."""
 
 from __future__ import annotations

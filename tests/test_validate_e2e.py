@@ -2,7 +2,7 @@
 torch.distributed/gloo, fit a profile from the microbenchmarks, predict the held-out workloads).
 
 This is the one heavy test (about three minutes on two cores).  It checks the interface
-(INTERFACE.md: `median_abs_error`, `workloads` with `name`, `measured_step_time_s`,
+(docs/interface.md: `median_abs_error`, `workloads` with `name`, `measured_step_time_s`,
 `predicted_step_time_s`), that the suite covers DDP, FSDP, TP, PP and a 2x2 mesh on two model
 sizes, and the accuracy.  The target is a median error of 25% (docs/validate.md reports the
 measured numbers); the assertion (30%) leaves headroom for a machine shared with other jobs.
