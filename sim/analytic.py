@@ -18,7 +18,7 @@ from sim.network import Network
 from sim.ops import model_flops_per_step
 from sim.plan import Plan
 from sim.result import Breakdown, StepResult
-from sim.step import compose
+from sim.step import StageTimes, compose
 
 
 def simulate_analytic(plan: Plan, *, net: Network | None = None, eff: KernelEfficiency | None = None,
@@ -32,19 +32,21 @@ def simulate_analytic(plan: Plan, *, net: Network | None = None, eff: KernelEffi
     stages = costs.stages
     m, v, p = s.num_microbatches, s.vp, s.pp
     times = [st.times(p) for st in stages]
-    out = compose(times, m=m, vp=v, zero_bubble=s.schedule == "zero-bubble", pp=p, zero=s.zero,
+    # Identical stages compose once, weighted by how many there are (sim.step: count, before).
+    entries, entry_of = _distinct(times)
+    out = compose(entries, m=m, vp=v, zero_bubble=s.schedule == "zero-bubble", pp=p, zero=s.zero,
                   dp_overlap=s.dp_overlap, overlap_slowdown=eff.overlap_compute_slowdown)
     t_pipe = float(out.pipeline_s)
-    tot = [float(f + b) for f, b in zip(out.fwd_s, out.bwd_s)]
+    tot = [float(out.fwd_s[k] + out.bwd_s[k]) for k in entry_of]
     b_idx = max(range(p), key=lambda i: tot[i])
     bott = stages[b_idx]
     bubble = max(0.0, t_pipe - m * tot[b_idx])
     # the stage that ends the step (ties broken as a tuple comparison would)
-    end = max(range(p), key=lambda i: (float(out.end_s[i]), float(out.dp_exposed_s[i]),
-                                       float(out.optimizer_s[i]), float(out.slowdown_s[i])))
+    k_end = max(range(len(entries)), key=lambda k: (float(out.end_s[k]), float(out.dp_exposed_s[k]),
+                                                    float(out.optimizer_s[k]), float(out.slowdown_s[k])))
     step = float(out.step_time_s)
-    dp_exposed, opt, slow = (float(out.dp_exposed_s[end]), float(out.optimizer_s[end]),
-                             float(out.slowdown_s[end]))
+    dp_exposed, opt, slow = (float(out.dp_exposed_s[k_end]), float(out.optimizer_s[k_end]),
+                             float(out.slowdown_s[k_end]))
 
     comp = m * (times[b_idx].compute_fwd_s + times[b_idx].compute_bwd_s) + slow
     recompute = m * sum(c.recompute_s for c in bott.layer_costs)
@@ -76,6 +78,28 @@ def simulate_analytic(plan: Plan, *, net: Network | None = None, eff: KernelEffi
         hardware_flops_per_step=mf + recompute_flops, memory=mem, breakdown=breakdown,
         strategy=s.to_string(), engine="analytic", num_gpus=cluster.num_gpus, peak_flops_per_s=peak,
         warnings=tuple(plan_warnings(plan, mem.fits, bubble / step if step else 0.0)))
+
+
+def _distinct(times: list[StageTimes]) -> tuple[list[StageTimes], list[int]]:
+    """The distinct stages of ``times`` in order of first occurrence, each with how many stages
+    it stands for and how many of each precede its first (``StageTimes.count``, ``before``), and
+    for every stage the index of its entry.  Of equal stages the first ends its last backward
+    latest, so it stands for the others in ``sim.step.compose``."""
+    fields = [f for f in StageTimes.__slots__ if f not in ("count", "before")]
+    firsts: list[StageTimes] = []
+    entry_of: list[int] = []
+    index: dict[tuple, int] = {}
+    for t in times:
+        k = index.setdefault(tuple(getattr(t, f) for f in fields), len(firsts))
+        if k == len(firsts):
+            firsts.append(t)
+        entry_of.append(k)
+    entries = []
+    for k, t in enumerate(firsts):
+        first = entry_of.index(k)
+        before = tuple(entry_of[:first].count(j) for j in range(len(firsts)))
+        entries.append(replace(t, count=entry_of.count(k), before=before))
+    return entries, entry_of
 
 
 def plan_warnings(plan: Plan, fits: bool, bubble_fraction: float) -> list[str]:

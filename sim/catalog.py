@@ -41,7 +41,11 @@ _GIB = float(1 << 30)
 
 def catalog_dir() -> Path:
     """The catalogs/ folder: ``$PLANNER_CATALOG_DIR`` if set, else the project's own."""
-    override = os.environ.get(ENV_VAR)
+    return _resolved_dir(os.environ.get(ENV_VAR) or "")
+
+
+@functools.lru_cache(maxsize=16)
+def _resolved_dir(override: str) -> Path:
     if override:
         return Path(override).expanduser().resolve()
     return (Path(__file__).resolve().parent.parent / "catalogs").resolve()
@@ -155,7 +159,7 @@ def catalog_file(name: str) -> Path:
 def file_version(name: str) -> tuple[str, int, int]:
     """``(path, mtime_ns, size)`` of ``catalogs/<name>``: a cache key for objects built from it,
     so that an edited catalog (or another ``$PLANNER_CATALOG_DIR``) is re-read."""
-    path = str(catalog_file(name).resolve())
+    path = os.path.join(catalog_dir(), name)
     return (path, *_stamp(path))
 
 
@@ -168,7 +172,7 @@ def catalog_document(name: str) -> Mapping[str, Any]:
     """The whole YAML document of ``catalogs/<name>`` (for files whose data are sections, not a
     ``records`` list: ``efficiency.yaml``, ``runtime.yaml``, ``frameworks.yaml``,
     ``conventions.yaml``, ...).  Cached, re-read when the file changes; read-only."""
-    path = str((catalog_dir() / name).resolve())
+    path = os.path.join(catalog_dir(), name)
     return _document(path, _stamp(path))
 
 
@@ -289,7 +293,7 @@ def _nic_index(links: _Index) -> _Index:
 
 def clear_cache() -> None:
     """Forget every loaded catalog (files are also re-read when their mtime or size changes)."""
-    for fn in (_records, _document, _gpu_index, _link_index, _model_index, _nic_index):
+    for fn in (_records, _document, _gpu_index, _link_index, _model_index, _nic_index, _resolved_dir):
         fn.cache_clear()
 
 

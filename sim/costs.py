@@ -19,7 +19,7 @@ from sim.ops import LayerOps, embedding_ops, head_ops, layer_ops
 from sim.plan import Plan
 from sim.runtime import CommRuntime, default_comm_runtime
 from sim.specs import Cluster, Model, Strategy
-from sim.stages import StageParams, layer_params, stage_layers, stage_params
+from sim.stages import StageParams, layer_params, stage_layers, stage_shapes
 from sim.step import DpCollectives, StagePieces, StageTimes, stage_pieces, stage_times
 
 
@@ -288,19 +288,30 @@ def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | N
     nbytes = p2p_bytes(model, s)
     p2p_s = p2p_time_s(net, s, eff, nbytes)
 
+    # Stages of one shape (sim.stages) have the same parameters and layer sums: their pieces
+    # are computed once.
+    layers_of = stage_layers(model, s)
+    by_signature = {(sh.num_layers, sh.num_moe_layers, sh.first, sh.last): sh for sh in stage_shapes(model, s)}
+    moe_layers = [sum(model.is_moe_layer(j) for j in ls) for ls in layers_of] if model.moe is not None \
+        else [0] * len(layers_of)
+    shape_of = [by_signature[(len(ls), moe_layers[i], i == 0, i == s.pp - 1)] for i, ls in enumerate(layers_of)]
+    pieces_of: dict[int, StagePieces] = {}
     stages = []
-    for i, layers in enumerate(stage_layers(model, s)):
+    for i, layers in enumerate(layers_of):
         first, last = i == 0, i == s.pp - 1
-        costs = tuple(moe_cost if (moe_cost is not None and model.is_moe_layer(j)) else dense_cost for j in layers)
-        params = stage_params(model, s, layers, first=first, last=last)
+        sh = shape_of[i]
+        costs = (tuple(moe_cost if model.is_moe_layer(j) else dense_cost for j in layers) if moe_layers[i]
+                 else (dense_cost,) * len(layers))
         extra_f = (ends.embedding_fwd_s if first else 0.0) + (ends.head_fwd_s if last else 0.0)
         extra_b = (ends.embedding_bwd_s if first else 0.0) + (ends.head_bwd_s if last else 0.0)
-        pieces = stage_pieces_for(plan, net, eff, params, len(layers),
-                                  sum(c.fwd_s for c in costs) + extra_f,
-                                  sum(c.bwd_s + c.recompute_s for c in costs) + extra_b)
+        pieces = pieces_of.get(sh.index)
+        if pieces is None:
+            pieces = stage_pieces_for(plan, net, eff, sh.params, len(layers), sum(c.fwd_s for c in costs) + extra_f,
+                                      sum(c.bwd_s + c.recompute_s for c in costs) + extra_b)
+            pieces_of[sh.index] = pieces
         stages.append(StageCost(
             stage=i, layers=tuple(layers), layer_costs=costs, extra_fwd_s=extra_f, extra_bwd_s=extra_b,
-            extra_model_flops=ends.head_flops if last else 0.0, p2p_s=p2p_s, params=params.total,
+            extra_model_flops=ends.head_flops if last else 0.0, p2p_s=p2p_s, params=sh.params.total,
             **{k: float(getattr(pieces, k)) for k in StagePieces.__slots__}))
     return StepCosts(stages=tuple(stages), p2p_bytes=nbytes)
 
