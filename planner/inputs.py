@@ -31,8 +31,23 @@ def add_cluster_args(p: argparse.ArgumentParser, *, required: bool = True) -> No
     g.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default 2048)")
 
 
+def _gpu_and_nic_from_args(args: argparse.Namespace):
+    """The ``--gpu`` record and the default NIC; with ``--calibration`` the profile's device,
+    which ``--gpu`` must name (profile id, device id or base GPU; else one-line ``InputError``
+    on ``gpu``), and its measured NIC when it has one."""
+    calibration = getattr(args, "calibration", None)
+    if calibration is None:
+        gpu = get_gpu(args.gpu)
+        return gpu, None
+    from sim.calibration import load_calibration
+
+    cal = load_calibration(calibration)
+    cal.check_gpu(args.gpu)
+    return cal.gpu, cal.nic
+
+
 def cluster_from_args(args: argparse.Namespace) -> Cluster:
-    gpu = get_gpu(args.gpu)
+    gpu, measured_nic = _gpu_and_nic_from_args(args)
     gpn = args.gpus_per_node if args.gpus_per_node is not None else gpu.gpus_per_node
     if args.nvlink_domain is not None:
         domain = args.nvlink_domain
@@ -43,7 +58,8 @@ def cluster_from_args(args: argparse.Namespace) -> Cluster:
     if args.num_gpus is not None and args.num_gpus >= 1 and args.num_gpus < gpn:
         gpn = args.num_gpus  # a partial node
         domain = min(domain, gpn) if args.nvlink_domain is None else domain
-    nic = get_nic(args.nic if args.nic is not None else gpu.default_nic)
+    nic = measured_nic if args.nic is None and measured_nic is not None else \
+        get_nic(args.nic if args.nic is not None else gpu.default_nic)
     topology = str(args.topology).lower()
     if topology not in TOPOLOGIES:
         raise InputError("topology", args.topology, f"must be one of {', '.join(TOPOLOGIES)}")
