@@ -215,11 +215,13 @@ def run_all(*, quick: bool, out_dir: Path, launcher: str = "local", timeout_s: f
             profile_id: str | None = None, base_gpu: str | None = None, engine: str = "analytic",
             slurm: dict[str, Any] | None = None, progress: Callable[[str], None] | None = None,
             device_type: str | None = None, ranks_per_node: int | None = None, nodes: int = 1,
-            suite: Suite | None = None) -> dict[str, Any]:
+            suite: Suite | None = None, check: Callable[[Suite, dict[str, Any]], None] | None = None
+            ) -> dict[str, Any]:
     """Measure, fit the profile from the microbenchmarks, compare on the workloads.
 
     ``device_type`` None: what torch sees here (local runs); ``ranks_per_node`` None: every
-    local GPU on ``cuda``.  ``suite`` replaces the built one (``scripts/gpu_smoke.py``).
+    local GPU on ``cuda``.  ``suite`` replaces the built one and ``check(suite, measurements)``
+    runs between measuring and fitting (``scripts/gpu_smoke.py`` asserts there).
     """
     from sim.calibration import dump_profile
     from validate.compare import compare, contention_warnings
@@ -233,6 +235,8 @@ def run_all(*, quick: bool, out_dir: Path, launcher: str = "local", timeout_s: f
         suite = build_suite(quick=quick, device_type=device_type, ranks_per_node=ranks_per_node, nodes=nodes)
     t0 = time.monotonic()
     meas = run_suite(suite, out_dir, launcher=launcher, timeout_s=timeout_s, slurm=slurm, progress=progress)
+    if check is not None:
+        check(suite, meas)
     t1 = time.monotonic()
     profile = fit_profile(meas["microbench"], meas["env"], profile_id=profile_id, base_gpu=base_gpu)
     path = dump_profile(profile, Path(out_dir) / "profile.yaml", header=profile_header(profile, suite.name))
