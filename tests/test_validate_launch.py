@@ -289,3 +289,28 @@ def test_the_one_rank_suite_runs_and_fits(tmp_path):
     assert out["fit"]["links"] == {"intra": None, "inter": None}
     prof = yaml.safe_load(open(out["profile_path"], encoding="utf-8"))
     assert prof["links"] == [] and prof["host"]["ranks_per_host"] == 1 and prof["host"]["torch"] == torch.__version__
+
+
+def test_suites_for_every_machine_shape():
+    """One GPU (once ValueError: no workloads for 1 ranks), one node of eight, one rank per node,
+    several full nodes; the microbenchmarks always in the job spanning every rank."""
+    from validate.suite import build_suite
+
+    def shape(**kw):
+        s = build_suite(quick=True, **kw)
+        return [(j.nodes, j.nproc_per_node, j.microbench is not None) for j in s.jobs], s
+
+    jobs, s = shape(device_type="cuda", ranks_per_node=1)
+    assert jobs == [(1, 1, True)] and {w.kind for w in s.workloads} == {"single"}
+    assert any(w.num_microbatches > 1 for w in s.workloads)
+    jobs, s = shape(device_type="cuda", ranks_per_node=8)
+    assert jobs == [(1, 2, False), (1, 4, False), (1, 8, True)]
+    assert s.jobs[-1].microbench.dtype == "bf16"
+    jobs, s = shape(device_type="cuda", ranks_per_node=1, nodes=2)
+    assert jobs == [(2, 1, True)] and {w.kind for w in s.workloads} == {"ddp", "fsdp", "tp", "pp"}
+    jobs, s = shape(device_type="cuda", ranks_per_node=8, nodes=2)
+    assert jobs == [(2, 1, False), (2, 8, True)] and all(w.world_size == 16 for w in s.jobs[1].workloads)
+    jobs, _ = shape()  # this CPU: unchanged, microbenchmarks with the two ranks on the two cores
+    assert jobs == [(1, 2, True), (1, 4, False)]
+    jobs, _ = shape(ranks_per_node=1)
+    assert jobs == [(1, 1, True)]

@@ -188,3 +188,18 @@ def test_unknown_gpu_keeps_measured_peaks_and_pcie_never_maps_to_sxm():
     assert prof["host"]["base_gpu"] is None
     assert prof["device"]["dense_tflops"]["bf16"] == pytest.approx(
         TRUTH.matmul_fraction * TRUTH.gpu().peak_flops_per_s("bf16") / 1e12, rel=REL)
+
+
+def test_fit_cli_on_gpu_measurements(tmp_path, capsys):
+    """`planner validate fit` on a one-rank-per-node GPU measurement: the NIC fitted, the
+    scale-up link reported as not measured (nothing written for it)."""
+    from planner.cli import main
+
+    m = tmp_path / "measurements.json"
+    m.write_text(json.dumps({"suite": "quick", "env": S.environment(2, 1), "microbench": S.records(TRUTH, 2, 1),
+                             "workloads": []}), encoding="utf-8")
+    assert main(["validate", "fit", str(m), "--id", "cli-2n"]) == 0
+    out = capsys.readouterr().out
+    assert "intra    not measured: no link written" in out and "inter" in out and "host floor 6.0 us" in out
+    cal = load_calibration(str(tmp_path / "profile.yaml"))
+    assert cal.scale_up is None and cal.nic is not None and cal.host.software["nccl"] == "2.27.3"
