@@ -10,7 +10,8 @@ orders tokens; throughput, not quality, is measured).  Parameter count equals
 count the same weights.
 
 Parameters are fp32; on a GPU the forward runs under bf16 autocast (mixed precision, as the
-simulator's ``precision=bf16`` assumes), on a CPU in fp32 (its bf16 GEMMs are ~50x slower).
+simulator's ``precision=bf16`` assumes), on a CPU in fp32 (bf16 GEMMs are slow on many CPUs;
+the CPU profile is fitted and corrected for fp32, ``sim.calibration``).
 With autocast the residual stream stays in bf16 end to end: the embedding output is cast to
 it and ``LayerNorm`` returns its input's dtype (``layer_norm`` is on autocast's fp32 list,
 which would otherwise make every norm output, residual, sequence-parallel gather and pipeline
