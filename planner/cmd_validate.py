@@ -3,11 +3,17 @@
 Subcommands (docs/validate.md)::
 
     planner validate all [--quick] [--json] [--out DIR] [--launcher local|slurm] [--install]
-    planner validate measure [--quick] [--out DIR] [--launcher local|slurm]
+                         [--device cpu|cuda] [--ranks-per-node N] [--nodes N] [--no-exclusive]
+    planner validate measure [--quick] [--out DIR] [--launcher local|slurm] [...same]
     planner validate fit MEASUREMENTS.json [--id ID] [--base-gpu GPU] [--out FILE | --install]
     planner validate compare --calibration FILE|NAME MEASUREMENTS.json [--json]
-    planner validate slurm-script [--quick] --out DIR [--nodes N] [--nproc-per-node N]
-    planner validate k8s --image IMAGE [--quick] [--nodes N] [--nproc-per-node N] [--out FILE]
+    planner validate slurm-script [--quick] --out DIR [--device cpu|cuda] [--nodes N] [--gpus-per-node N]
+    planner validate k8s --image IMAGE [--quick] [--device cuda] [--nodes N] [--gpus-per-node N]
+                         [--rdma-resource NAME[=COUNT]|none] [--host-network] [--out FILE]
+
+The device the ranks use is decided for the compute nodes, never by the submit host: locally
+what torch sees (or ``--device``); on Slurm ``--device`` is required, and ``cuda`` needs
+``--gpus-per-node`` (the GPUs each node gives the job, passed to sbatch and srun).
 
 ``validate`` (and torch) is imported only inside the command functions, so ``planner``
 works without torch installed.
@@ -46,20 +52,43 @@ def _progress(args: argparse.Namespace):
 
 
 def _slurm_opts(args: argparse.Namespace) -> dict[str, object]:
-    return {"partition": args.partition, "cpus_per_task": args.cpus_per_task, "nodes": args.nodes}
+    return {"partition": args.partition, "cpus_per_task": args.cpus_per_task, "exclusive": args.exclusive}
 
 
-def _per_node(job_nproc: int, nodes: int, given: int | None) -> int:
-    """Ranks per node so that nodes x ranks = the job's world size."""
-    if nodes < 1:
-        raise InputError("nodes", nodes, "must be >= 1")
-    if given is None and job_nproc % nodes:
-        raise InputError("nodes", nodes, f"must divide every job's ranks (a job has {job_nproc})")
-    nproc = given if given is not None else job_nproc // nodes
-    if nproc < 1 or nproc * nodes != job_nproc:
-        raise InputError("nproc-per-node", given if given is not None else nproc,
-                         f"nodes x ranks per node must equal the job's {job_nproc} ranks")
-    return nproc
+def _check_counts(args: argparse.Namespace) -> None:
+    if args.nodes < 1:
+        raise InputError("nodes", args.nodes, "must be >= 1")
+    if args.ranks_per_node is not None and args.ranks_per_node < 1:
+        raise InputError("ranks-per-node", args.ranks_per_node, "must be >= 1")
+    if getattr(args, "cpus_per_task", None) is not None and args.cpus_per_task < 1:
+        raise InputError("cpus-per-task", args.cpus_per_task, "must be >= 1")
+
+
+def machine_from_args(args: argparse.Namespace) -> tuple[str, int | None]:
+    """(device type, ranks per node) for the compute nodes (module docstring)."""
+    _check_counts(args)
+    device, per_node = args.device, args.ranks_per_node
+    launcher = getattr(args, "launcher", "local")
+    if launcher == "local":
+        if args.nodes > 1:
+            raise InputError("nodes", args.nodes, "the local launcher runs on this machine only; use --launcher slurm")
+        from validate.suite import local_device
+
+        found, gpus = local_device()
+        device = found if device == "auto" else device
+        if device == "cuda":
+            if found != "cuda":
+                raise InputError("device", "cuda", "torch sees no GPU on this machine")
+            if per_node is not None and per_node > (gpus or 0):
+                raise InputError("ranks-per-node", per_node, f"this machine has {gpus} GPU(s)")
+            per_node = per_node or gpus
+        return device, per_node
+    if device == "auto":
+        raise InputError("device", "auto", "--launcher slurm needs --device cuda (GPU nodes, with --gpus-per-node) "
+                                           "or --device cpu: the submit host cannot tell what the nodes have")
+    if device == "cuda" and per_node is None:
+        raise InputError("gpus-per-node", None, "--device cuda on Slurm needs the GPUs each node gives the job")
+    return device, per_node
 
 
 def _run_error(exc: Exception) -> int:
@@ -75,16 +104,22 @@ def _check_timeout(args: argparse.Namespace) -> None:
 def cmd_all(args: argparse.Namespace) -> int:
     _need_torch()
     _check_timeout(args)
+    from validate.fit import FitError
     from validate.launch import RunError
     from validate.suite import run_all
 
+    device, per_node = machine_from_args(args)
     out = _out_dir(args)
     try:
         result = run_all(quick=args.quick, out_dir=out, launcher=args.launcher, timeout_s=args.timeout,
                          profile_id=args.id, base_gpu=args.base_gpu, engine=args.engine,
-                         slurm=_slurm_opts(args), progress=_progress(args))
+                         slurm=_slurm_opts(args), progress=_progress(args), device_type=device,
+                         ranks_per_node=per_node, nodes=args.nodes)
     except RunError as exc:
         return _run_error(exc)
+    except FitError as exc:
+        print(f"error: validate: cannot fit a profile from {out / 'measurements.json'}: {exc}", file=sys.stderr)
+        return 1
     if args.install:
         result["installed_profile"] = str(_install(Path(result["profile_path"])))
     if args.json:
@@ -120,10 +155,10 @@ def cmd_measure(args: argparse.Namespace) -> int:
     _need_torch()
     _check_timeout(args)
     from validate.launch import RunError
-    from validate.suite import build_suite, local_device, run_suite
+    from validate.suite import build_suite, run_suite
 
-    device, gpus = local_device()
-    suite = build_suite(quick=args.quick, device_type=device, gpus=gpus)
+    device, per_node = machine_from_args(args)
+    suite = build_suite(quick=args.quick, device_type=device, ranks_per_node=per_node, nodes=args.nodes)
     out = _out_dir(args)
     try:
         meas = run_suite(suite, out, launcher=args.launcher, timeout_s=args.timeout, slurm=_slurm_opts(args),
@@ -157,8 +192,8 @@ def _read_measurements(path: str) -> dict:
 
 def cmd_fit(args: argparse.Namespace) -> int:
     from sim.calibration import dump_profile
-    from validate.fit import FitError, fit_profile
-    from validate.suite import profile_header
+    from validate.fit import FitError
+    from validate.profile import fit_profile, profile_header
 
     data = _read_measurements(args.measurements)
     if not data.get("microbench"):
@@ -181,11 +216,14 @@ def cmd_fit(args: argparse.Namespace) -> int:
         print(f"  attention fwd {f['attention']['fwd_vs_matmul']:.2f} / bwd {f['attention']['bwd_vs_matmul']:.2f} "
               f"of matmul, rms error {f['attention']['rms_rel_error']:.0%}")
         print(f"  memory   {f['memory']['bytes_per_s'] / 1e9:8.1f} GB/s, rms error {f['memory']['rms_rel_error']:.0%}")
-        print(f"  overhead {f['kernel_overhead_s'] * 1e6:8.1f} us per kernel")
+        print(f"  overhead {f['kernel_overhead_s'] * 1e6:8.1f} us per kernel, host floor "
+              f"{f.get('host_op_floor_s', 0.0) * 1e6:.1f} us per op")
         for tier, lf in f["links"].items():
             if lf:
                 print(f"  {tier:<8} {lf['bytes_per_s'] / 1e9:8.2f} GB/s, latency {lf['latency_s'] * 1e6:.0f} us, "
                       f"rms log error {lf['rms_log_error']:.2f}")
+            else:
+                print(f"  {tier:<8} not measured: no link written (the catalog's applies)")
     return 0
 
 
@@ -203,20 +241,29 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _script_machine(args: argparse.Namespace) -> tuple[str, int | None]:
+    _check_counts(args)
+    if args.device == "cuda" and args.ranks_per_node is None:
+        raise InputError("gpus-per-node", None, "--device cuda needs the GPUs each node gives the job")
+    return args.device, args.ranks_per_node
+
+
 def cmd_slurm_script(args: argparse.Namespace) -> int:
-    from validate.launch import sbatch_script, write_job
+    from validate.launch import write_job
+    from validate.slurm import sbatch_script
     from validate.suite import build_suite
 
-    suite = build_suite(quick=args.quick, device_type=args.device, gpus=args.gpus_per_node)
+    device, per_node = _script_machine(args)
+    suite = build_suite(quick=args.quick, device_type=device, ranks_per_node=per_node, nodes=args.nodes)
     out = Path(args.out).resolve()
     paths = []
     for i, job in enumerate(suite.jobs):
         jdir = out / f"job{i}-n{job.nproc}"
-        jpath = write_job(job.to_json(), jdir)
-        nproc = _per_node(job.nproc, args.nodes, args.nproc_per_node)
-        script = sbatch_script(jpath, jdir, nodes=args.nodes, nproc_per_node=nproc, time_limit_s=job.timeout_s,
-                               partition=args.partition, cpus_per_task=args.cpus_per_task,
-                               gpus_per_node=nproc if args.device == "cuda" else None)
+        jpath = write_job(job.to_json(device=device), jdir)
+        script = sbatch_script(jpath, jdir, nodes=job.nodes, nproc_per_node=job.nproc_per_node,
+                               time_limit_s=job.timeout_s, partition=args.partition, cpus_per_task=args.cpus_per_task,
+                               gpus_per_node=job.nproc_per_node if device == "cuda" else None,
+                               exclusive=args.exclusive)
         sp = jdir / "job.sbatch"
         sp.write_text(script, encoding="utf-8")
         paths.append(str(sp))
@@ -227,17 +274,24 @@ def cmd_slurm_script(args: argparse.Namespace) -> int:
 
 
 def cmd_k8s(args: argparse.Namespace) -> int:
-    from validate.launch import pytorchjob_manifest
+    from validate.k8s import parse_rdma_resource, pytorchjob_manifest
     from validate.suite import build_suite
 
-    suite = build_suite(quick=args.quick, device_type=args.device, gpus=args.gpus_per_node)
+    device, per_node = _script_machine(args)
+    try:
+        parse_rdma_resource(args.rdma_resource)
+    except ValueError as exc:
+        raise InputError("rdma-resource", args.rdma_resource, str(exc).split(": ", 1)[-1]) from None
+    suite = build_suite(quick=args.quick, device_type=device, ranks_per_node=per_node, nodes=args.nodes)
     docs = []
     for i, job in enumerate(suite.jobs):
-        nproc = _per_node(job.nproc, args.nodes, args.nproc_per_node)
-        docs.append(pytorchjob_manifest(job.to_json(), name=f"{args.name}-{i}", image=args.image, nodes=args.nodes,
-                                        nproc_per_node=nproc, gpus_per_node=nproc if args.device == "cuda" else 0,
-                                        cpus_per_node=None if args.device == "cuda" else nproc,
-                                        namespace=args.namespace, results_pvc=args.results_pvc))
+        nproc = job.nproc_per_node
+        docs.append(pytorchjob_manifest(job.to_json(device=device), name=f"{args.name}-{i}", image=args.image,
+                                        nodes=job.nodes, nproc_per_node=nproc,
+                                        gpus_per_node=nproc if device == "cuda" else 0,
+                                        cpus_per_node=None if device == "cuda" else nproc,
+                                        namespace=args.namespace, results_pvc=args.results_pvc,
+                                        rdma_resource=args.rdma_resource, host_network=args.host_network))
     text = "---\n".join(docs)
     if args.out:
         Path(args.out).write_text(text, encoding="utf-8")
@@ -258,9 +312,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         q.add_argument("--launcher", choices=("local", "slurm"), default="local",
                        help="local: torchrun here; slurm: sbatch on this cluster (shared filesystem)")
         q.add_argument("--timeout", type=float, default=None, help="seconds per launched job (default: suite's)")
+        q.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                       help="device of the ranks (auto: what torch sees here; required with --launcher slurm)")
+        q.add_argument("--ranks-per-node", "--gpus-per-node", dest="ranks_per_node", type=int, default=None,
+                       help="ranks per node: GPUs per node on cuda (default: all torch sees here), ranks sharing "
+                            "the host on cpu (default 2); 1 = the one-GPU / one-rank-per-node suite")
+        q.add_argument("--nodes", type=int, default=1, help="nodes (Slurm); with several, the suite measures "
+                                                            "the inter-node link")
         q.add_argument("--partition", default=None, help="Slurm partition")
-        q.add_argument("--cpus-per-task", type=int, default=None, help="Slurm --cpus-per-task")
-        q.add_argument("--nodes", type=int, default=1, help="Slurm nodes per job (ranks are split evenly)")
+        q.add_argument("--cpus-per-task", type=int, default=None,
+                       help="Slurm CPUs of each node's task (default: the node's, with --exclusive)")
+        q.add_argument("--no-exclusive", dest="exclusive", action="store_false",
+                       help="share nodes with other jobs (default: sbatch --exclusive)")
         q.add_argument("--json", action="store_true")
         q.add_argument("--verbose", action="store_true", help="progress on stderr even with --json")
 
@@ -298,14 +361,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         q.add_argument("--quick", action="store_true")
         q.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
         q.add_argument("--nodes", type=int, default=1)
-        q.add_argument("--nproc-per-node", type=int, default=None,
-                       help="ranks per node (default: each job's ranks / --nodes)")
-        q.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node the suite may use (cuda)")
+        q.add_argument("--ranks-per-node", "--gpus-per-node", "--nproc-per-node", dest="ranks_per_node", type=int,
+                       default=None, help="ranks per node: the GPUs each node gives the job (required with "
+                                          "--device cuda), ranks sharing a CPU host (default 2)")
         if name == "slurm-script":
             q.add_argument("--out", required=True, help="folder for the scripts, jobs and results")
             q.add_argument("--partition", default=None)
             q.add_argument("--cpus-per-task", type=int, default=None)
+            q.add_argument("--no-exclusive", dest="exclusive", action="store_false",
+                           help="share nodes with other jobs (default: sbatch --exclusive)")
         else:
+            q.add_argument("--rdma-resource", default="rdma/rdma_shared_device_a",
+                           help="RDMA device-plugin resource NAME[=COUNT] for multi-node GPU jobs "
+                                "(default rdma/rdma_shared_device_a; 'none' to request none)")
+            q.add_argument("--host-network", action="store_true", help="run the pods on the node network")
             q.add_argument("--image", required=True, help="container image with this project and torch")
             q.add_argument("--name", default="planner-validate")
             q.add_argument("--namespace", default="default")

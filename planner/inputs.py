@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from sim.catalog import cluster_from_catalog
+from sim.calibration import load_calibration
+from sim.catalog import cluster_from_catalog, get_gpu
 from sim.errors import InputError
 from sim.modelio import load_model
 from sim.specs import TOPOLOGIES, Cluster, Model
@@ -31,10 +32,26 @@ def add_cluster_args(p: argparse.ArgumentParser, *, required: bool = True) -> No
     g.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default 2048)")
 
 
+def _gpu_and_nic_from_args(args: argparse.Namespace):
+    """The ``--gpu`` record and the default NIC; with ``--calibration`` the profile's device,
+    which ``--gpu`` must name (profile id, device id or base GPU; else one-line ``InputError``
+    on ``gpu``), and its measured NIC when it has one."""
+    calibration = getattr(args, "calibration", None)
+    if calibration is None:
+        gpu = get_gpu(args.gpu)
+        return gpu, None
+    cal = load_calibration(calibration)
+    cal.check_gpu(args.gpu)
+    return cal.gpu, cal.nic
+
+
 def cluster_from_args(args: argparse.Namespace) -> Cluster:
-    """The cluster the cluster flags describe (``sim.catalog.cluster_from_catalog`` defaults)."""
-    return cluster_from_catalog(args.gpu, args.num_gpus, gpus_per_node=args.gpus_per_node,
-                                nvlink_domain=args.nvlink_domain, nic=args.nic, nics_per_node=args.nics_per_node,
+    """The cluster the cluster flags describe (``sim.catalog.cluster_from_catalog`` defaults);
+    with ``--calibration`` the profile's device and, unless ``--nic`` is given, its measured NIC."""
+    gpu, measured_nic = _gpu_and_nic_from_args(args)
+    nic = measured_nic if args.nic is None and measured_nic is not None else args.nic
+    return cluster_from_catalog(gpu, args.num_gpus, gpus_per_node=args.gpus_per_node,
+                                nvlink_domain=args.nvlink_domain, nic=nic, nics_per_node=args.nics_per_node,
                                 topology=args.topology, oversubscription=args.oversubscription,
                                 tree_levels=args.tree_levels)
 

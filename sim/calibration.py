@@ -12,7 +12,16 @@ in the catalog schema (``catalogs/gpus.yaml``, ``links.yaml``, ``efficiency.yaml
 * ``efficiency``: the kernel-efficiency knobs of ``sim.compute.KernelEfficiency``
   (attention vs GEMM, GEMM shape factor, per-kernel overhead);
 * ``host``: how the device was measured: ``device_type``, ``compute_dtype`` (the dtype the
-  workloads train in), ranks per host, cores per host, threads per rank.
+  workloads train in), ranks per host, cores per host, threads per rank, ``base_gpu`` (the
+  catalog GPU whose data-sheet record the device keeps, on GPU hosts) and the software it
+  was measured with (torch, CUDA, cuDNN, NCCL versions, TF32 settings).
+
+A link tier the profile did not measure has no record: the simulator keeps the catalog's
+link for it (the base GPU's NVLink generation, with its fitted efficiency and size curve; the
+plan's NIC).  A profile without a base GPU and without a scale-up link (one rank per host)
+cannot price traffic inside a host, so ``apply_plan`` refuses plans with several ranks per
+node on it.  The profile's device is the GPU of the plan: ``apply_plan`` refuses a plan on
+another GPU (``--gpu`` must be the profile id, its device id or its base GPU).
 
 ``sim.simulate.simulate(plan, calibration=...)`` calls, in order, ``apply_efficiency``,
 ``apply_plan`` (the profile's device and links replace the plan's ``--gpu``, scale-up and,
@@ -81,6 +90,8 @@ class Host:
     host_cores: int
     threads_per_rank: int
     num_nodes: int = 1
+    base_gpu: str | None = None  # catalog GPU id the device record derives from (GPU hosts)
+    software: Mapping[str, object] = field(default_factory=dict)  # torch, cuda, cudnn, nccl, tf32
 
     @property
     def element_ratio(self) -> float:
@@ -102,6 +113,28 @@ class Calibration:
     memory: Mapping[str, float] = field(default_factory=dict)
     source: str = ""
     path: str = ""
+    scale_up_known: bool = True  # False: no measured scale-up link and no catalog record to fall back on
+
+    def gpu_ids(self) -> tuple[str, ...]:
+        """The ``--gpu`` values that name this profile's device: the profile id, the device
+        id and, on GPU hosts, the base GPU's id and aliases (lower case)."""
+        ids = [self.id, self.gpu.id]
+        if self.host.base_gpu:
+            from sim.catalog import get_gpu
+
+            try:
+                base = get_gpu(self.host.base_gpu)
+                ids += [base.id, *base.aliases]
+            except InputError:
+                ids.append(self.host.base_gpu)
+        return tuple(dict.fromkeys(i.lower() for i in ids))
+
+    def check_gpu(self, gpu_id: str, *, field_name: str = "gpu") -> None:
+        """``InputError`` unless ``gpu_id`` names this profile's device (``gpu_ids``)."""
+        if str(gpu_id).strip().lower() not in self.gpu_ids():
+            measured = self.host.base_gpu or self.gpu.name
+            raise InputError(field_name, gpu_id, f"does not match calibration profile {self.id} (measured on "
+                                                 f"{measured}); use --gpu {self.id}")
 
     # ------------------------------------------------------------------ hooks used by simulate
 
@@ -138,8 +171,15 @@ class Calibration:
                        hbm_bytes=g.hbm_bytes * share)
 
     def apply_plan(self, plan):  # (Plan) -> Plan
-        """``plan`` on the calibrated device and links (module docstring)."""
+        """``plan`` on the calibrated device and links (module docstring).  Raises
+        ``InputError`` for a plan on another GPU, and for several ranks per node on a profile
+        that knows no scale-up link."""
         c = plan.cluster
+        self.check_gpu(c.gpu.id)
+        if not self.scale_up_known and c.gpus_per_node > 1:
+            raise InputError("calibration", self.id, f"measured {self.host.ranks_per_host} rank per host and has "
+                                                     f"no scale-up link for {c.gpus_per_node} ranks per node; "
+                                                     "measure with more ranks per node or plan one per node")
         gpu = self.device_for(c.gpus_per_node)
         changes: dict[str, object] = {"gpu": gpu}
         if self.scale_up is not None:
@@ -156,7 +196,9 @@ class Calibration:
         achieved (bus) bandwidths, so a measured tier runs at efficiency 1 without a size
         curve; a tier the profile did not measure keeps the catalog's fitted efficiency and
         size curve."""
-        eff: dict[str, float] = dict(network_efficiency(None))
+        # an unmeasured NVLink keeps its own generation's fitted efficiency, as without a profile
+        eff: dict[str, float] = dict(network_efficiency(None if self.scale_up is not None
+                                                        else self.gpu.nvlink_generation))
         curves: dict[str, object] = dict(network_size_curves())
         if self.scale_up is not None:
             eff["scale-up"] = 1.0
@@ -182,6 +224,7 @@ class Calibration:
             "nic": None if self.nic is None else {
                 "bytes_per_s": self.nic.bytes_per_s_per_direction, "latency_s": self.nic.latency_s},
             "efficiency": dict(self.efficiency),
+            "base_gpu": self.host.base_gpu, "software": dict(self.host.software),
         }
 
 
@@ -215,8 +258,17 @@ def calibration_from_dict(data: Mapping[str, Any], *, path: str = "<dict>") -> C
     index = _index([(l.id, l.aliases, l) for l in base.items] + [(l.id, l.aliases, l) for l in own])
     if not isinstance(data["device"], Mapping):
         raise _fail("device", data["device"], "must be a gpus.yaml record")
-    gpu = _gpu_from_record(data["device"], p, index)
     scale_up = next((l for l in own if l.kind == "scale-up"), None)
+    device = dict(data["device"])
+    scale_up_known = True
+    if scale_up is None and "nvlink_generation" not in device:
+        # one rank per host, no catalog record: no scale-up link is known.  The GPU record
+        # needs one structurally; apply_plan refuses every plan that would use it.
+        stand_in = next(l for l in base.items if l.kind == "scale-up")
+        device.update(nvlink_generation=stand_in.id,
+                      nvlink_gb_per_s_per_direction=stand_in.bytes_per_s_per_direction / 1e9)
+        scale_up_known = False
+    gpu = _gpu_from_record(device, p, index)
     if scale_up is not None and scale_up.id != gpu.nvlink_generation:
         raise _fail("device.nvlink_generation", gpu.nvlink_generation, f"must name the measured link {scale_up.id}")
     nic = next((l for l in own if l.kind == "nic"), None)
@@ -224,10 +276,12 @@ def calibration_from_dict(data: Mapping[str, Any], *, path: str = "<dict>") -> C
     h = data["host"]
     if not isinstance(h, Mapping):
         raise _fail("host", h, "must be a mapping")
+    software = {k: h[k] for k in ("torch", "cuda", "cudnn", "nccl", "tf32", "device_capability") if k in h}
     try:
         host = Host(device_type=str(h["device_type"]), compute_dtype=str(h["compute_dtype"]),
                     ranks_per_host=int(h["ranks_per_host"]), host_cores=int(h["host_cores"]),
-                    threads_per_rank=int(h.get("threads_per_rank", 1)), num_nodes=int(h.get("num_nodes", 1)))
+                    threads_per_rank=int(h.get("threads_per_rank", 1)), num_nodes=int(h.get("num_nodes", 1)),
+                    base_gpu=str(h["base_gpu"]) if h.get("base_gpu") else None, software=software)
     except KeyError as exc:
         raise _fail(f"host.{exc.args[0]}", None, "missing required key") from None
     except (TypeError, ValueError) as exc:
@@ -260,7 +314,7 @@ def calibration_from_dict(data: Mapping[str, Any], *, path: str = "<dict>") -> C
     return Calibration(id=str(data["id"]), name=str(data.get("name", data["id"])), gpu=gpu, scale_up=scale_up,
                        nic=nic, efficiency=out_eff, host=host,
                        memory={k: float(v) for k, v in mem.items() if isinstance(v, (int, float))},
-                       source=str(data.get("source", "")), path=str(path))
+                       source=str(data.get("source", "")), path=str(path), scale_up_known=scale_up_known)
 
 
 def load_calibration(name_or_path: str | Path) -> Calibration:

@@ -9,7 +9,7 @@ import pytest
 from sim.calibration import calibration_dir, dump_profile, list_calibrations, load_calibration
 from sim.errors import InputError
 from tests.test_validate_fit import ENV, synthetic_records
-from validate.fit import fit_profile
+from validate.profile import fit_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -73,13 +73,13 @@ def test_element_size_and_core_sharing(profile):
 
 def test_apply_plan_puts_the_plan_on_the_measured_links(profile):
     """Two calibrated ranks: ring all-reduce = S/B + 2 alpha with the fitted B and alpha."""
-    from sim.catalog import get_gpu, get_model, get_nic
+    from sim.catalog import get_model, get_nic
     from sim.network import Network
     from sim.plan import Plan
     from sim.specs import Cluster, Strategy
 
     cal = load_calibration(str(profile))
-    gpu = get_gpu("a100-80gb")
+    gpu = cal.gpu
     cluster = Cluster(gpu=gpu, num_gpus=2, nic=get_nic(gpu.default_nic), gpus_per_node=2, nvlink_domain=2,
                       nics_per_node=1)
     plan = Plan(model=get_model("llama3-8b"), cluster=cluster, strategy=Strategy(dp=2, gbs=2, seq_len=512))
@@ -98,18 +98,30 @@ def _planner(*argv):
 
 
 def test_simulate_cli_uses_the_profile(profile, model_file, capsys):
-    base = ["simulate", "--model", str(model_file), "--gpu", "a100-80gb", "--num-gpus", "2",
+    """``--gpu <profile id> --calibration <profile>`` simulates on the measured device and says so."""
+    base = ["simulate", "--model", str(model_file), "--num-gpus", "2",
             "--seq-len", "256", "--strategy", "dp=2,mbs=2,gbs=4", "--json"]
-    assert _planner(*base) == 0
+    assert _planner(*base, "--gpu", "a100-80gb") == 0
     plain = json.loads(capsys.readouterr().out)
-    assert _planner(*base, "--calibration", str(profile)) == 0
+    assert _planner(*base, "--gpu", "cpu-test", "--calibration", str(profile)) == 0
     cal = json.loads(capsys.readouterr().out)
+    assert cal["gpu"] == "cpu-test"
     assert cal["step_time_s"] > 10 * plain["step_time_s"]  # a CPU, not an A100
     assert 0 < cal["step_time_s"] < 10
+    assert _planner(*base[:-1], "--gpu", "cpu-test", "--calibration", str(profile)) == 0
+    assert "on 2 x cpu-test" in capsys.readouterr().out
+
+
+def test_simulate_cli_gpu_that_does_not_match_the_profile_is_one_line_exit_2(profile, model_file, capsys):
+    rc = _planner("simulate", "--model", str(model_file), "--gpu", "a100-80gb", "--num-gpus", "2",
+                  "--strategy", "dp=2", "--calibration", str(profile))
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1
+    assert err.startswith("error: gpu") and "a100-80gb" in err and "cpu-test" in err and "Traceback" not in err
 
 
 def test_simulate_cli_unknown_profile_is_one_line_exit_2(model_file, capsys):
-    rc = _planner("simulate", "--model", str(model_file), "--gpu", "a100-80gb", "--num-gpus", "2",
+    rc = _planner("simulate", "--model", str(model_file), "--gpu", "no-such-profile", "--num-gpus", "2",
                   "--strategy", "dp=2", "--calibration", "no-such-profile")
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "calibration" in err and "no-such-profile" in err
@@ -156,7 +168,8 @@ def test_fit_compare_and_launchers_do_not_need_torch():
     import subprocess
     import sys
 
-    code = ("import sys, validate.specs, validate.fit, validate.compare, validate.suite, validate.launch, "
-            "planner.cmd_validate; print('torch' in sys.modules)")
+    code = ("import sys, validate.specs, validate.fit, validate.fit_links, validate.profile, validate.compare, "
+            "validate.suite, validate.launch, validate.slurm, validate.k8s, validate.rankenv, validate.layouts, "
+            "validate.synthetic, planner.cmd_validate; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "False"

@@ -14,7 +14,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from validate.launch import RunError, run_slurm  # noqa: E402
+from validate.launch import RunError  # noqa: E402
+from validate.slurm import run_slurm  # noqa: E402
 from validate.model import ModelConfig  # noqa: E402
 from validate.workloads import WorkloadSpec  # noqa: E402
 
@@ -72,3 +73,39 @@ def test_sbatch_job_failure_names_the_rank(slurm, tmp_path):
                   out_dir=tmp_path / "fail", timeout_s=180)
     msg = str(exc.value)
     assert "FAILED" in msg and "rank 1 failed: RuntimeError: slurm boom" in msg
+
+
+def test_exclusive_job_hands_the_task_the_node_cpus(slurm, tmp_path):
+    """--exclusive (the default) with --mem=0; srun gets --cpus-per-task=$SLURM_CPUS_ON_NODE, so
+    the node's torchrun and its two ranks may use every core (the ranks see them)."""
+    out = tmp_path / "excl"
+    job = {"device": "cpu", "world_size": 2, "tasks": [
+        {"type": "workload", "spec": WorkloadSpec(name="ddp", model=TINY, dp=2, warmup_steps=0, steps=1).as_dict()}]}
+    res = run_slurm(job, nproc_per_node=2, out_dir=out, timeout_s=180)
+    script = (out / "job.sbatch").read_text()
+    assert "#SBATCH --exclusive" in script and "--cpus-per-task=$SLURM_CPUS_ON_NODE" in script
+    assert res["env"]["host_cores"] == os.cpu_count()  # the task's CPU set is the whole node
+    assert res["workloads"][0]["env"]["threads_per_rank"] == max(1, os.cpu_count() // 2)
+
+
+def test_a_cuda_job_on_a_node_without_gpus_fails_naming_the_device(slurm, tmp_path, monkeypatch):
+    """The device reaches the ranks through the job file: asked for cuda on this CPU node, rank 0
+    says so in one line instead of measuring its CPU with gloo.  (This loopback node has no GPU
+    gres, so the script's GPU request is dropped here; test_validate_launch checks it is written.)"""
+    from validate import slurm as slurm_mod
+    from validate.suite import Job
+
+    real = slurm_mod.sbatch_script
+
+    def without_gres(*a, **kw):
+        text = real(*a, **kw)
+        assert "--gres=gpu:1" in text
+        return "\n".join(ln.replace(" --gres=gpu:1", "") for ln in text.splitlines()
+                         if ln != "#SBATCH --gres=gpu:1") + "\n"
+
+    monkeypatch.setattr(slurm_mod, "sbatch_script", without_gres)
+    job = Job(1, workloads=(WorkloadSpec(name="single", model=TINY, warmup_steps=0, steps=1),)).to_json(device="cuda")
+    with pytest.raises(RunError) as exc:
+        slurm_mod.run_slurm(job, nproc_per_node=1, out_dir=tmp_path / "cuda", timeout_s=180, gpus_per_node=1)
+    msg = str(exc.value)
+    assert "rank 0 failed: DeviceError: asked for device cuda" in msg and "\n" not in msg

@@ -2,5 +2,6 @@
 
 See docs/validate.md.  ``validate`` sits on top of ``sim``: it may import ``sim`` but nothing
 in ``sim`` or ``planner`` imports it (``planner.cmd_validate`` only lazily).  Only the ranks
-(``worker``, ``runtime``, ``model``, ``workloads``, ``microbench``) import torch.
+(``worker``, ``runtime``, ``timing``, ``memstats``, ``model``, ``workloads``, ``microbench``)
+import torch; ``rankenv`` only inside ``pick_device``.
 """

@@ -8,7 +8,11 @@ devices, nothing else: no per-workload factor.  Errors are ``predicted / measure
 Memory: the simulator counts activations at 2 bytes per element; on a device that trains in
 fp32 they take 4, so the activation part of the predicted peak is scaled by the profile's
 element ratio, and the framework workspace comes from the profile's ``memory`` section.  On a
-CPU the measurement is the growth of the resident set, allocator slack included.
+CPU the measurement is the growth of the resident set, allocator slack included.  On a GPU the
+predicted total (tensors + workspace + fragmentation) is compared with the peak the caching
+allocator reserved, and the predicted tensors alone with the peak allocated
+(``validate.memstats``); memory outside the allocator (CUDA context, NCCL buffers) is reported,
+not predicted.
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ def plan_for(w: dict[str, Any], cal: Calibration):
     per_host = min(per_host, world)
     nic = cal.nic or get_nic(cal.gpu.default_nic)
     cluster = Cluster(gpu=cal.gpu, num_gpus=world, nic=nic, gpus_per_node=per_host, nvlink_domain=per_host,
-                      nics_per_node=1, scale_up=cal.scale_up)
+                      nics_per_node=min(cal.gpu.nics_per_node, per_host) if cal.host.device_type == "cuda" else 1,
+                      scale_up=cal.scale_up)
     return Plan(model=model, cluster=cluster, strategy=strategy, attention="flash")
 
 
@@ -54,6 +59,7 @@ def predict(w: dict[str, Any], cal: Calibration, *, engine: str = "analytic") ->
                            runtime=cal.memory_runtime(default_runtime()))
     mem_bytes = mem.total_bytes + (cal.host.element_ratio - 1.0) * mem.activations_bytes
     return {"predicted_step_time_s": res.step_time_s, "predicted_memory_peak_bytes": mem_bytes,
+            "predicted_tensor_bytes": mem_bytes - mem.reserve_bytes,
             "breakdown": res.breakdown.as_dict(), "warnings": list(res.warnings)}
 
 
@@ -70,14 +76,21 @@ def compare(workloads: list[dict[str, Any]], calibration: str, *, engine: str = 
     for w in workloads:
         p = predict(w, cal, engine=engine)
         e = _err(p["predicted_step_time_s"], w["measured_step_time_s"])
-        em = _err(p["predicted_memory_peak_bytes"], w.get("measured_memory_peak_bytes"))
+        # GPU: the allocator's reserved peak is what the predicted total stands for
+        measured_mem = w.get("measured_memory_reserved_bytes", w.get("measured_memory_peak_bytes"))
+        em = _err(p["predicted_memory_peak_bytes"], measured_mem)
+        et = (_err(p["predicted_tensor_bytes"], w.get("measured_memory_peak_bytes"))
+              if "measured_memory_reserved_bytes" in w else None)
         rows.append({
             "name": w["name"], "steps_used": w.get("steps_used"), "kind": w.get("kind"), "strategy": w.get("strategy"), "world_size": w["world_size"],
             "model": w["spec"]["model"].get("name"),
             "measured_step_time_s": w["measured_step_time_s"], "predicted_step_time_s": p["predicted_step_time_s"],
             "error": e, "abs_error": abs(e) if e is not None else None,
-            "measured_memory_peak_bytes": w.get("measured_memory_peak_bytes"),
+            "measured_memory_peak_bytes": measured_mem,
             "predicted_memory_peak_bytes": p["predicted_memory_peak_bytes"], "memory_error": em,
+            "measured_memory_allocated_bytes": w.get("measured_memory_peak_bytes"),
+            "predicted_tensor_bytes": p["predicted_tensor_bytes"], "tensor_memory_error": et,
+            "measured_outside_allocator_bytes": w.get("measured_outside_allocator_bytes"),
             "breakdown": p["breakdown"],
         })
     out = {"calibration": cal.id, "engine": engine, "workloads": rows, **summarize(rows)}

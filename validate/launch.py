@@ -1,6 +1,7 @@
-"""Start a measurement job where users run: locally (``torchrun``), Slurm (``sbatch``),
-Kubernetes (a Kubeflow ``PyTorchJob`` manifest).
+"""Start a measurement job locally (``torchrun``), and what every launcher shares: the job
+file, reading results back, turning failures into one error, killing what a job started.
 
+Slurm (``sbatch``) is ``validate.slurm``, Kubernetes (a Kubeflow ``PyTorchJob``) ``validate.k8s``.
 Every launcher runs ``python -m validate.worker JOB.json OUT_DIR`` on every rank and reads
 ``OUT_DIR/results.json`` back.  Failures surface as one ``RunError`` whose message names the
 first rank that failed and why (its traceback stays in ``OUT_DIR/error-rank{R}.json``); a
@@ -12,14 +13,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-
-import yaml
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -225,149 +223,3 @@ def run_local(job: dict, *, nproc: int, out_dir: Path, timeout_s: float, python:
             for p in leftover:
                 _signal(p, signal.SIGKILL)
     return collect(out_dir, returncode=rc, log=log)
-
-
-# ---------------------------------------------------------------------- Slurm
-
-
-def sbatch_script(job_path: Path, out_dir: Path, *, nodes: int = 1, nproc_per_node: int = 1,
-                  time_limit_s: float = 900, python: str = sys.executable, partition: str | None = None,
-                  cpus_per_task: int | None = None, gpus_per_node: int | None = None,
-                  job_name: str = "planner-validate", extra_sbatch: tuple[str, ...] = ()) -> str:
-    """An ``sbatch`` script: one ``srun`` task per node, each running ``torchrun`` for its
-    node's ranks, meeting at the first node (c10d rendezvous)."""
-    minutes = max(1, int(-(-time_limit_s // 60)))
-    lines = [
-        "#!/bin/bash",
-        f"#SBATCH --job-name={job_name}",
-        f"#SBATCH --nodes={nodes}",
-        "#SBATCH --ntasks-per-node=1",
-        f"#SBATCH --time={minutes}",
-        f"#SBATCH --output={out_dir}/slurm-%j.out",
-        f"#SBATCH --chdir={REPO_ROOT}",
-    ]
-    if partition:
-        lines.append(f"#SBATCH --partition={partition}")
-    if cpus_per_task:
-        lines.append(f"#SBATCH --cpus-per-task={cpus_per_task}")
-    if gpus_per_node:
-        lines.append(f"#SBATCH --gpus-per-node={gpus_per_node}")
-    lines += [f"#SBATCH {x}" for x in extra_sbatch]
-    env = worker_env(None)
-    lines += [
-        "set -euo pipefail",
-        f"export PYTHONPATH={shlex.quote(env['PYTHONPATH'])}",
-        f"export OMP_NUM_THREADS={shlex.quote(env['OMP_NUM_THREADS'])}",
-        "export PYTHONUNBUFFERED=1 TORCH_CPP_LOG_LEVEL=ERROR",
-        'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        "port=$((20000 + SLURM_JOB_ID % 20000))",
-        "srun --kill-on-bad-exit=1 " + " ".join(shlex.quote(x) for x in [
-            python, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--nproc-per-node",
-            str(nproc_per_node), "--max-restarts=0", "--log-dir", str(out_dir / "ranks"), "--tee", "3"])
-        + (" --standalone" if nodes == 1 else
-           ' --rdzv-backend c10d --rdzv-id "$SLURM_JOB_ID" --rdzv-endpoint "$head:$port"')
-        + f" -m validate.worker {shlex.quote(str(job_path))} {shlex.quote(str(out_dir))}",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def run_slurm(job: dict, *, nodes: int = 1, nproc_per_node: int, out_dir: Path, timeout_s: float,
-              python: str = sys.executable, partition: str | None = None, cpus_per_task: int | None = None,
-              gpus_per_node: int | None = None, poll_s: float = 1.0) -> dict:
-    """Submit ``job`` with ``sbatch``, wait for it, return rank 0's results."""
-    out_dir = Path(out_dir).resolve()
-    job = {**job, "timeout_s": min(float(job.get("timeout_s", timeout_s)), timeout_s)}
-    job_path = write_job(job, out_dir)
-    _clear(out_dir)
-    script = out_dir / "job.sbatch"
-    script.write_text(sbatch_script(job_path, out_dir, nodes=nodes, nproc_per_node=nproc_per_node,
-                                    time_limit_s=timeout_s, python=python, partition=partition,
-                                    cpus_per_task=cpus_per_task, gpus_per_node=gpus_per_node), encoding="utf-8")
-    sub = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=60)
-    if sub.returncode != 0:
-        raise RunError(f"sbatch failed: {(sub.stderr or sub.stdout).strip().splitlines()[-1:] or ['no output']}")
-    job_id = sub.stdout.strip().split(";")[0]
-    deadline = time.monotonic() + timeout_s + 60
-    state = "PENDING"
-    while True:
-        state = slurm_job_state(job_id)
-        if state not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED"):
-            break
-        if time.monotonic() > deadline:
-            subprocess.run(["scancel", job_id], capture_output=True, timeout=60)
-            return collect(out_dir, timed_out_s=timeout_s)
-        time.sleep(poll_s)
-    log = out_dir / f"slurm-{job_id}.out"
-    if state == "TIMEOUT":
-        return collect(out_dir, log=log, timed_out_s=timeout_s)
-    rc = 0 if state == "COMPLETED" else 1
-    try:
-        return collect(out_dir, returncode=rc, log=log)
-    except RunError as exc:
-        raise RunError(f"slurm job {job_id} ended {state}: {exc}") from None
-
-
-def slurm_job_state(job_id: str) -> str:
-    """The job's state from ``scontrol`` (works without accounting)."""
-    res = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=60)
-    for tok in res.stdout.split():
-        if tok.startswith("JobState="):
-            return tok.split("=", 1)[1]
-    if "Invalid job id" in res.stderr:
-        return "UNKNOWN"  # purged after MinJobAge: finished
-    return "PENDING"
-
-
-# ---------------------------------------------------------------------- Kubernetes
-
-
-def pytorchjob_manifest(job: dict, *, name: str = "planner-validate", image: str, nodes: int = 1,
-                        nproc_per_node: int = 1, gpus_per_node: int = 0, cpus_per_node: int | None = None,
-                        namespace: str = "default", results_pvc: str | None = None) -> str:
-    """A Kubeflow ``PyTorchJob`` (training-operator v1) plus the ``ConfigMap`` holding the job.
-
-    The operator sets ``PET_NNODES``/``PET_NODE_RANK``/``PET_MASTER_ADDR``... which torchrun
-    reads; rank 0 writes ``/results/results.json`` (a PVC when ``results_pvc`` is given) and
-    prints it to its log.
-    """
-    job_text = json.dumps(job)
-    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{name}-job", "namespace": namespace},
-          "data": {"job.json": job_text}}
-    resources: dict[str, dict[str, object]] = {"limits": {}, "requests": {}}
-    if gpus_per_node:
-        resources["limits"]["nvidia.com/gpu"] = gpus_per_node
-    if cpus_per_node:
-        resources["requests"]["cpu"] = cpus_per_node
-        resources["limits"]["cpu"] = cpus_per_node
-    cmd = ("torchrun --max-restarts=0 -m validate.worker /etc/validate/job.json /results"
-           " && if [ -f /results/results.json ]; then cat /results/results.json; fi")
-    results_vol: dict[str, object] = ({"name": "results", "persistentVolumeClaim": {"claimName": results_pvc}}
-                                      if results_pvc else {"name": "results", "emptyDir": {}})
-
-    def replica(count: int) -> dict[str, object]:
-        return {
-            "replicas": count, "restartPolicy": "Never",
-            "template": {"spec": {
-                "containers": [{
-                    "name": "pytorch", "image": image, "command": ["bash", "-c", cmd],
-                    "env": [{"name": "OMP_NUM_THREADS", "value": "1"}, {"name": "PYTHONUNBUFFERED", "value": "1"}],
-                    "resources": resources,
-                    "volumeMounts": [{"name": "job", "mountPath": "/etc/validate"},
-                                     {"name": "results", "mountPath": "/results"},
-                                     {"name": "dshm", "mountPath": "/dev/shm"}],
-                }],
-                "volumes": [{"name": "job", "configMap": {"name": f"{name}-job"}}, results_vol,
-                            {"name": "dshm", "emptyDir": {"medium": "Memory"}}],
-            }},
-        }
-
-    specs: dict[str, object] = {"Master": replica(1)}
-    if nodes > 1:
-        specs["Worker"] = replica(nodes - 1)
-    pj = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
-          "metadata": {"name": name, "namespace": namespace},
-          "spec": {"nprocPerNode": str(nproc_per_node),
-                   "runPolicy": {"cleanPodPolicy": "Running",
-                                 "activeDeadlineSeconds": int(job.get("timeout_s", 900)) + 120},
-                   "pytorchReplicaSpecs": specs}}
-    return yaml.safe_dump_all([cm, pj], sort_keys=False)

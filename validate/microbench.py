@@ -1,11 +1,11 @@
 """Microbenchmarks: what one rank's device and the links between ranks achieve.
 
-All ranks run every compute benchmark at the same time, as they do in training (on a CPU
-host they share memory bandwidth and, when oversubscribed, cores); a result is the slowest
-rank's median.  Collectives run on process groups laid out like the simulator places TP, DP
-and PP groups (``sim.placement``: TP ranks adjacent, DP ranks strided), every group of a
-layout at once, and are labelled with the link tier they cross (``intra`` inside one node,
-``inter`` across nodes).
+All ranks run every benchmark at the same time, as they do in training (on a CPU host they
+share memory bandwidth and cores; on a GPU node every GPU runs its own copy), with an agreed
+number of back-to-back calls timed by CUDA events on a GPU (``validate.timing``); a result is
+the slowest rank's median.  Collectives run on every layout of ``validate.layouts`` (TP-, DP-
+and PP-like groups on every GPU of a node, and across nodes), every group of a layout at once,
+each record labelled with the link tier it crosses.
 
 Records are plain dicts (JSON).  Units: seconds, bytes, FLOPs.  Message sizes follow the
 simulator's ``Network.collective_time_s`` convention: the full buffer (all-reduce buffer,
@@ -15,14 +15,17 @@ bytes of one send).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from validate.runtime import Env, max_over_ranks, time_collective
+from validate.layouts import group_layouts, pp_pairs, tier
+from validate.runtime import Env, cpu_snapshot
 from validate.specs import MicrobenchConfig
+from validate.timing import collective_s, host_s, max_over_ranks, queued_s
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -35,7 +38,32 @@ class Recorder:
         self.records.append(rec)
 
 
+def _together(fn, env: Env, min_time_s: float, **kw) -> float:
+    """Seconds per call with every rank running ``fn`` at once; the slowest rank's median."""
+    return max_over_ranks(collective_s(fn, env.device, min_time_s=min_time_s, warmup=1, **kw), env.device)
+
+
 # -------------------------------------------------------------------------- compute
+
+
+def bench_overhead(env: Env, cfg: MicrobenchConfig, rec: Recorder) -> None:
+    """Per-kernel and per-op costs of an op with no work (a one-element add).
+
+    GPU: ``queued_add``, GPU seconds per kernel with the stream already full (the simulator's
+    ``kernel_overhead_s``), and ``eager_add``, wall seconds per op when the host issues ops back
+    to back (its dispatch rate: ``host_op_floor_s + kernel_overhead_s``).  CPU: ``tiny_add``,
+    the op itself (ops run on the host; there is no separate floor).
+    """
+    x = torch.zeros(1, device=env.device)
+    dist.barrier()
+    if env.device.type == "cuda":
+        q = max_over_ranks(queued_s(lambda: x.add_(1.0), env.device, n=cfg.overhead_calls), env.device)
+        h = max_over_ranks(host_s(lambda: x.add_(1.0), env.device, n=cfg.overhead_calls), env.device)
+        rec.add(kind="overhead", op="queued_add", time_s=q, calls=cfg.overhead_calls)
+        rec.add(kind="overhead", op="eager_add", time_s=h, calls=cfg.overhead_calls)
+        return
+    t = _together(lambda: x.add(1.0), env, cfg.min_time_s / 2, max_calls=20000)
+    rec.add(kind="overhead", op="tiny_add", time_s=t)
 
 
 def bench_matmul(env: Env, cfg: MicrobenchConfig, rec: Recorder) -> None:
@@ -46,9 +74,11 @@ def bench_matmul(env: Env, cfg: MicrobenchConfig, rec: Recorder) -> None:
         for m, n, k in shapes:
             a = torch.randn(m, k, device=env.device, dtype=dtype)
             b = torch.randn(k, n, device=env.device, dtype=dtype)
+            c = torch.empty(m, n, device=env.device, dtype=dtype)
             dist.barrier()
-            t = max_over_ranks(time_collective(lambda: torch.mm(a, b), env, min_time_s=cfg.min_time_s, warmup=1), env)
+            t = _together(lambda: torch.mm(a, b, out=c), env, cfg.min_time_s)
             rec.add(kind="matmul", dtype=dname, m=m, n=n, k=k, flops=2.0 * m * n * k, time_s=t)
+            del a, b, c
 
 
 def bench_attention(env: Env, cfg: MicrobenchConfig, rec: Recorder) -> None:
@@ -71,10 +101,11 @@ def bench_attention(env: Env, cfg: MicrobenchConfig, rec: Recorder) -> None:
             torch.autograd.grad(o, (q, k, v), go)
 
         dist.barrier()
-        tf = max_over_ranks(time_collective(fwd, env, min_time_s=cfg.min_time_s, warmup=1), env)
-        tfb = max_over_ranks(time_collective(fwd_bwd, env, min_time_s=cfg.min_time_s, warmup=1), env)
+        tf = _together(fwd, env, cfg.min_time_s)
+        tfb = _together(fwd_bwd, env, cfg.min_time_s)
         rec.add(kind="attention", dtype=cfg.dtype, batch=b, heads=a, seq=s, head_dim=d,
                 flops=2.0 * b * a * s * s * d, fwd_time_s=tf, bwd_time_s=max(tfb - tf, 1e-9))
+        del q, k, v, go
 
 
 def bench_memory(env: Env, cfg: MicrobenchConfig, rec: Recorder) -> None:
@@ -94,71 +125,21 @@ def bench_memory(env: Env, cfg: MicrobenchConfig, rec: Recorder) -> None:
         }
         for name, fn in kernels.items():
             dist.barrier()
-            t = max_over_ranks(time_collective(fn, env, min_time_s=cfg.min_time_s / 2, warmup=1), env)
+            t = _together(fn, env, cfg.min_time_s / 2)
             rec.add(kind="memory", op=name, dtype=cfg.dtype, numel=numel, bytes=2.0 * numel * elt, time_s=t)
-
-
-def bench_overhead(env: Env, cfg: MicrobenchConfig, rec: Recorder) -> None:
-    """Per-op cost with no work: a one-element add, and a tiny linear layer forward+backward
-    (one forward op, two backward ops)."""
-    x = torch.ones(1, device=env.device)
-    w = torch.randn(4, 4, device=env.device, requires_grad=True)
-    inp = torch.randn(4, 4, device=env.device, requires_grad=True)
-    dist.barrier()
-    t_op = max_over_ranks(time_collective(lambda: x.add(1.0), env, min_time_s=cfg.min_time_s / 2, max_reps=20000), env)
-
-    def lin() -> None:
-        out = inp @ w
-        torch.autograd.grad(out, (inp, w), torch.ones_like(out))
-
-    t_lin = max_over_ranks(time_collective(lin, env, min_time_s=cfg.min_time_s / 2, max_reps=5000), env)
-    rec.add(kind="overhead", op="tiny_add", time_s=t_op)
-    rec.add(kind="overhead", op="tiny_linear_fwd_bwd", time_s=t_lin, num_ops=3)
+        del x, y, x2
 
 
 # -------------------------------------------------------------------------- comms
 
 
-def group_layouts(env: Env) -> list[tuple[str, list[list[int]]]]:
-    """Process-group layouts: every group of a layout runs concurrently.
-
-    ``world``: all ranks (data parallelism over the job); ``tp``: adjacent pairs (and
-    node-sized blocks), TP-like; ``dp``: strided pairs, DP-like across TP groups; ``pp``:
-    pairs that exchange point-to-point messages, one node apart when there are several nodes.
-    """
-    w, lw = env.world_size, env.local_world_size
-    out: list[tuple[str, list[list[int]]]] = []
-    if w >= 2:
-        out.append(("world", [list(range(w))]))
-    if w >= 4 and w % 2 == 0:
-        out.append(("tp", [[i, i + 1] for i in range(0, w, 2)]))
-        half = w // 2
-        out.append(("dp", [[i, i + half] for i in range(half)]))
-    if env.num_nodes > 1 and lw >= 2:
-        out.append(("node", [list(range(n * lw, (n + 1) * lw)) for n in range(env.num_nodes)]))
-        out.append(("cross", [[r, r + lw] for r in range(0, w - lw)][:lw]))
-    return out
-
-
-def _pp_pairs(env: Env) -> list[tuple[str, list[tuple[int, int]]]]:
-    w, lw = env.world_size, env.local_world_size
-    pairs = [("pp", [(i, i + 1) for i in range(0, w - 1, 2)])]
-    if env.num_nodes > 1:
-        pairs.append(("pp_cross", [(r, r + lw) for r in range(lw)]))
-    return pairs
-
-
-def _tier(env: Env, ranks: list[int] | tuple[int, ...]) -> str:
-    nodes = {r // env.local_world_size for r in ranks}
-    return "intra" if len(nodes) == 1 else "inter"
-
-
 def bench_collectives(env: Env, cfg: MicrobenchConfig, rec: Recorder) -> None:
-    dtype = DTYPES["fp32"]
-    elt = 4
-    layouts = group_layouts(env)
+    """Every collective of ``cfg.collective_ops`` on every layout, at every message size."""
+    dtype, elt = torch.float32, 4
+    lw = env.local_world_size
+    layouts = group_layouts(env.world_size, lw)
     # new_group is collective over the whole world: create every group on every rank, in order.
-    created: list[tuple[str, list[list[int]], dist.ProcessGroup | None, list[int] | None]] = []
+    created = []
     for name, groups in layouts:
         mine_pg, mine = None, None
         for g in groups:
@@ -186,19 +167,20 @@ def bench_collectives(env: Env, cfg: MicrobenchConfig, rec: Recorder) -> None:
                         "all_to_all": lambda: dist.all_to_all_single(out, buf, group=pg),
                     }[op]
                 dist.barrier()
-                t = max_over_ranks(time_collective(fn, env, min_time_s=cfg.comm_min_time_s), env)
+                t = max_over_ranks(collective_s(fn, dev, min_time_s=cfg.comm_min_time_s), dev)
                 rec.add(kind="collective", op=op, layout=name, group_size=n, num_groups=len(groups),
-                        ranks=groups[0], groups=groups, tier=_tier(env, groups[0]),
+                        ranks=groups[0], groups=groups, tier=tier(groups[0], lw),
                         message_bytes=float(numel * elt), time_s=t)
-    if "send_recv" in cfg.collective_ops and env.world_size >= 2:
-        for name, pairs in _pp_pairs(env):
+                fn = buf = shard = out = None  # type: ignore[assignment]
+    if "send_recv" in cfg.collective_ops:
+        for name, pairs in pp_pairs(env.world_size, lw):
             for size in cfg.message_bytes:
                 numel = max(1, size // elt)
-                buf = torch.ones(numel, device=dev, dtype=dtype)
                 peer, first = None, False
                 for a, b in pairs:
                     if env.rank in (a, b):
                         peer, first = (b, True) if env.rank == a else (a, False)
+                buf = torch.ones(numel, device=dev, dtype=dtype) if peer is not None else None
 
                 def ping_pong() -> None:
                     if first:
@@ -209,19 +191,47 @@ def bench_collectives(env: Env, cfg: MicrobenchConfig, rec: Recorder) -> None:
                         dist.send(buf, peer)
 
                 dist.barrier()
-                t = time_collective(ping_pong if peer is not None else None, env, min_time_s=cfg.comm_min_time_s) / 2
-                t = max_over_ranks(t, env)
+                t = collective_s(ping_pong if peer is not None else None, dev, min_time_s=cfg.comm_min_time_s) / 2
+                t = max_over_ranks(t, dev)
                 rec.add(kind="collective", op="send_recv", layout=name, group_size=2, num_groups=len(pairs),
-                        ranks=list(pairs[0]), groups=[list(p) for p in pairs], tier=_tier(env, pairs[0]),
+                        ranks=list(pairs[0]), groups=[list(p) for p in pairs], tier=tier(pairs[0], lw),
                         message_bytes=float(numel * elt), time_s=t)
+    rec.add(kind="communicators", count=1 + sum(1 for _, g, _, _ in created if len(g[0]) < env.world_size),
+            layouts=[name for name, *_ in created])
+
+
+def bench_device_memory(env: Env, rec: Recorder, *, before: dict[str, float]) -> None:
+    """Device memory outside PyTorch's caching allocator before and after the collectives
+    (the CUDA context, then NCCL's communicator buffers on top; ``validate.memstats``), and
+    what stayed allocated through the allocator once the compute benchmarks freed their
+    tensors: the cuBLAS workspaces (PyTorch allocates them through the caching allocator and
+    keeps them per handle and stream)."""
+    if env.device.type != "cuda":
+        return
+    torch.cuda.synchronize(env.device)
+    free, total = torch.cuda.mem_get_info(env.device)
+    outside = float(total - free) - float(torch.cuda.memory_reserved(env.device))
+    rec.add(kind="device_memory", outside_allocator_before_comm_bytes=before.get("outside", 0.0),
+            outside_allocator_after_comm_bytes=outside,
+            allocated_after_compute_bytes=before.get("allocated", 0.0),
+            total_bytes=float(total))
+
+
+def _memory_state(env: Env) -> dict[str, float]:
+    if env.device.type != "cuda":
+        return {}
+    import gc
+
+    gc.collect()
+    torch.cuda.synchronize(env.device)
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(env.device)
+    return {"outside": float(total - free) - float(torch.cuda.memory_reserved(env.device)),
+            "allocated": float(torch.cuda.memory_allocated(env.device))}
 
 
 def run(env: Env, cfg: MicrobenchConfig, *, parts: tuple[str, ...] = ("compute", "comm")) -> list[dict[str, object]]:
     """Run the benchmarks; every rank must call this.  Returns the records (same on all ranks)."""
-    import time
-
-    from validate.runtime import cpu_snapshot
-
     rec = Recorder()
     b0, o0 = cpu_snapshot()
     t0 = time.perf_counter()
@@ -230,8 +240,10 @@ def run(env: Env, cfg: MicrobenchConfig, *, parts: tuple[str, ...] = ("compute",
         bench_matmul(env, cfg, rec)
         bench_attention(env, cfg, rec)
         bench_memory(env, cfg, rec)
+    before = _memory_state(env)
     if "comm" in parts and env.world_size > 1:
         bench_collectives(env, cfg, rec)
+    bench_device_memory(env, rec, before=before)
     b1, o1 = cpu_snapshot()
     wall = time.perf_counter() - t0
     ours = [0.0] * env.world_size

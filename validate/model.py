@@ -10,7 +10,12 @@ orders tokens; throughput, not quality, is measured).  Parameter count equals
 count the same weights.
 
 Parameters are fp32; on a GPU the forward runs under bf16 autocast (mixed precision, as the
-simulator's ``precision=bf16`` assumes), on a CPU in fp32 (its bf16 GEMMs are ~50x slower).
+simulator's ``precision=bf16`` assumes), on a CPU in fp32 (bf16 GEMMs are slow on many CPUs;
+the CPU profile is fitted and corrected for fp32, ``sim.calibration``).
+With autocast the residual stream stays in bf16 end to end: the embedding output is cast to
+it and ``LayerNorm`` returns its input's dtype (``layer_norm`` is on autocast's fp32 list,
+which would otherwise make every norm output, residual, sequence-parallel gather and pipeline
+send fp32, twice the bytes the simulator counts).
 
 Layers live in an ``nn.ModuleDict`` keyed ``"0".."L-1"`` and the embedding, final norm and
 output layer may be ``None``: a pipeline stage deletes what it does not own (torchtitan's
@@ -24,6 +29,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from validate.specs import ModelConfig
+
+
+class LayerNorm(nn.LayerNorm):
+    """LayerNorm (weight only) whose output keeps the input's dtype: bf16 in, bf16 out, with
+    the statistics accumulated in fp32 inside the kernel, as Megatron's and Transformer
+    Engine's fused norms do.  Autocast would run it in fp32 and return fp32 (PyTorch docs,
+    "Automatic Mixed Precision package": CUDA ops that can autocast to float32 include
+    ``layer_norm``), so it runs with autocast off on the weight cast to the input's dtype."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            w = self.weight.to(x.dtype) if self.weight is not None else None
+            return F.layer_norm(x, self.normalized_shape, w, None, self.eps)
 
 
 class Attention(nn.Module):
@@ -59,9 +77,9 @@ class FeedForward(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.attention_norm = nn.LayerNorm(cfg.hidden_size, bias=False)
+        self.attention_norm = LayerNorm(cfg.hidden_size, bias=False)
         self.attention = Attention(cfg)
-        self.ffn_norm = nn.LayerNorm(cfg.hidden_size, bias=False)
+        self.ffn_norm = LayerNorm(cfg.hidden_size, bias=False)
         self.feed_forward = FeedForward(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -77,7 +95,7 @@ class GPT(nn.Module):
         self.cfg = cfg
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.num_layers)})
-        self.norm: nn.LayerNorm | None = nn.LayerNorm(cfg.hidden_size, bias=False)
+        self.norm: nn.LayerNorm | None = LayerNorm(cfg.hidden_size, bias=False)
         self.output: nn.Linear | None = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         # bf16 autocast on GPUs (the simulator's mixed-precision recipe); None: train in fp32
         self.autocast_dtype: torch.dtype | None = None
@@ -94,6 +112,8 @@ class GPT(nn.Module):
         with torch.autocast(device_type=x.device.type, dtype=self.autocast_dtype or torch.bfloat16,
                             enabled=self.autocast_dtype is not None):
             h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
+            if self.autocast_dtype is not None and h.is_floating_point():
+                h = h.to(self.autocast_dtype)  # the residual stream in the training dtype
             for layer in self.layers.values():
                 h = layer(h)
             h = self.norm(h) if self.norm is not None else h

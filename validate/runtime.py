@@ -1,24 +1,28 @@
-"""What every rank does around a measurement: join the job, time things, leave cleanly.
+"""What every rank does around a measurement: join the job, describe where it runs, leave.
 
-Runs inside the ranks that ``torchrun`` (or ``srun``) starts.  The backend is NCCL when a
-GPU is present and gloo otherwise, so the same code runs on a laptop and on a GPU node.
+Runs inside the ranks that ``torchrun`` (or ``srun``) starts.  The job says which device it
+wants (``cuda`` or ``cpu``); a rank asked for ``cuda`` that sees no GPU fails with
+``DeviceError`` instead of quietly measuring its CPU.  The backend follows the device: NCCL
+on a GPU, gloo on a CPU (PyTorch docs, "Distributed communication package": backends).
+Where the rank is comes from ``validate.rankenv`` (torchrun's variables, or Slurm's).
 """
 
 from __future__ import annotations
 
 import ctypes
 import datetime
-import math
 import os
 import signal
 import socket
 import statistics
-import time
+import warnings
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.distributed as dist
+
+from validate.rankenv import DeviceError, from_environ, pick_device
+from validate.timing import sync
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +36,7 @@ class Env:
     backend: str
     device: torch.device
     threads: int
+    rank_source: str = "torchrun"
 
     @property
     def node(self) -> int:
@@ -43,8 +48,7 @@ class Env:
 
     def sync(self) -> None:
         """Wait for queued device work (a no-op on CPU)."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        sync(self.device)
 
 
 def _die_with_parent() -> None:
@@ -64,27 +68,33 @@ def host_cores() -> int:
         return os.cpu_count() or 1
 
 
-def init(*, timeout_s: float = 300.0, threads: int | None = None) -> Env:
-    """Join the process group from the ``torchrun``/``srun`` environment variables."""
+def init(*, timeout_s: float = 300.0, threads: int | None = None, device: str | None = None,
+         world_size: int | None = None) -> Env:
+    """Join the process group.  ``device``: ``cuda``, ``cpu`` or None (a GPU if torch sees
+    one); ``world_size``: the ranks the job was launched with (checked)."""
     _die_with_parent()
-    rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
-    world = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))
-    local_rank = int(os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", str(world))))
-    if torch.cuda.is_available():
-        backend, device = "nccl", torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
+    where = from_environ()
+    where.export()
+    if world_size is not None and where.world_size != int(world_size):
+        raise DeviceError(f"job expects {world_size} ranks, the launcher started {where.world_size} "
+                          f"({where.source} variables)")
+    dev = pick_device(device, where.local_rank)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+        backend = "nccl"
     else:
-        backend, device = "gloo", torch.device("cpu")
+        backend = "gloo"
     if threads is None:
-        threads = max(1, host_cores() // local_world) if device.type == "cpu" else 4
+        threads = max(1, host_cores() // where.local_world_size) if dev.type == "cpu" else 4
     torch.set_num_threads(threads)
     if not dist.is_initialized():
-        kwargs = {"device_id": device} if backend == "nccl" else {}
-        dist.init_process_group(backend, rank=rank, world_size=world,
+        # device_id binds the NCCL communicator to this rank's GPU (eager init, no guessing)
+        kwargs = {"device_id": dev} if backend == "nccl" else {}
+        dist.init_process_group(backend, rank=where.rank, world_size=where.world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
-    return Env(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
-               backend=backend, device=device, threads=threads)
+    return Env(rank=where.rank, world_size=where.world_size, local_rank=where.local_rank,
+               local_world_size=where.local_world_size, backend=backend, device=dev, threads=threads,
+               rank_source=where.source)
 
 
 def shutdown() -> None:
@@ -94,18 +104,47 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
+def software_versions() -> dict[str, object]:
+    """torch, CUDA, cuDNN and NCCL versions and the TF32 settings of this process."""
+    info: dict[str, object] = {"torch": torch.__version__, "cuda": torch.version.cuda}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the allow_tf32 flags are deprecated in favour of fp32_precision
+        info["tf32"] = {
+            "matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+            "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+            "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        }
+        prec = getattr(torch.backends.cuda.matmul, "fp32_precision", None)
+        if isinstance(prec, str):
+            info["tf32"]["matmul_fp32_precision"] = prec  # type: ignore[index]
+    if torch.cuda.is_available():
+        try:
+            info["nccl"] = ".".join(str(x) for x in torch.cuda.nccl.version())
+        except (AttributeError, RuntimeError, TypeError):
+            info["nccl"] = None
+        info["cudnn"] = torch.backends.cudnn.version()
+    else:
+        info["nccl"] = None
+        info["cudnn"] = None
+    return info
+
+
 def describe(env: Env) -> dict[str, object]:
     """The environment a measurement was taken in (recorded with every result)."""
     info: dict[str, object] = {
-        "hostname": socket.gethostname(), "torch": torch.__version__, "backend": env.backend,
+        "hostname": socket.gethostname(), "backend": env.backend,
         "device_type": env.device.type, "world_size": env.world_size,
         "local_world_size": env.local_world_size, "num_nodes": env.num_nodes,
-        "threads_per_rank": env.threads, "host_cores": host_cores(),
+        "threads_per_rank": env.threads, "host_cores": host_cores(), "rank_source": env.rank_source,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **software_versions(),
     }
     if env.device.type == "cuda":
+        props = torch.cuda.get_device_properties(env.device)
         info["device_name"] = torch.cuda.get_device_name(env.device)
-        info["device_memory_bytes"] = torch.cuda.get_device_properties(env.device).total_memory
+        info["device_memory_bytes"] = props.total_memory
+        info["device_capability"] = f"{props.major}.{props.minor}"
+        info["visible_devices"] = torch.cuda.device_count()
     else:
         info["device_name"] = cpu_model_name()
         info["host_memory_bytes"] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -121,105 +160,6 @@ def cpu_model_name() -> str:
     except OSError:
         pass
     return "cpu"
-
-
-def time_call(fn: Callable[[], object], env: Env, *, min_reps: int = 3, min_time_s: float = 0.05,
-              max_reps: int = 1000, warmup: int = 1) -> float:
-    """Median seconds of one call of ``fn`` (device-synchronised)."""
-    for _ in range(warmup):
-        fn()
-    env.sync()
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() - start < min_time_s):
-        t0 = time.perf_counter()
-        fn()
-        env.sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def time_collective(fn: Callable[[], object] | None, env: Env, *, min_time_s: float = 0.05,
-                    max_reps: int = 200, warmup: int = 2) -> float:
-    """Median seconds of one call of collective ``fn``; every rank of the job must call this.
-
-    All ranks must issue the same number of collectives, so the repetition count is agreed
-    (the largest any rank wants) before timing.  Ranks outside the measured groups pass
-    ``fn=None`` and only take part in the agreement.
-    """
-    if fn is not None:
-        for _ in range(warmup):
-            fn()
-        env.sync()
-        t0 = time.perf_counter()
-        fn()
-        env.sync()
-        one = max(time.perf_counter() - t0, 1e-7)
-        want = float(min(max_reps, max(3, math.ceil(min_time_s / one))))
-    else:
-        want = 0.0
-    reps = int(max_over_ranks(want, env))
-    if fn is None:
-        return 0.0
-    times: list[float] = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        env.sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def max_over_ranks(value: float, env: Env, group: dist.ProcessGroup | None = None) -> float:
-    """The largest ``value`` over the ranks (the slowest rank sets the pace)."""
-    t = torch.tensor([value], dtype=torch.float64, device=env.device if env.backend == "nccl" else "cpu")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return float(t.item())
-
-
-# ------------------------------------------------------------------------ memory
-
-
-class PeakMemory:
-    """Peak memory of this rank during a block, in bytes.
-
-    GPU: ``torch.cuda.max_memory_allocated`` (tensors only, as the simulator counts).  CPU:
-    the growth of the resident set, peak (``VmHWM``, reset through ``/proc/self/clear_refs``)
-    minus the resident set at the start: tensors plus allocator slack.
-    """
-
-    def __init__(self, env: Env) -> None:
-        self.env = env
-        self.base = 0.0
-
-    def start(self) -> None:
-        if self.env.device.type == "cuda":
-            torch.cuda.synchronize(self.env.device)
-            torch.cuda.reset_peak_memory_stats(self.env.device)
-            self.base = float(torch.cuda.memory_allocated(self.env.device))
-        else:
-            try:
-                with open("/proc/self/clear_refs", "w", encoding="ascii") as fh:
-                    fh.write("5")
-            except OSError:
-                pass
-            self.base = _proc_status_bytes("VmRSS")
-
-    def peak_bytes(self) -> float:
-        if self.env.device.type == "cuda":
-            return float(torch.cuda.max_memory_allocated(self.env.device)) - self.base
-        return max(0.0, _proc_status_bytes("VmHWM") - self.base)
-
-
-def _proc_status_bytes(key: str) -> float:
-    try:
-        with open("/proc/self/status", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith(key + ":"):
-                    return float(line.split()[1]) * 1024.0
-    except OSError:
-        pass
-    return 0.0
 
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100

@@ -74,13 +74,14 @@ class MicrobenchConfig:
     message_bytes: tuple[int, ...] = tuple(1 << k for k in range(12, 29, 2))
     collective_ops: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
     dtype: str = "fp32"  # training dtype on this device (the workloads' dtype)
-    min_time_s: float = 0.2
-    comm_min_time_s: float = 0.1
+    min_time_s: float = 0.2  # seconds of timed calls per compute benchmark (all samples)
+    comm_min_time_s: float = 0.1  # the same per collective and size
+    overhead_calls: int = 2000  # back-to-back no-work ops per sample of the overhead probes
 
     @classmethod
     def quick(cls, *, device_type: str = "cpu") -> "MicrobenchConfig":
         if device_type == "cuda":
-            return cls(dtype="bf16", min_time_s=0.05, comm_min_time_s=0.03)
+            return cls.gpu(quick=True)
         return cls(
             matmul_shapes=((64, 256, 256), (128, 128, 512), (256, 256, 256), (512, 512, 512),
                            (1024, 256, 1024), (512, 1024, 256), (1024, 1024, 512), (96, 1024, 1024),
@@ -90,6 +91,39 @@ class MicrobenchConfig:
             memory_numel=(1 << 15, 1 << 17, 1 << 19, 1 << 21, 1 << 23),
             message_bytes=(1 << 12, 1 << 15, 1 << 18, 1 << 20, 1 << 22, 1 << 24),
             min_time_s=0.08, comm_min_time_s=0.08)
+
+    @classmethod
+    def gpu(cls, *, quick: bool) -> "MicrobenchConfig":
+        """GPU-sized sweeps: GEMMs whose smallest dimension spans 256..8192 (the shape factor)
+        and that run 10 us to 2 ms on an H100-class GPU, so none is bound by the host's
+        dispatch; attention at training lengths; memory-bound kernels on tensors of 128 MiB
+        and more (beyond the 50-60 MiB L2 of Hopper); messages from 64 KiB to 1 GiB."""
+        if quick:
+            return cls(
+                matmul_shapes=((4096, 4096, 4096), (8192, 8192, 8192), (2048, 2048, 2048), (256, 8192, 8192),
+                               (512, 8192, 8192), (1024, 8192, 8192), (8192, 8192, 1024)),
+                matmul_dtypes=("bf16", "fp32"), other_dtype_shapes=2,
+                attention_shapes=((8, 16, 1024, 128), (4, 32, 2048, 128), (1, 32, 8192, 128)),
+                memory_numel=(1 << 26, 1 << 27, 1 << 28),
+                message_bytes=(1 << 16, 1 << 20, 1 << 23, 1 << 26, 1 << 29),
+                dtype="bf16", min_time_s=0.03, comm_min_time_s=0.02, overhead_calls=1000)
+        return cls(
+            matmul_shapes=((4096, 4096, 4096), (8192, 8192, 8192), (2048, 2048, 2048), (1024, 1024, 1024),
+                           (128, 8192, 8192), (256, 8192, 8192), (512, 8192, 8192), (1024, 8192, 8192),
+                           (8192, 8192, 1024), (8192, 1024, 8192), (16384, 8192, 2048), (4096, 16384, 4096)),
+            matmul_dtypes=("bf16", "fp32", "fp16"), other_dtype_shapes=3,
+            attention_shapes=((8, 16, 1024, 128), (4, 32, 2048, 128), (2, 32, 4096, 128), (1, 32, 8192, 128),
+                              (4, 16, 2048, 64)),
+            memory_numel=(1 << 25, 1 << 26, 1 << 27, 1 << 28),
+            message_bytes=tuple(1 << k for k in range(16, 31, 2)),
+            dtype="bf16", min_time_s=0.1, comm_min_time_s=0.05)
+
+    @classmethod
+    def for_device(cls, device_type: str, *, quick: bool) -> "MicrobenchConfig":
+        """The sweep for ``cpu`` or ``cuda``, quick or full."""
+        if device_type == "cuda":
+            return cls.gpu(quick=quick)
+        return cls.quick() if quick else cls()
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)

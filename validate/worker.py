@@ -2,11 +2,13 @@
 
 ``JOB.json`` lists tasks run in order by all ranks of one job::
 
-    {"timeout_s": 300, "threads": null,
+    {"timeout_s": 300, "threads": null, "device": "cuda", "world_size": 8,
      "tasks": [{"type": "microbench", "config": {...}, "parts": ["compute", "comm"]},
                {"type": "workload", "spec": {...}}]}
 
-Rank 0 writes ``OUT_DIR/results.json`` (``env``, ``microbench`` records, ``workloads``).
+``device`` (``cuda`` or ``cpu``; absent: a GPU when torch sees one) is asserted: a rank asked
+for ``cuda`` that sees no GPU fails (``validate.rankenv.DeviceError``) rather than measuring
+its CPU; ``world_size`` is checked against the launcher's.  Rank 0 writes ``OUT_DIR/results.json`` (``env``, ``microbench`` records, ``workloads``).
 A rank that fails writes ``OUT_DIR/error-rank{R}.json`` (time, type, message, traceback)
 and exits 1; the launcher (``validate.launch``) turns the earliest of these into one error.
 Diagnostic task types ``fail`` (raise on one rank), ``crash`` (abort one rank) and ``hang``
@@ -34,7 +36,8 @@ def run_job(job: dict, out_dir: Path) -> dict:
 
     from validate import microbench, runtime, workloads
 
-    env = runtime.init(timeout_s=float(job.get("timeout_s", 300)), threads=job.get("threads"))
+    env = runtime.init(timeout_s=float(job.get("timeout_s", 300)), threads=job.get("threads"),
+                       device=job.get("device"), world_size=job.get("world_size"))
     results: dict[str, object] = {"env": runtime.describe(env), "microbench": [], "workloads": []}
     for task in job.get("tasks", []):
         kind = task.get("type")
@@ -71,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
 
     faulthandler.enable()  # a segfault or abort prints a traceback the launcher can find
     job_path, out_dir = Path(argv[0]), Path(argv[1])
-    rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
+    from validate.rankenv import from_environ
+
+    rank = from_environ(resolve=lambda nodes: []).rank
     try:
         job = json.loads(job_path.read_text(encoding="utf-8"))
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -8,8 +8,16 @@ plan), and pipeline parallelism through ``torch.distributed.pipelining`` (GPipe,
 interleaved 1F1B with ``vp`` chunks per rank).  Any combination of the three dimensions
 runs (1-D, 2-D and 3-D meshes).
 
+Precision on a GPU: bf16 autocast with fp32 master weights (DDP, TP, pipelines), and for FSDP2
+``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` (PyTorch docs, FSDP2
+``fully_shard`` ``mp_policy``; torchtitan's default): parameters are all-gathered in bf16 and
+gradients reduce-scattered in fp32, the volumes the simulator counts
+(``catalogs/runtime.yaml``: 2 bytes per gathered parameter, 4 per reduced gradient).
+
 Measured: wall time of each optimizer step (slowest rank), median after warm-up; peak memory
-of the most loaded rank (``validate.runtime.PeakMemory``); tokens per second.
+of the most loaded rank after the model is built (``validate.memstats.PeakMemory``); tokens
+per second.  Losses stay on the device until the last step (reading one per micro-batch
+would stall the GPU queue).
 """
 
 from __future__ import annotations
@@ -24,10 +32,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from validate.memstats import PeakMemory, release_memory
 from validate.model import GPT, loss_fn
-from validate.runtime import Env, PeakMemory, cpu_snapshot, describe, median
+from validate.runtime import Env, cpu_snapshot, describe, median
 from validate.specs import CONTENDED_CORES, WorkloadSpec
-
 
 
 # ------------------------------------------------------------------------ building
@@ -88,14 +96,26 @@ def _apply_tp(module: GPT, tp_mesh) -> None:
         })
 
 
-def _apply_fsdp(module: GPT, dp_mesh, *, pipelined: bool) -> nn.Module:
+def fsdp_mixed_precision(device: torch.device):  # -> MixedPrecisionPolicy | None
+    """FSDP2's policy on a GPU: bf16 parameters for compute and all-gathers, fp32 gradient
+    reduction (module docstring); None on a CPU (fp32 throughout)."""
+    if device.type != "cuda":
+        return None
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+def _apply_fsdp(module: GPT, dp_mesh, *, pipelined: bool, device: torch.device) -> nn.Module:
     from torch.distributed.fsdp import fully_shard
 
     # With a pipeline every micro-batch would re-gather; keep parameters gathered (torchtitan).
     reshard = not pipelined
+    mp = fsdp_mixed_precision(device)
+    kw = {"mp_policy": mp} if mp is not None else {}
     for block in module.layers.values():
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
-    fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard)
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, **kw)
+    fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard, **kw)
     return module
 
 
@@ -117,7 +137,8 @@ def build(spec: WorkloadSpec, env: Env) -> Built:
         raise ValueError(f"workload[{spec.name}] needs {spec.world_size} ranks (pp*dp*tp), the job has {env.world_size}")
     torch.manual_seed(spec.seed)
     mesh = _mesh(spec, env)
-    full = GPT(spec.model).to(env.device)
+    with torch.device(env.device):  # initialise on the device (a 2B model on the host takes seconds)
+        full = GPT(spec.model)
     if env.device.type == "cuda":
         full.autocast_dtype = torch.bfloat16
     pp_rank = mesh["pp"].get_local_rank() if spec.pp > 1 else 0
@@ -136,7 +157,8 @@ def build(spec: WorkloadSpec, env: Env) -> Built:
     is_ddp = False
     if spec.dp > 1:
         if spec.dp_mode == "fsdp":
-            modules = [_apply_fsdp(m, mesh["dp"], pipelined=spec.pp > 1) for m in modules]  # type: ignore[arg-type]
+            modules = [_apply_fsdp(m, mesh["dp"], pipelined=spec.pp > 1, device=env.device)  # type: ignore[arg-type]
+                       for m in modules]
         else:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -181,10 +203,11 @@ def _loss_ctx(built: Built):
     return nullcontext()
 
 
-def train_step(spec: WorkloadSpec, env: Env, built: Built, step: int) -> float | None:
-    """One optimizer step; returns the loss on ranks that compute it."""
+def train_step(spec: WorkloadSpec, env: Env, built: Built, step: int) -> torch.Tensor | None:
+    """One optimizer step; returns the loss (a detached device tensor, read after the last
+    step) on ranks that compute it."""
     x, y = _batch(spec, env, built.dp_rank, step)
-    loss_value: float | None = None
+    loss_value: torch.Tensor | None = None
     if built.schedule is not None:
         losses: list[torch.Tensor] = []
         with _loss_ctx(built):
@@ -197,18 +220,19 @@ def train_step(spec: WorkloadSpec, env: Env, built: Built, step: int) -> float |
             else:
                 built.schedule.step()
         if losses:
-            loss_value = float(torch.stack([_to_local(v.detach()) for v in losses]).mean())
+            loss_value = torch.stack([_to_local(v.detach()).float() for v in losses]).mean()
     else:
         model = built.modules[0]
         m = spec.num_microbatches
-        total = 0.0
+        total: torch.Tensor | None = None
         for i in range(m):
             xs, ys = x[i * spec.mbs:(i + 1) * spec.mbs], y[i * spec.mbs:(i + 1) * spec.mbs]
             sync = nullcontext() if (not built.ddp or i == m - 1) else model.no_sync()  # type: ignore[operator]
             with sync, _loss_ctx(built):
                 loss = loss_fn(model(xs), ys) / m
                 loss.backward()
-            total += float(_to_local(loss.detach()))
+            part = _to_local(loss.detach()).float()
+            total = part if total is None else total + part
         loss_value = total
     built.optimizer.step()
     built.optimizer.zero_grad(set_to_none=True)
@@ -227,33 +251,22 @@ def _contention(per_rank: list[dict], steps: int) -> list[float]:
     return out
 
 
-def release_memory() -> None:
-    """Return freed memory to the OS, so the next workload's resident-set growth is its own."""
-    import ctypes
-    import gc
-
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 def _to_local(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def run(spec: WorkloadSpec, env: Env) -> dict[str, object]:
     """Build, train ``warmup_steps + steps`` steps, measure.  Every rank must call this."""
-    mem = PeakMemory(env)
-    release_memory()
+    mem = PeakMemory(env.device)
+    mem.before_build()
     dist.barrier()
-    mem.start()
     built = build(spec, env)
+    mem.after_build()  # the unsharded model every rank built first is gone: not part of the peak
+    dist.barrier()
     durations: list[float] = []
     busy: list[float] = []  # host CPU seconds used during each measured step
     own: list[float] = []  # this rank's CPU seconds during each measured step
-    losses: list[float] = []
+    losses: list[torch.Tensor] = []
     for step in range(spec.warmup_steps + spec.steps):
         env.sync()
         b0, o0 = cpu_snapshot()
@@ -268,9 +281,10 @@ def run(spec: WorkloadSpec, env: Env) -> dict[str, object]:
             own.append(o1 - o0)
         if loss is not None:
             losses.append(loss)
-    peak = mem.peak_bytes()
+    memory = mem.result()
+    loss_values = [float(v) for v in losses]  # one device read, after the last step
     per_rank: list[dict[str, object]] = [None] * env.world_size  # type: ignore[list-item]
-    dist.all_gather_object(per_rank, {"durations": durations, "peak": peak, "losses": losses, "busy": busy,
+    dist.all_gather_object(per_rank, {"durations": durations, "memory": memory, "losses": loss_values, "busy": busy,
                                       "own": own, "node": env.node, "params_local": built.params_local})
     steps = [max(float(r["durations"][i]) for r in per_rank) for i in range(spec.steps)]  # type: ignore[index]
     others = _contention(per_rank, spec.steps)
@@ -279,13 +293,17 @@ def run(spec: WorkloadSpec, env: Env) -> dict[str, object]:
     reporting = [r["losses"] for r in per_rank if r["losses"]]  # type: ignore[index]
     step_time = median(used)
     del built
-    release_memory()
+    release_memory(env.device)
+    peak = {k: max(float(r["memory"].get(k, 0.0)) for r in per_rank) for k in memory}  # type: ignore[union-attr]
     return {
         "name": spec.name, "kind": spec.kind, "spec": spec.as_dict(), "strategy": spec.strategy().to_string(),
         "world_size": env.world_size, "step_times_s": steps, "measured_step_time_s": step_time,
         "other_processes_cores": others, "steps_used": len(used),
         "tokens_per_step": spec.tokens_per_step, "tokens_per_s": spec.tokens_per_step / step_time,
-        "measured_memory_peak_bytes": max(float(r["peak"]) for r in per_rank),  # type: ignore[arg-type]
+        "measured_memory_peak_bytes": peak["peak_bytes"],
+        **({"measured_memory_reserved_bytes": peak["peak_reserved_bytes"],
+            "measured_device_used_bytes": peak["device_used_bytes"],
+            "measured_outside_allocator_bytes": peak["outside_allocator_bytes"]} if "peak_reserved_bytes" in peak else {}),
         "model_params": spec.model.to_sim_model().num_params,
         "loss_first": reporting[0][0] if reporting else None,
         "loss_last": reporting[0][-1] if reporting else None,
