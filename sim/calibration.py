@@ -50,6 +50,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from sim.catalog import catalog_dir, get_gpu, gpu_from_record, link_from_record, list_links
 from sim.compute import network_efficiency, network_size_curves
 from sim.errors import InputError
 from sim.specs import Gpu, Link
@@ -64,8 +65,6 @@ _TOP_KEYS = frozenset({"schema_version", "id", "name", "source", "notes", "host"
 
 
 def calibration_dir() -> Path:
-    from sim.catalog import catalog_dir
-
     return catalog_dir() / "calibration"
 
 
@@ -120,8 +119,6 @@ class Calibration:
         id and, on GPU hosts, the base GPU's id and aliases (lower case)."""
         ids = [self.id, self.gpu.id]
         if self.host.base_gpu:
-            from sim.catalog import get_gpu
-
             try:
                 base = get_gpu(self.host.base_gpu)
                 ids += [base.id, *base.aliases]
@@ -237,8 +234,6 @@ def _fail(where: str, value: object, message: str) -> InputError:
 
 def calibration_from_dict(data: Mapping[str, Any], *, path: str = "<dict>") -> Calibration:
     """Build and validate a ``Calibration`` from a parsed profile."""
-    from sim.catalog import _gpu_from_record, _index, _link_from_record, _links, catalog_dir
-
     if not isinstance(data, Mapping):
         raise _fail("file", path, "must be a mapping")
     for key in data:
@@ -253,9 +248,7 @@ def calibration_from_dict(data: Mapping[str, Any], *, path: str = "<dict>") -> C
     raw_links = data.get("links") or []
     if not isinstance(raw_links, list):
         raise _fail("links", raw_links, "must be a list of link records")
-    own = [_link_from_record(r, p) for r in raw_links]
-    base = _links(str(catalog_dir()))
-    index = _index([(l.id, l.aliases, l) for l in base.items] + [(l.id, l.aliases, l) for l in own])
+    own = [link_from_record(r, file=str(p)) for r in raw_links]
     if not isinstance(data["device"], Mapping):
         raise _fail("device", data["device"], "must be a gpus.yaml record")
     scale_up = next((l for l in own if l.kind == "scale-up"), None)
@@ -264,11 +257,11 @@ def calibration_from_dict(data: Mapping[str, Any], *, path: str = "<dict>") -> C
     if scale_up is None and "nvlink_generation" not in device:
         # one rank per host, no catalog record: no scale-up link is known.  The GPU record
         # needs one structurally; apply_plan refuses every plan that would use it.
-        stand_in = next(l for l in base.items if l.kind == "scale-up")
+        stand_in = list_links("scale-up")[0]
         device.update(nvlink_generation=stand_in.id,
                       nvlink_gb_per_s_per_direction=stand_in.bytes_per_s_per_direction / 1e9)
         scale_up_known = False
-    gpu = _gpu_from_record(device, p, index)
+    gpu = gpu_from_record(device, file=str(p), extra_links=own)
     if scale_up is not None and scale_up.id != gpu.nvlink_generation:
         raise _fail("device.nvlink_generation", gpu.nvlink_generation, f"must name the measured link {scale_up.id}")
     nic = next((l for l in own if l.kind == "nic"), None)

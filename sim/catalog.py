@@ -394,6 +394,20 @@ _LINK_KEYS = frozenset({
 })
 
 
+def link_from_record(rec: Mapping[str, Any], *, file: str) -> Link:
+    """A ``Link`` from one record in the ``links.yaml`` schema (e.g. a calibration profile's
+    measured link), validated like the catalog's own."""
+    return _link_from_record(rec, Path(file))
+
+
+def gpu_from_record(rec: Mapping[str, Any], *, file: str, extra_links: Iterable[Link] = ()) -> Gpu:
+    """A ``Gpu`` from one record in the ``gpus.yaml`` schema, its ``default_nic`` and
+    ``nvlink_generation`` looked up among the catalog's links and ``extra_links``."""
+    base = _links(str(catalog_dir()))
+    index = _index([(l.id, l.aliases, l) for l in base.items] + [(l.id, l.aliases, l) for l in extra_links])
+    return _gpu_from_record(rec, Path(file), index)
+
+
 def _gpu_from_record(rec: Mapping[str, Any], path: Path, links: _Index) -> Gpu:
     r = Record(rec, where=f"gpu[{rec['id']}]", file=path.name, allowed=_GPU_KEYS)
     peaks = r.table("dense_tflops", keys=PRECISIONS)

@@ -43,10 +43,17 @@ class Op:
     recompute_selective: bool = False  # recomputed under selective recomputation
     tp_sharded: bool = True
     kernel: str = ""  # attention kernel family for kind == "attention" (flash | flash2)
-    # Backward work relative to forward.  GEMMs: 2x (dgrad + wgrad).  A fused attention
-    # kernel's backward: catalogs/conventions.yaml ``attention_backward_per_forward`` (2.5x:
-    # it recomputes the score matrix; Dao 2023, FlashAttention-2, Sec. 3.1), set by layer_ops.
-    backward_flop_factor: float = 2.0
+    # Backward FLOPs relative to forward; None: the kind's rule (``backward_flop_factor``).
+    backward_flops_per_forward: float | None = None
+
+    @property
+    def backward_flop_factor(self) -> float:
+        """Backward work relative to forward.  GEMMs: 2x (dgrad + wgrad).  A fused attention
+        kernel's backward: ``catalogs/conventions.yaml`` ``attention_backward_per_forward``
+        (2.5x: it recomputes the score matrix; Dao 2023, FlashAttention-2, Sec. 3.1)."""
+        if self.backward_flops_per_forward is not None:
+            return self.backward_flops_per_forward
+        return conventions().attention_backward_per_forward if self.kind == "attention" else 2.0
 
     @property
     def backward_bytes_factor(self) -> float:
@@ -136,7 +143,7 @@ def layer_ops(model: Model, strategy: Strategy, *, moe: bool, attention: str = "
         hbm = act * tokens * (a_loc * d_qk + kv_width + a_loc * d_v) + 4 * b * a_loc * s_loc
         ops.append(Op("attention", "attention", full_flops / 2, hbm, model_flops=full_flops,
                       recompute_selective=True, kernel=attention,
-                      backward_flop_factor=conventions().attention_backward_per_forward))
+                      backward_flops_per_forward=conventions().attention_backward_per_forward))
     else:
         sq = b * a_loc * s_loc * s  # score elements
         ops.append(_gemm("scores_qk", s_loc, s, d_qk, batch=b * a_loc, recompute_selective=True))

@@ -21,6 +21,11 @@ import statistics
 from typing import Any
 
 from sim.calibration import Calibration, load_calibration
+from sim.catalog import get_nic
+from sim.memory import memory_breakdown
+from sim.plan import Plan
+from sim.runtime import default_runtime
+from sim.simulate import simulate
 from sim.specs import Cluster, Strategy
 
 
@@ -32,8 +37,6 @@ def _strategy(w: dict[str, Any]) -> Strategy:
 
 def plan_for(w: dict[str, Any], cal: Calibration):
     """The simulator's ``Plan`` for a measured workload on ``cal``'s hardware."""
-    from sim.catalog import get_nic
-    from sim.plan import Plan
     from validate.specs import ModelConfig
 
     model = ModelConfig.from_dict(w["spec"]["model"]).to_sim_model()
@@ -49,8 +52,6 @@ def plan_for(w: dict[str, Any], cal: Calibration):
 
 
 def predict(w: dict[str, Any], cal: Calibration, *, engine: str = "analytic") -> dict[str, Any]:
-    from sim.memory import default_runtime, memory_breakdown
-    from sim.simulate import simulate
 
     plan = plan_for(w, cal)
     res = simulate(plan, engine=engine, calibration=cal.path)

@@ -32,10 +32,11 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from sim.conventions import conventions
+
 MIN_POINTS = 2
 BOUND_MARGIN = 1.05
 """A point is informative about the work term when ``t - o`` exceeds every other bound by 5%."""
-BWD_FLOP_FACTOR = 2.5  # sim.ops.Op.backward_flop_factor for attention
 ELEMENT_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
 MEMORY_MIN_BYTES = 1 << 20
 """Memory-bound kernels on tensors below 1 MiB are launch-bound (and cache-resident on CPUs);
@@ -207,7 +208,7 @@ def fit_attention(records: Iterable[dict], matmul_flops_per_s: float, overhead_s
         if r["fwd_time_s"] - o > BOUND_MARGIN * max(floor_s, mem):
             fwd.append(r["flops"] / ((r["fwd_time_s"] - o) * P))
         if r["bwd_time_s"] - 2 * o > BOUND_MARGIN * 2 * max(floor_s, mem):
-            bwd.append(BWD_FLOP_FACTOR * r["flops"] / ((r["bwd_time_s"] - 2 * o) * P))
+            bwd.append(conventions().attention_backward_per_forward * r["flops"] / ((r["bwd_time_s"] - 2 * o) * P))
     if not fwd or not bwd:
         raise FitError("every attention measurement is bound by the host floor or the memory roofline "
                        "(use longer sequences)")
@@ -217,6 +218,6 @@ def fit_attention(records: Iterable[dict], matmul_flops_per_s: float, overhead_s
     tf = np.array([r["fwd_time_s"] for r in pts], dtype=float)
     tb = np.array([r["bwd_time_s"] for r in pts], dtype=float)
     pf = o + np.maximum(f / (P * af), floor_s)
-    pb = 2 * o + np.maximum(BWD_FLOP_FACTOR * f / (P * ab), 2 * floor_s)
+    pb = 2 * o + np.maximum(conventions().attention_backward_per_forward * f / (P * ab), 2 * floor_s)
     res = np.concatenate([(pf - tf) / tf, (pb - tb) / tb])
     return AttentionFit(af, ab, float(np.sqrt(np.mean(res**2))), len(pts), 2 * len(pts) - len(fwd) - len(bwd))
