@@ -5,7 +5,7 @@
 x sequence parallelism x recomputation x ZeRO stage x pipeline schedule/vp) by calling the same
 functions with arrays of the grid's broadcast shape:
 
-* per layer and micro-batch (depends on ``tp, cp, ep, mbs, sp, recompute, precision``): the
+* per layer and micro-batch (depends on ``tp, cp, ep, etp, mbs, sp, recompute, precision``): the
   ``sim.costs.layer_cost`` of the layer's ops, the embedding/head (``sim.costs.end_costs``) and
   the saved activations (``sim.memory.activation_bytes_per_layer``), computed once and cached;
 * per pipeline stage shape (``sim.stages.stage_shapes``): ``sim.step.stage_pieces`` (ZeRO/FSDP
@@ -28,7 +28,7 @@ import numpy as np
 
 from sim.compute import KernelEfficiency, default_efficiency
 from sim.costs import (LayerCost, default_network, dp_collectives, end_costs,
-                       layer_cost, p2p_bytes, p2p_time_s, synced_params)
+                       layer_cost, p2p_bytes, p2p_time_s)
 from sim.memory import activation_bytes_per_layer, inflight, stage_memory
 from sim.network import Network
 from sim.ops import layer_ops
@@ -49,10 +49,15 @@ class Layout:
     dp: int
     ep: int
     precision: str
+    etp: int | None = None  # expert tensor parallelism (None: tp)
 
     @property
     def num_gpus(self) -> int:
         return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def expert_dp(self) -> int:
+        return max(1, (self.tp * self.cp * self.dp) // ((self.etp or self.tp) * self.ep))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -78,7 +83,7 @@ class Grid:
     def strategy(self, layout: Layout, flat_index: int, *, gbs: int, seq_len: int) -> Strategy:
         i, j, k, z, q = np.unravel_index(int(flat_index), self.shape)
         vp, schedule = self.pipes[q]
-        return Strategy(tp=layout.tp, pp=layout.pp, dp=layout.dp, cp=layout.cp, ep=layout.ep, vp=vp,
+        return Strategy(tp=layout.tp, pp=layout.pp, dp=layout.dp, cp=layout.cp, ep=layout.ep, etp=layout.etp, vp=vp,
                         mbs=self.mbs[i], gbs=gbs, seq_len=seq_len, zero=self.zero[z], sp=self.sp[j],
                         recompute=self.recompute[k], precision=layout.precision, schedule=schedule)
 
@@ -151,22 +156,23 @@ class FastModel:
                        zero: int = 0, vp: int = 1, schedule: str = "1f1b") -> Strategy:
         """A valid ``Strategy`` of this layout (the global batch replaced by one that divides)."""
         m = max(1, self.gbs // (mbs * layout.dp))
-        return Strategy(tp=layout.tp, pp=layout.pp, dp=layout.dp, cp=layout.cp, ep=layout.ep, vp=vp, mbs=mbs,
-                        gbs=mbs * layout.dp * m, seq_len=self.seq_len, zero=zero, sp=sp, recompute=recompute,
+        return Strategy(tp=layout.tp, pp=layout.pp, dp=layout.dp, cp=layout.cp, ep=layout.ep, etp=layout.etp, vp=vp,
+                        mbs=mbs, gbs=mbs * layout.dp * m, seq_len=self.seq_len, zero=zero, sp=sp, recompute=recompute,
                         precision=layout.precision, schedule=schedule, dp_overlap=self.dp_overlap)
 
-    def micro(self, tp: int, cp: int, ep: int, mbs: int, sp: bool, recompute: str, precision: str) -> np.ndarray:
+    def micro(self, tp: int, cp: int, ep: int, etp: int | None, mbs: int, sp: bool, recompute: str,
+              precision: str) -> np.ndarray:
         """The ``_FIELDS`` of one micro-batch (cached): layer costs (``sim.costs.layer_cost``),
         embedding/head (``sim.costs.end_costs``) and saved activations.  The layer's
         collectives depend only on the tp/cp/ep groups, so one strategy with these degrees (and
         no pipelining) stands for every layout that shares them."""
-        key = (tp, cp, ep, mbs, sp, recompute, precision)
+        key = (tp, cp, ep, etp, mbs, sp, recompute, precision)
         got = self._micro.get(key)
         if got is not None:
             return got
         model, probe = self.model, self.probe
         dp = self.cluster.num_gpus // (tp * cp)
-        s = Strategy(tp=tp, cp=cp, ep=ep, dp=dp, pp=1, mbs=mbs, gbs=mbs * dp, seq_len=self.seq_len, sp=sp,
+        s = Strategy(tp=tp, cp=cp, ep=ep, etp=etp, dp=dp, pp=1, mbs=mbs, gbs=mbs * dp, seq_len=self.seq_len, sp=sp,
                      recompute=recompute, precision=precision, dp_overlap=self.dp_overlap)
         plan = self.plan(s)
 
@@ -193,7 +199,7 @@ class FastModel:
         got = self._coll.get(key)
         if got is None:
             s = self.representative(layout)
-            got = dp_collectives(self.net, s, synced_params(shape.params, s), self.comm, self.eff)
+            got = dp_collectives(self.net, s, shape.params, self.comm, self.eff)
             self._coll[key] = got
         return got
 
@@ -215,7 +221,7 @@ class FastModel:
         shape5 = grid.shape
         shapes = stage_shapes(model, self.representative(layout))
         p, dpcp = layout.pp, layout.dp * layout.cp
-        table = np.stack([self.micro(layout.tp, layout.cp, layout.ep, mbs, sp, rc, layout.precision)
+        table = np.stack([self.micro(layout.tp, layout.cp, layout.ep, layout.etp, mbs, sp, rc, layout.precision)
                           for mbs in grid.mbs for sp in grid.sp for rc in grid.recompute])
 
         def msr(name: str) -> np.ndarray:  # (M, S, R) -> broadcastable 5-D
@@ -235,7 +241,8 @@ class FastModel:
         dense_act, moe_act, recomputed = (msr(n) for n in _ACTS)
         peak = None
         for sh in shapes:
-            mem = stage_memory(model, sh, zero=zero, shard=dpcp, ep=layout.ep, tp=layout.tp, dense_act_bytes=dense_act,
+            mem = stage_memory(model, sh, zero=zero, shard=dpcp, expert_shard=layout.expert_dp, tp=layout.tp,
+                               dense_act_bytes=dense_act,
                                moe_act_bytes=moe_act, full_recompute=full, recomputed_layer_bytes=recomputed,
                                inflight_mb=inflight(p, m, vp, gpipe, sh.index), tokens=tokens, rt=self.mem_rt)
             peak = mem.total_bytes if peak is None else np.maximum(peak, mem.total_bytes)
@@ -265,7 +272,8 @@ class FastModel:
         for sh in shapes:
             lf, lb, lr = (layer_sum(sh, n) for n in ("fwd_s", "bwd_s", "recompute_s"))
             ef, eb = end(sh, "fwd"), end(sh, "bwd")
-            pieces = stage_pieces(coll=self._dp_collectives(layout, sh), zero=zero, dp_size=dpcp, ep=layout.ep,
+            pieces = stage_pieces(coll=self._dp_collectives(layout, sh), zero=zero, dp_size=dpcp,
+                                  expert_dp=layout.expert_dp,
                                   params=sh.params, num_layers=sh.num_layers, layer_fwd_s=lf + ef,
                                   layer_bwd_s=lb + lr + eb, dp_overlap=self.dp_overlap, hbm_bytes_per_s=hbm,
                                   rt=self.comm, eff=self.eff, accum_bytes_per_param=accum,

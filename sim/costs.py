@@ -175,6 +175,10 @@ def layer_cost(plan: Plan, net: Network, lops: LayerOps, eff: KernelEfficiency, 
         one = net.dim_collective_time_s("all_reduce", s, "tp", lops.tp_comm_bytes) + eff.collective_overhead_s
         tp_f = lops.tp_collectives_per_pass * one
         tp_b = lops.tp_collectives_per_pass * one * (2 if s.recompute == "full" else 1)
+    if lops.etp_comm_bytes:  # experts' own tensor parallelism (etp != tp): gather + reduce-scatter
+        one = net.dim_collective_time_s("all_reduce", s, "etp", lops.etp_comm_bytes) + eff.collective_overhead_s
+        tp_f += one
+        tp_b += one * (2 if s.recompute == "full" else 1)
     if s.tp_overlap:  # async TP / userbuffers: hidden behind the GEMMs it feeds
         ex_tp_f, ex_tp_b = max(0.0, tp_f - mm_f), max(0.0, tp_b - mm_b)
     else:
@@ -217,27 +221,23 @@ def layer_cost(plan: Plan, net: Network, lops: LayerOps, eff: KernelEfficiency, 
         model_flops_fwd=lops.model_flops, recompute_flops=recompute_flops, params=layer_params)
 
 
-def dp_collectives(net: Network, s: Strategy, synced_params: float, rt: CommRuntime,
+def dp_collectives(net: Network, s: Strategy, params: StageParams, rt: CommRuntime,
                    eff: KernelEfficiency) -> DpCollectives:
-    """The data-parallel collectives of a stage whose ``synced_params`` parameters are reduced
-    over ``dp x cp`` (expert gradients over the expert-data-parallel group ride the same ring,
-    slightly pessimistic); zero when nothing is reduced."""
-    if s.dp * s.cp <= 1 or synced_params <= 0:
-        return DpCollectives(0.0, 0.0, 0.0)
+    """The data-parallel collectives of a stage holding ``params``: dense gradients reduced (and
+    ZeRO-1/2/3 parameters gathered) over the ``dp x cp`` ranks, expert gradients over the
+    expert-data-parallel group (``Strategy.expert_dp`` ranks, ``sim.placement`` ``edp``), one
+    after the other (Megatron-Core keeps separate buckets for expert parameters).  Zero where
+    nothing is reduced."""
+    def coll(op: str, dim: str, ranks: int, nparams: float, bytes_per: float) -> float:
+        if ranks <= 1 or nparams <= 0:
+            return 0.0
+        return net.dim_collective_time_s(op, s, dim, nparams * bytes_per) + eff.collective_overhead_s
 
-    def coll(op: str, nbytes: float) -> float:
-        return net.dim_collective_time_s(op, s, "dp_cp", nbytes) + eff.collective_overhead_s
-
-    g = synced_params * rt.grad_reduce_bytes_per_param
-    return DpCollectives(all_reduce_s=coll("all_reduce", g), reduce_scatter_s=coll("reduce_scatter", g),
-                         all_gather_s=coll("all_gather", synced_params * rt.param_gather_bytes_per_param))
-
-
-def synced_params(params: StageParams, s: Strategy) -> float:
-    """Parameters whose gradients a stage reduces over data parallelism: the dense ones, and
-    the experts' when their expert-data-parallel group has more than one rank."""
-    ep_dp = max(1, (s.dp * s.cp) // s.ep)
-    return params.dense_params + (params.expert_params if ep_dp > 1 else 0.0)
+    g, pg = rt.grad_reduce_bytes_per_param, rt.param_gather_bytes_per_param
+    groups = (("dp_cp", s.dp * s.cp, params.dense_params), ("edp", s.expert_dp, params.expert_params))
+    return DpCollectives(all_reduce_s=sum(coll("all_reduce", d, n, p, g) for d, n, p in groups),
+                         reduce_scatter_s=sum(coll("reduce_scatter", d, n, p, g) for d, n, p in groups),
+                         all_gather_s=sum(coll("all_gather", d, n, p, pg) for d, n, p in groups))
 
 
 def p2p_time_s(net: Network, s: Strategy, eff: KernelEfficiency, nbytes: float) -> float:
@@ -264,8 +264,8 @@ def stage_pieces_for(plan: Plan, net: Network, eff: KernelEfficiency, params: St
     """``stage_pieces`` of one stage of ``plan`` (floats)."""
     s, gpu = plan.strategy, plan.cluster.gpu
     rt = default_comm_runtime()
-    return stage_pieces(coll=dp_collectives(net, s, synced_params(params, s), rt, eff), zero=s.zero,
-                        dp_size=s.dp * s.cp, ep=s.ep, params=params, num_layers=num_layers, layer_fwd_s=layer_fwd_s,
+    return stage_pieces(coll=dp_collectives(net, s, params, rt, eff), zero=s.zero,
+                        dp_size=s.dp * s.cp, expert_dp=s.expert_dp, params=params, num_layers=num_layers, layer_fwd_s=layer_fwd_s,
                         layer_bwd_s=layer_bwd_s, dp_overlap=s.dp_overlap,
                         hbm_bytes_per_s=gpu.hbm_bytes_per_s * gpu.hbm_efficiency, rt=rt, eff=eff,
                         accum_bytes_per_param=rt.grad_accumulation_bytes(plan.grad_accumulation, s.num_microbatches),

@@ -110,10 +110,13 @@ def activation_bytes_per_layer(model: Model, strategy: Strategy, *, moe: bool = 
         spec = model.moe
         assert spec is not None
         f = spec.expert_ffn_hidden_size
-        mlp_tokens = spec.top_k  # per token: top_k expert copies
-        shared = spec.num_shared_experts
-        # each routed copy (and each shared expert) keeps its input and its MLP internals
-        ffn = BYTES_ACT * (mlp_tokens + shared) * (_mlp_saved(model.ffn_type, f) + h)
+        etp = strategy.expert_tp
+        # Each routed copy keeps its input and its MLP internals.  An expert's etp ranks gather
+        # each other's tokens (sim.ops): the inputs are replicated over etp, the internals split.
+        # Per token of this TP rank (sharded by tp below): top_k copies x (internals + etp x input).
+        routed = spec.top_k * (_mlp_saved(model.ffn_type, f) + etp * h)
+        shared = spec.num_shared_experts * (_mlp_saved(model.ffn_type, f) + h)
+        ffn = BYTES_ACT * (routed + shared)
     else:
         ffn = BYTES_ACT * _mlp_saved(model.ffn_type, model.ffn_hidden_size)
     sharded += ffn
@@ -171,13 +174,14 @@ def inflight(pp: int, m: Num, vp: Num, gpipe: Num, stage: int) -> Num:
 
 def model_state_bytes(params: StageParams, strategy: Strategy) -> tuple[float, float, float]:
     """(weights, gradients, optimizer) bytes under mixed-precision Adam and ZeRO."""
-    w, g, o = state_bytes(params, strategy.zero, strategy.dp * strategy.cp, strategy.ep)
+    w, g, o = state_bytes(params, strategy.zero, strategy.dp * strategy.cp, strategy.expert_dp)
     return float(w), float(g), float(o)
 
 
-def state_bytes(params: StageParams, zero: Num, shard: int, ep: int) -> tuple[Num, Num, Num]:
-    """``model_state_bytes`` for a ZeRO stage or an array of them; ``shard`` = dp * cp ranks
-    (experts shard over ``shard / ep``)."""
+def state_bytes(params: StageParams, zero: Num, shard: int, expert_shard: int) -> tuple[Num, Num, Num]:
+    """``model_state_bytes`` for a ZeRO stage or an array of them; dense states shard over
+    ``shard`` = dp * cp ranks, expert states over ``expert_shard`` (the expert data
+    parallelism, ``Strategy.expert_dp``)."""
     z = np.asarray(zero)
 
     def split(p: float, n: int) -> tuple[Num, Num, Num]:
@@ -185,7 +189,7 @@ def state_bytes(params: StageParams, zero: Num, shard: int, ep: int) -> tuple[Nu
                 np.where(z >= 1, 12 * p / n, 12 * p))
 
     a = split(params.dense_params, shard)
-    b = split(params.expert_params, max(1, shard // ep))
+    b = split(params.expert_params, expert_shard)
     return a[0] + b[0], a[1] + b[1], a[2] + b[2]
 
 
@@ -205,14 +209,14 @@ class StageMemory:
                 + self.reserve_bytes)
 
 
-def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, ep: int, tp: int,
+def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expert_shard: int, tp: int,
                  dense_act_bytes: Num, moe_act_bytes: Num, full_recompute: Num, recomputed_layer_bytes: Num,
                  inflight_mb: Num, tokens: Num, rt: MemoryRuntime) -> StageMemory:
     """Peak bytes of one GPU of a stage of ``shape`` (module docstring), for one plan or over
     arrays: ``zero`` (ZeRO stage), per-layer activations ``dense_act_bytes`` / ``moe_act_bytes``,
     ``full_recompute`` (bool), ``inflight_mb`` (``inflight``), ``tokens`` per micro-batch and
     CP rank."""
-    w, g, o = state_bytes(shape.params, zero, shard, ep)
+    w, g, o = state_bytes(shape.params, zero, shard, expert_shard)
     # FSDP gathers one layer ahead: two unsharded layers live
     w = w + np.where(np.asarray(zero) >= 3, 2 * 2 * shape.params.total / max(1, shape.num_layers), 0.0)
     act = (shape.num_dense_layers * dense_act_bytes + shape.num_moe_layers * moe_act_bytes) * inflight_mb
@@ -250,7 +254,8 @@ def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
                                              moe=model.moe is not None) if s.recompute == "full" else 0.0)
     best: MemoryBreakdown | None = None
     for shape in stage_shapes(model, s):
-        mem = stage_memory(model, shape, zero=s.zero, shard=s.dp * s.cp, ep=s.ep, tp=s.tp, dense_act_bytes=dense_act,
+        mem = stage_memory(model, shape, zero=s.zero, shard=s.dp * s.cp, expert_shard=s.expert_dp, tp=s.tp,
+                           dense_act_bytes=dense_act,
                            moe_act_bytes=moe_act, full_recompute=s.recompute == "full",
                            recomputed_layer_bytes=recomputed, inflight_mb=inflight_microbatches(s, shape.index),
                            tokens=s.mbs * s.seq_len // s.cp, rt=rt)

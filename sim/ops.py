@@ -77,6 +77,7 @@ class LayerOps:
     cp_kv_bytes: float  # K and V of the local chunk, sent once per ring step
     ep_a2a_bytes: float  # tokens * top_k * hidden sent by one GPU, one all-to-all
     ep_a2a_per_pass: int
+    etp_comm_bytes: float = 0.0  # routed tokens gathered by an expert-tensor group (etp != tp), per pass
 
     @property
     def flops(self) -> float:
@@ -157,6 +158,7 @@ def layer_ops(model: Model, strategy: Strategy, *, moe: bool, attention: str = "
 
     ep_bytes = 0.0
     ep_count = 0
+    etp_bytes = 0.0
     m_ffn = model.num_ffn_matrices
     if not moe:
         f_loc = model.ffn_hidden_size // tp
@@ -167,12 +169,19 @@ def layer_ops(model: Model, strategy: Strategy, *, moe: bool, attention: str = "
     else:
         spec = model.moe
         assert spec is not None
-        ep = strategy.ep
+        ep, etp = strategy.ep, strategy.expert_tp
         ops.append(_gemm("router", tokens, spec.num_experts, h, tp_sharded=False))
         ops.append(_mem("router_topk_permute", 2 * act * tokens * h * spec.top_k + 4 * tokens * spec.num_experts))
-        fe_loc = spec.expert_ffn_hidden_size // tp
+        # Megatron-Core's token dispatcher (MoE parallel folding): each rank dispatches its
+        # (sequence-parallel) share of the tokens to the ep ranks holding the chosen experts
+        # (all-to-all), then the etp ranks of an expert gather each other's tokens and each
+        # computes 1/etp of the expert FFN.  Balanced routing: every rank receives as many
+        # token copies as it sends.  Without SP (tp > 1) the tp ranks hold the same tokens and
+        # shard the experts by tp (etp = tp).
+        fe_loc = spec.expert_ffn_hidden_size // etp
         local_experts = max(1, spec.num_experts // ep)
-        routed_tokens = tokens * spec.top_k  # arriving at this GPU's experts (balanced load)
+        sent_tokens = tokens * spec.top_k / (tp if strategy.sp else 1)  # copies this rank dispatches
+        routed_tokens = tokens * spec.top_k * etp / tp  # copies this rank's experts compute
         per_expert = max(1, round(routed_tokens / local_experts))
         up = (m_ffn - 1) * fe_loc
         ops.append(_gemm("expert_up", per_expert, up, h, batch=local_experts))
@@ -184,16 +193,23 @@ def layer_ops(model: Model, strategy: Strategy, *, moe: bool, attention: str = "
             ops.append(_mem("shared_activation", act * tokens * m_ffn * fs))
             ops.append(_gemm("shared_down", tokens, h, fs))
         if ep > 1:
-            ep_bytes = act * routed_tokens * h / (tp if strategy.sp else 1)
+            ep_bytes = act * sent_tokens * h
             ep_count = 2  # dispatch + combine
+        if etp > 1 and etp != tp:
+            # the etp group gathers its tokens before the experts and reduce-scatters after:
+            # one all-reduce's worth of traffic on the routed tokens (output size)
+            etp_bytes = act * routed_tokens * h
     ops.append(_mem("residual_dropout_mlp", 4 * act * norm_tokens * h))
 
     if strategy.precision == "fp8":
         ops = _with_fp8_casts(ops)
 
     tp_bytes = act * tokens * h if tp > 1 else 0.0
+    # Two TP collectives per pass (attention, MLP); an MoE layer whose experts use another
+    # tensor-parallel size has one (attention) plus its etp collective.
+    tp_count = 0 if tp == 1 else (1 if moe and strategy.expert_tp != tp else 2)
     cp_bytes = act * b * s_loc * kv_width if cp > 1 else 0.0
-    return LayerOps(tuple(ops), tp_bytes, 2 if tp > 1 else 0, cp_bytes, ep_bytes, ep_count)
+    return LayerOps(tuple(ops), tp_bytes, tp_count, cp_bytes, ep_bytes, ep_count, etp_bytes)
 
 
 FP8_CAST_BYTES_PER_ELEMENT = 3.0  # read bf16, write fp8 (scale from delayed/fused amax)

@@ -6,9 +6,14 @@ parallelism, and pipeline parallelism slowest::
 
     rank = tp_i + tp * (cp_i + cp * (dp_i + dp * pp_i))
 
-Expert-parallel groups are carved out of consecutive data-parallel indices: an EP group is
-``ep`` consecutive ``dp_i`` with the same ``tp_i``, ``cp_i`` and ``pp_i``.  ``dp_cp`` is the
-combined data x context group over which gradients are reduced when ``cp > 1``.
+Expert layers follow Megatron-Core's MoE parallel folding (``RankGenerator`` for experts with
+order ``tp-ep-dp-pp``): within a pipeline stage the ``tp * cp * dp`` ranks are renumbered as
+``etp_i + etp * (ep_i + ep * (edp_i))``, so an expert-tensor group (``etp``) is ``etp``
+consecutive ranks, an expert-parallel group (``ep``) ``ep`` ranks of stride ``etp``, and an
+expert-data-parallel group (``edp``, over which expert gradients are reduced) ``expert_dp``
+ranks of stride ``etp * ep``.  With ``etp = tp`` and ``cp = 1`` this is Megatron's older rule
+(EP carved out of consecutive data-parallel indices).  ``dp_cp`` is the combined data x context
+group over which dense gradients are reduced when ``cp > 1``.
 
 GPU index equals rank: ranks fill nodes in order, so ``node = rank // gpus_per_node`` and the
 NVLink domain is ``rank // nvlink_domain``.  Every group of every dimension is therefore an
@@ -24,7 +29,7 @@ from functools import lru_cache
 from sim.errors import InfeasibleError, InputError
 from sim.specs import Strategy
 
-DIMS: tuple[str, ...] = ("tp", "cp", "dp", "ep", "pp", "dp_cp")
+DIMS: tuple[str, ...] = ("tp", "cp", "dp", "ep", "etp", "edp", "pp", "dp_cp")
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +70,8 @@ def coords_to_rank(strategy: Strategy, coords: RankCoords) -> int:
 def group_shape(strategy: Strategy, dim: str) -> tuple[int, int]:
     """``(stride, size)`` of the arithmetic progression every ``dim`` group forms.
 
-    Raises ``InfeasibleError(reason="indivisible")`` for ``ep`` that does not divide ``dp``.
+    Raises ``InfeasibleError(reason="indivisible")`` for ``etp * ep`` that does not divide the
+    stage's ``tp * cp * dp`` ranks.
     """
     s = strategy
     if dim == "tp":
@@ -74,10 +80,16 @@ def group_shape(strategy: Strategy, dim: str) -> tuple[int, int]:
         return s.tp, s.cp
     if dim == "dp":
         return s.tp * s.cp, s.dp
-    if dim == "ep":
-        if s.dp % s.ep:
-            raise InfeasibleError("indivisible", "ep", s.ep, f"must divide dp={s.dp}")
-        return s.tp * s.cp, s.ep
+    if dim in ("ep", "etp", "edp"):
+        ranks = s.tp * s.cp * s.dp
+        if ranks % (s.expert_tp * s.ep):
+            raise InfeasibleError("indivisible", "ep", s.ep,
+                                  f"etp*ep = {s.expert_tp}*{s.ep} must divide tp*cp*dp = {ranks}")
+        if dim == "etp":
+            return 1, s.expert_tp
+        if dim == "ep":
+            return s.expert_tp, s.ep
+        return s.expert_tp * s.ep, s.expert_dp
     if dim == "dp_cp":
         return s.tp, s.cp * s.dp
     if dim == "pp":

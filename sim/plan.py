@@ -11,7 +11,7 @@ ATTENTION_IMPLS: tuple[str, ...] = ("flash", "flash2", "unfused")
 SELECTIVE_POLICIES: tuple[str, ...] = ("attention", "op")
 GRAD_ACCUMULATION: tuple[str, ...] = ("fused", "fp32_main_grad", "autograd")
 
-_INT_KEYS = ("tp", "pp", "dp", "cp", "ep", "vp", "mbs", "gbs", "zero", "seq_len")
+_INT_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "mbs", "gbs", "zero", "seq_len")
 _BOOL_KEYS = ("sp", "tp_overlap", "dp_overlap", "ep_overlap")
 _STR_KEYS = ("recompute", "precision", "schedule")
 _ALIASES = {"seq": "seq_len", "micro_batch": "mbs", "global_batch": "gbs", "zero_stage": "zero",
@@ -137,8 +137,8 @@ def check_feasible(model: Model, cluster: Cluster, s: Strategy) -> None:
         raise InfeasibleError("heads", "tp", s.tp, f"must divide num_kv_heads={kv} (or be a multiple of it)")
     if model.ffn_hidden_size % s.tp:
         raise InfeasibleError("indivisible", "tp", s.tp, f"must divide ffn_hidden_size={model.ffn_hidden_size}")
-    if model.moe is not None and model.moe.expert_ffn_hidden_size % s.tp:
-        raise InfeasibleError("indivisible", "tp", s.tp,
+    if model.moe is not None and model.moe.expert_ffn_hidden_size % s.expert_tp:
+        raise InfeasibleError("indivisible", "etp" if s.etp is not None else "tp", s.expert_tp,
                               f"must divide expert_ffn_hidden_size={model.moe.expert_ffn_hidden_size}")
     if s.seq_len % s.cp:
         raise InfeasibleError("indivisible", "cp", s.cp, f"must divide seq_len={s.seq_len}")
@@ -156,12 +156,23 @@ def check_feasible(model: Model, cluster: Cluster, s: Strategy) -> None:
         raise InfeasibleError("indivisible", "gbs", s.gbs,
                               f"{s.schedule} schedule with vp={s.vp} needs micro-batches ({s.num_microbatches}) "
                               f"divisible by pp={s.pp}")
-    if s.ep > 1:
+    if s.ep > 1 or s.etp is not None:
         if model.moe is None:
-            raise InfeasibleError("experts", "ep", s.ep, f"model {model.name} has no experts")
+            key, value = ("ep", s.ep) if s.ep > 1 else ("etp", s.etp)
+            raise InfeasibleError("experts", key, value, f"model {model.name} has no experts")
         if model.moe.num_experts % s.ep:
             raise InfeasibleError("experts", "ep", s.ep, f"must divide num_experts={model.moe.num_experts}")
-        if (s.dp * s.cp) % s.ep:
-            raise InfeasibleError("indivisible", "ep", s.ep, f"must divide dp*cp = {s.dp * s.cp}")
+        # Megatron-Core MoE parallel folding (parallel_state.initialize_model_parallel): the
+        # expert layers re-partition each stage's tp*cp*dp ranks into etp x ep x expert-dp.
+        ranks = s.tp * s.cp * s.dp
+        if ranks % (s.expert_tp * s.ep):
+            fits = [e for e in range(s.expert_tp, 0, -1) if ranks % (e * s.ep) == 0 and s.tp % e == 0]
+            hint = f"; etp={fits[0]} fits" if fits and s.etp is None else ""
+            raise InfeasibleError("indivisible", "ep", s.ep,
+                                  f"etp*ep = {s.expert_tp}*{s.ep} must divide tp*cp*dp = {ranks} "
+                                  f"(Megatron-Core MoE parallel folding; etp defaults to tp){hint}")
+        if s.tp > 1 and not s.sp and s.expert_tp != s.tp:
+            raise InfeasibleError("unsupported", "etp", s.expert_tp,
+                                  "expert tensor parallelism other than tp needs sequence parallelism (sp=1)")
     if s.precision == "fp8" and "fp8" not in cluster.gpu.dense_flops_per_s:
         raise InfeasibleError("unsupported", "precision", s.precision, f"{cluster.gpu.id} has no fp8 tensor cores")

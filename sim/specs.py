@@ -407,6 +407,12 @@ class Strategy:
     userbuffers); ``dp_overlap`` overlaps gradient reduction with backward (default on, as in
     DDP, Megatron and FSDP); ``ep_overlap`` hides expert all-to-alls behind the compute of another
     micro-batch (DeepSeek-V3's DualPipe, Megatron's --moe-a2a-overlap).
+
+    Experts follow Megatron-Core's MoE parallel folding: the expert layers of a pipeline stage
+    re-partition the stage's ``tp * cp * dp`` ranks into ``etp`` (expert tensor parallelism;
+    ``None`` = ``tp``, Megatron's default) x ``ep`` (expert parallelism) x the expert data
+    parallelism ``expert_dp`` that is left, independently of the attention layout
+    (``--expert-tensor-parallel-size``, ``--expert-model-parallel-size``).
     """
 
     tp: int = 1
@@ -414,6 +420,7 @@ class Strategy:
     dp: int = 1
     cp: int = 1
     ep: int = 1
+    etp: int | None = None
     vp: int = 1
     mbs: int = 1
     gbs: int = 1
@@ -430,6 +437,8 @@ class Strategy:
     def __post_init__(self) -> None:
         for n in ("tp", "pp", "dp", "cp", "ep", "vp"):
             _positive_int(n, getattr(self, n), limit=MAX_GPUS)
+        if self.etp is not None:
+            _positive_int("etp", self.etp, limit=MAX_GPUS)
         _positive_int("mbs", self.mbs, limit=1 << 20)
         _positive_int("gbs", self.gbs, limit=1 << 30)
         _positive_int("seq_len", self.seq_len, limit=1 << 26)
@@ -452,6 +461,17 @@ class Strategy:
         return self.tp * self.pp * self.dp * self.cp
 
     @property
+    def expert_tp(self) -> int:
+        """Expert tensor parallelism: ``etp``, or ``tp`` when not given."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def expert_dp(self) -> int:
+        """Expert data parallelism: the stage's ``tp * cp * dp`` ranks over ``etp * ep``
+        (at least 1; ``sim.plan.check_feasible`` requires it to divide)."""
+        return max(1, (self.tp * self.cp * self.dp) // (self.expert_tp * self.ep))
+
+    @property
     def num_microbatches(self) -> int:
         """Micro-batches per pipeline per step (gradient-accumulation steps when pp == 1)."""
         return self.gbs // (self.mbs * self.dp)
@@ -467,6 +487,8 @@ class Strategy:
             parts.append(f"cp={self.cp}")
         if self.ep > 1:
             parts.append(f"ep={self.ep}")
+        if self.etp is not None and self.etp != self.tp:
+            parts.append(f"etp={self.etp}")
         if self.vp > 1:
             parts.append(f"vp={self.vp}")
         parts += [f"mbs={self.mbs}", f"gbs={self.gbs}", f"seq={self.seq_len}", f"zero={self.zero}",

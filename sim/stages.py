@@ -23,7 +23,7 @@ class StageParams:
     """Parameters held by one GPU of a pipeline stage, split by how they are sharded."""
 
     dense_params: float  # sharded by TP, replicated over DP (ZeRO shards states over dp*cp)
-    expert_params: float  # sharded by TP and EP, replicated over dp*cp/ep
+    expert_params: float  # sharded by etp and ep, replicated over the expert data parallelism
 
     @property
     def total(self) -> float:
@@ -71,8 +71,8 @@ def stage_layers(model: Model, strategy: Strategy) -> list[list[int]]:
 
 def layer_params(model: Model, strategy: Strategy, *, moe: bool) -> StageParams:
     """Parameters of one transformer layer on one GPU: attention and norms sharded by TP; a
-    dense FFN by TP; an MoE layer's routed experts by TP and EP, its shared experts by TP, its
-    router replicated."""
+    dense FFN by TP; an MoE layer's routed experts by etp and ep (``Strategy.expert_tp``), its
+    shared experts by TP, its router replicated."""
     tp, ep = strategy.tp, strategy.ep
     dense = model.attention_params / tp + model.norm_params_per_layer
     if not moe:
@@ -80,7 +80,7 @@ def layer_params(model: Model, strategy: Strategy, *, moe: bool) -> StageParams:
     spec = model.moe
     assert spec is not None
     dense += spec.num_shared_experts * model.expert_params / tp + model.hidden_size * spec.num_experts
-    return StageParams(dense, spec.num_experts * model.expert_params / (tp * ep))
+    return StageParams(dense, spec.num_experts * model.expert_params / (strategy.expert_tp * ep))
 
 
 def stage_params(model: Model, strategy: Strategy, layers: list[int] | tuple[int, ...], *, first: bool,
@@ -107,12 +107,12 @@ def stage_params(model: Model, strategy: Strategy, layers: list[int] | tuple[int
 
 def stage_shapes(model: Model, strategy: Strategy) -> tuple[StageShape, ...]:
     """The distinct stage shapes of ``strategy``'s pipeline, in order of their first stage."""
-    return _shapes(model, strategy.tp, strategy.ep, strategy.pp)
+    return _shapes(model, strategy.tp, strategy.ep, strategy.expert_tp, strategy.pp)
 
 
 @functools.lru_cache(maxsize=4096)
-def _shapes(model: Model, tp: int, ep: int, pp: int) -> tuple[StageShape, ...]:
-    s = Strategy(tp=tp, ep=ep, pp=pp, dp=ep, gbs=ep)
+def _shapes(model: Model, tp: int, ep: int, etp: int, pp: int) -> tuple[StageShape, ...]:
+    s = Strategy(tp=tp, ep=ep, etp=etp, pp=pp, dp=ep * etp, gbs=ep * etp)
     layers = stage_layers(model, s)
     sigs: list[tuple[int, int, bool, bool]] = []
     of_stage: list[int] = []

@@ -126,15 +126,16 @@ class StagePieces:
 
 @dataclass(frozen=True, slots=True)
 class DpCollectives:
-    """Seconds of one stage's data-parallel collectives over ``dp x cp`` (all groups at once):
-    gradient all-reduce (ZeRO-0), reduce-scatter (ZeRO 1-3) and parameter all-gather."""
+    """Seconds of one stage's data-parallel collectives (all groups at once; dense parameters
+    over ``dp x cp``, experts over the expert data parallelism): gradient all-reduce (ZeRO-0),
+    reduce-scatter (ZeRO 1-3) and parameter all-gather."""
 
     all_reduce_s: float
     reduce_scatter_s: float
     all_gather_s: float
 
 
-def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, ep: int, params: StageParams,
+def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int, params: StageParams,
                  num_layers: int, layer_fwd_s: Num, layer_bwd_s: Num, dp_overlap: bool, hbm_bytes_per_s: float,
                  rt: CommRuntime, eff: KernelEfficiency, accum_bytes_per_param: Num, fp16: bool,
                  fsdp_copies: bool) -> StagePieces:
@@ -170,8 +171,8 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, ep: int, param
     slow_f = np.where(z3, sigma * np.maximum(0.0, ag - z3f), 0.0)
     slow_b = np.where(z3, sigma * np.maximum(0.0, ag + rs - z3b), 0.0)
 
-    shard = np.where(z >= 1, dp_size, 1)
-    local = params.dense_params / shard + params.expert_params / np.maximum(1, shard // ep)
+    shard = np.where(z >= 1, dp_size, 1)  # ZeRO shards dense states over dp x cp, expert ones
+    local = params.dense_params / shard + params.expert_params / np.where(z >= 1, expert_dp, 1)  # over expert dp
     opt_bytes = rt.optimizer_bytes_per_param + (rt.fp16_extra_bytes_per_param if fp16 else 0.0)
     opt_s = local * opt_bytes / hbm_bytes_per_s
     # weight gradients of each micro-batch added into the step's buffer (FSDP: into the shard)

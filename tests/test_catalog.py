@@ -253,6 +253,8 @@ PARAM_COUNTS = [
     ("llama3.1-405b", 405.8, 0.005, "released weights"),
     ("mixtral-8x7b", 46.7, 0.005, "Jiang et al. 2024"),
     ("deepseek-v3", 671.0, 0.005, "DeepSeek-V3 report: 671B without the 14B MTP module"),
+    ("qwen3-235b-a22b", 235.0, 0.01, "Qwen3 report label (235B; QK-norm weights uncounted)"),
+    ("qwen3-30b-a3b", 30.5, 0.01, "Qwen3-30B-A3B model card: 30.5B total"),
     ("gpt-22b", 22.0, 0.01, "Korthikanti Table 3 label"),
     ("gpt-1t", 1008.0, 0.005, "Narayanan Table 1"),
     ("gpt-530b", 529.6, 0.005, "Narayanan Table 1"),
@@ -277,6 +279,8 @@ def test_param_counts_match_published(model_id, billions, rel, why):
 @pytest.mark.parametrize("model_id, billions, rel", [
     ("mixtral-8x7b", 12.9, 0.01),   # Jiang et al.: "13B active"; HF card 12.9B
     ("deepseek-v3", 37.0, 0.02),    # DeepSeek-V3 report: 37B activated (latent norms, router bias uncounted)
+    ("qwen3-235b-a22b", 22.0, 0.02),  # Qwen3 report: 22B activated
+    ("qwen3-30b-a3b", 3.3, 0.03),     # model card: 3.3B activated
 ])
 def test_active_params_match_published(model_id, billions, rel):
     assert catalog.get_model(model_id).num_active_params == pytest.approx(billions * 1e9, rel=rel)

@@ -72,6 +72,19 @@ class DpSpec:
     gather_fixed_s: float
 
 
+def _replicas_per_expert_group(s) -> int:
+    """Data-parallel replicas (``tp * cp`` ranks each) one block of ``etp * ep`` expert ranks
+    spans: the replicas an explicit-mode unit must hold so its expert groups are whole."""
+    block, replica = s.expert_tp * s.ep, s.tp * s.cp
+    if block <= replica:
+        if replica % block:
+            raise InputError("ep", s.ep, f"etp*ep = {block} must divide tp*cp = {replica} for --explicit-ranks")
+        return 1
+    if block % replica:
+        raise InputError("ep", s.ep, f"etp*ep = {block} must be a multiple of tp*cp = {replica} for --explicit-ranks")
+    return block // replica
+
+
 def _ring(groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if groups.shape[1] < 2:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
@@ -105,7 +118,7 @@ class Scenario:
         self.orders: list[list[Op]] = schedule_orders(s.schedule, self.p, self.m, self.v)
         self.stage_size = s.tp * s.cp * s.dp
         moe = plan.model.moe is not None and s.ep > 1
-        self.group_dp = (s.ep if moe else 1) if explicit else s.dp  # dp replicas per unit
+        self.group_dp = (_replicas_per_expert_group(s) if moe else 1) if explicit else s.dp  # dp replicas per unit
         self.replicas = s.dp // self.group_dp
         slow = {x.rank: x.factor for x in self.whatif.stragglers}
         self.units: list[Unit] = []
@@ -231,11 +244,12 @@ class Scenario:
             return _ring(r.reshape(-1, tp))
         if dim == "cp":
             return _ring(r.transpose(0, 2, 1).reshape(-1, cp))
-        if dim == "ep":
-            ep = self.plan.strategy.ep
-            if d % ep:
-                raise InputError("ep", ep, f"must divide the {d} data-parallel ranks of a unit")
-            g = r.reshape(d // ep, ep, cp, tp).transpose(0, 2, 3, 1).reshape(-1, ep)
+        if dim == "ep":  # MoE parallel folding (sim.placement): ep ranks of stride etp
+            s = self.plan.strategy
+            ep, etp = s.ep, s.expert_tp
+            if r.size % (ep * etp):
+                raise InputError("ep", ep, f"etp*ep = {etp * ep} must divide the {r.size} ranks of a unit")
+            g = r.reshape(-1, ep, etp).transpose(0, 2, 1).reshape(-1, ep)
             return _all_pairs(g)
         raise InputError("dim", dim, "must be tp, cp or ep")
 
