@@ -1,4 +1,10 @@
-"""``planner check-published``: predicted vs published step time, MFU/HFU and memory."""
+"""``planner check-published``: predicted vs published step time, MFU/HFU and memory.
+
+Every reference row the project ships (``catalogs/reference/``: the 30 published runs and the
+81-run development set); ``--loso`` predicts each source with the model fitted without that
+source's data (``planner.published.compare_all(loso=True)``).  The table ends with the figures
+per source and overall; rows that cannot be simulated are listed with the reason.
+"""
 
 from __future__ import annotations
 
@@ -12,59 +18,70 @@ def _pct(x: float | None) -> str:
 
 
 def _frac(x: float | None) -> str:
-    return "" if x is None else f"{x:.1%}"
+    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.1%}"
+
+
+def _util(d: dict) -> str:
+    if d["published_hfu"] is not None and d["published_mfu"] is None:
+        return f"HFU {_frac(d['published_hfu'])}/{_frac(d['predicted_hfu'])}"
+    if d["published_mfu"] is not None:
+        return f"MFU {_frac(d['published_mfu'])}/{_frac(d['predicted_mfu'])}"
+    return f"MFU -/{_frac(d['predicted_mfu'])}"
 
 
 def cmd_check_published(args: argparse.Namespace) -> int:
-    from planner.published import compare_all, load_runs, summary
+    from planner.published import compare_all, load_runs, summary, summary_by_source
     from sim.errors import InputError
 
+    file = None if args.file == "all" else args.file
+    known = [r["id"] for r in load_runs(file)]
+    if args.list:
+        for i in known:
+            print(i)
+        return 0
     ids = None
     if args.ids:
         ids = [i.strip() for i in args.ids.split(",") if i.strip()]
-        known = {r["id"] for r in load_runs()}
         for i in ids:
             if i not in known:
                 raise InputError("ids", i, "unknown run id; see `planner check-published --list`")
-    if args.list:
-        for r in load_runs():
-            print(r["id"])
-        return 0
-    rows = compare_all(engine=args.engine, ids=ids)
-    summ = summary(rows)
+    rows, skipped = compare_all(engine=args.engine, ids=ids, file=file, with_skipped=True, loso=args.loso)
+    summ, by_source = summary(rows), summary_by_source(rows)
     if args.json:
-        print(json.dumps({"runs": [r.as_dict() for r in rows], "summary": summ}, indent=2))
+        print(json.dumps({"loso": bool(args.loso), "runs": [r.as_dict() for r in rows], "summary": summ,
+                          "sources": by_source, "skipped": [s.as_dict() for s in skipped]}, indent=2))
         return 0
-    head = (f"{'run':<58} {'pub s':>8} {'pred s':>8} {'err':>7}  {'util (src def)':>18}  "
+    head = (f"{'run':<58} {'pub s':>9} {'pred s':>9} {'err':>7}  {'util (src def)':>18}  "
             f"{'mem GiB pub/pred':>17} {'err':>7}")
-    print(head)
+    print(("leave-one-source-out: each source predicted by the fit without its data\n" if args.loso else "") + head)
     print("-" * len(head))
     for r in rows:
         d = r.as_dict()
-        if d["published_hfu"] is not None and d["published_mfu"] is None:
-            util = f"HFU {_frac(d['published_hfu'])}/{_frac(d['predicted_hfu'])}"
-        elif d["published_mfu"] is not None:
-            util = f"MFU {_frac(d['published_mfu'])}/{_frac(d['predicted_mfu'])}"
-        else:
-            util = f"MFU -/{_frac(d['predicted_mfu'])}"
         mem = ""
         if d["published_memory_bytes"] is not None:
             mem = f"{d['published_memory_bytes'] / 2**30:.1f}/{d['predicted_memory_bytes'] / 2**30:.1f}"
-        print(f"{d['id'][:58]:<58} {d['published_step_time_s']:8.3f} {d['predicted_step_time_s']:8.3f} "
-              f"{_pct(d['step_time_error']):>7}  {util:>18}  {mem:>17} {_pct(d['memory_error']):>7}")
+        pub = "OOM" if d["published_out_of_memory"] else f"{d['published_step_time_s']:9.3f}"
+        print(f"{d['id'][:58]:<58} {pub:>9} {d['predicted_step_time_s']:9.3f} "
+              f"{_pct(d['step_time_error']):>7}  {_util(d):>18}  {mem:>17} {_pct(d['memory_error']):>7}")
     print("-" * len(head))
-    print(f"step time: median |error| {summ['median_abs_step_error']:.1%}, mean {summ['mean_abs_step_error']:.1%}, "
-          f"worst {summ['max_abs_step_error']:.1%} over {summ['num_runs']} runs")
-    if summ["num_memory_rows"]:
-        print(f"memory:    median |error| {summ['median_abs_memory_error']:.1%}, worst "
-              f"{summ['max_abs_memory_error']:.1%} over {summ['num_memory_rows']} runs that publish it")
+    print(f"{'source':<36} {'runs':>4} {'median':>7} {'p90':>7} {'max':>7}   {'memory runs':>11} {'median':>7}")
+    for src, s in list(by_source.items()) + [("all", summ)]:
+        print(f"{src[:36]:<36} {s['num_runs']:>4} {_frac(s['median_abs_step_error']):>7} "
+              f"{_frac(s['p90_abs_step_error']):>7} {_frac(s['max_abs_step_error']):>7}   "
+              f"{s['num_memory_rows']:>11} {_frac(s['median_abs_memory_error']) if s['num_memory_rows'] else '':>7}")
+    for s in skipped:
+        print(f"not simulated: {s.run_id}: {s.reason}")
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("check-published",
-                       help="simulate every published reference run and compare with its source")
+                       help="simulate every reference run and compare with its source")
     p.add_argument("--engine", choices=("analytic", "event"), default="analytic")
+    p.add_argument("--loso", action="store_true",
+                   help="leave one source out: predict each source with the model fitted without its data")
+    p.add_argument("--file", choices=("all", "published", "dev"), default="all",
+                   help="which reference file (default: both)")
     p.add_argument("--ids", default=None, help="comma-separated run ids (default: all)")
     p.add_argument("--list", action="store_true", help="list the reference run ids")
     p.add_argument("--json", action="store_true")

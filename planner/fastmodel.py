@@ -26,12 +26,11 @@ from typing import Mapping
 
 import numpy as np
 
-from sim.compute import KernelEfficiency, default_efficiency
-from sim.costs import (LayerCost, default_network, dp_collectives, end_costs,
+from sim.compute import KernelEfficiency, default_efficiency, fp8_weight_cast_bytes_per_param
+from sim.costs import (LayerCost, default_network, dp_collectives, end_costs, plan_layer_ops,
                        layer_cost, p2p_bytes, p2p_time_s)
 from sim.memory import activation_bytes_per_layer, inflight, stage_memory
 from sim.network import Network
-from sim.ops import layer_ops
 from sim.plan import Plan
 from sim.runtime import default_comm_runtime, default_runtime
 from sim.specs import Cluster, Model, Strategy
@@ -177,7 +176,7 @@ class FastModel:
         plan = self.plan(s)
 
         def cost(moe: bool) -> LayerCost:
-            return layer_cost(plan, self.net, layer_ops(model, s, moe=moe, attention=probe.attention), self.eff,
+            return layer_cost(plan, self.net, plan_layer_ops(plan, s, self.eff, moe=moe), self.eff,
                               layer_params(model, s, moe=moe).total)
 
         def act(moe: bool, strategy: Strategy = s, **kw: object) -> float:
@@ -242,6 +241,7 @@ class FastModel:
         peak = None
         for sh in shapes:
             mem = stage_memory(model, sh, zero=zero, shard=dpcp, expert_shard=layout.expert_dp, tp=layout.tp,
+                               loss=probe.loss,
                                dense_act_bytes=dense_act,
                                moe_act_bytes=moe_act, full_recompute=full, recomputed_layer_bytes=recomputed,
                                inflight_mb=inflight(p, m, vp, gpipe, sh.index), tokens=tokens, rt=self.mem_rt)
@@ -268,6 +268,8 @@ class FastModel:
         hbm = cl.gpu.hbm_bytes_per_s * cl.gpu.hbm_efficiency
         accum = np.array([self.comm.grad_accumulation_bytes(probe.grad_accumulation, mm) for mm in m_list],
                          dtype=float).reshape(M, 1, 1, 1, 1)
+        cast = fp8_weight_cast_bytes_per_param(self.eff, layout.precision, probe.strategy.fp8_recipe,
+                                               probe.fp8_weight_cache, np.asarray(m_list, dtype=float).reshape(M, 1, 1, 1, 1))
         stages = []
         for sh in shapes:
             lf, lb, lr = (layer_sum(sh, n) for n in ("fwd_s", "bwd_s", "recompute_s"))
@@ -277,7 +279,8 @@ class FastModel:
                                   params=sh.params, num_layers=sh.num_layers, layer_fwd_s=lf + ef,
                                   layer_bwd_s=lb + lr + eb, dp_overlap=self.dp_overlap, hbm_bytes_per_s=hbm,
                                   rt=self.comm, eff=self.eff, accum_bytes_per_param=accum,
-                                  fp16=layout.precision == "fp16", fsdp_copies=probe.fsdp_copies)
+                                  fp16=layout.precision == "fp16", fsdp_copies=probe.fsdp_copies,
+                                  weight_cast_bytes_per_param=cast)
             stages.append(stage_times(layer_fwd_s=lf, layer_bwd_s=lb, recompute_s=lr,
                                       layer_exposed_fwd_s=layer_sum(sh, "exposed_fwd_s"),
                                       layer_exposed_bwd_s=layer_sum(sh, "exposed_bwd_s"), extra_fwd_s=ef,

@@ -27,6 +27,7 @@ import numpy as np
 from sim.analytic import simulate_analytic
 from sim.simulate import simulate
 from sim.compute import default_efficiency
+from sim.framework import apply_framework, get_framework
 from sim.errors import InputError
 from sim.plan import Plan
 from sim.result import StepResult
@@ -58,13 +59,9 @@ class Settings:
 
     @classmethod
     def from_framework(cls, name: str | None, *, attention: str | None = None) -> "Settings":
-        kw: dict[str, object] = {}
-        overlap, fw_id = True, None
-        if name is not None:
-            from sim.framework import apply_framework, get_framework
-
-            fw = get_framework(name)
-            kw, overlap, fw_id = apply_framework({}, fw), fw.dp_overlap, fw.id
+        # no framework: the profile ``planner simulate`` assumes without one (``default``)
+        fw = get_framework(name or "default")
+        kw, overlap, fw_id = apply_framework({}, fw), fw.dp_overlap, (fw.id if name is not None else None)
         if attention is not None:
             kw["attention"] = attention
         return cls(plan_kwargs=tuple(sorted(kw.items())), dp_overlap=overlap, framework=fw_id)

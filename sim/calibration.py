@@ -143,8 +143,10 @@ class Calibration:
                                       if k in _EFF_KEYS and hasattr(eff, k)}
         if "gemm_half_dim" in changes and hasattr(eff, "gemm_reference_flops_per_sm"):
             changes["gemm_reference_flops_per_sm"] = 0.0
-            # the device's own GEMM curve replaces the A100-fitted sustained fraction too
+            # the device's own GEMM curve replaces the fitted sustained fractions too
             changes.setdefault("gemm_sustained_fraction", 1.0)
+            changes["gemm_sustained_by_arch"] = {a: v for a, v in eff.gemm_sustained_by_arch.items()
+                                                 if a != self.gpu.architecture}
         fa, fb = self.efficiency.get("attention_fwd_vs_matmul"), self.efficiency.get("attention_bwd_vs_matmul")
         table = getattr(eff, "attention_fractions", None)
         if fa and fb and table is not None and self.gpu.architecture:
@@ -152,6 +154,8 @@ class Calibration:
             m = self.gpu.achievable_matmul_fraction("bf16")
             frac = (m * fa, m * fb)
             changes["attention_fractions"] = {**table, self.gpu.architecture: {"flash": frac, "flash2": frac}}
+            changes["attention_curves"] = {a: c for a, c in eff.attention_curves.items()
+                                           if a != self.gpu.architecture}
         return replace(eff, **changes, source=f"calibration {self.id}")
 
     def device_for(self, ranks_per_host: int) -> Gpu:

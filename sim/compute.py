@@ -24,6 +24,31 @@ from sim.specs import Gpu
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class Fp8Recipe:
+    """One fp8 scaling recipe (``Strategy.fp8_recipe``): the HBM bytes its quantization moves per
+    element of a GEMM's operands and output gradient (x, W and dy with their transposed copies,
+    amax and scale passes included), and its GEMM rate relative to the per-tensor-scaled kernel.
+    Both fitted from Transformer Engine's GEMM profile (``planner/fit_kernels.py``)."""
+
+    quantize_bytes_per_element: float
+    gemm_rate: float = 1.0
+    architectures: tuple[str, ...] = ()  # empty: every fp8-capable architecture
+
+
+@dataclass(frozen=True, slots=True)
+class SaturatingCurve:
+    """``f(x) = f_max * x / (x + x_half)``: a kernel's efficiency vs its problem size (the
+    fixed prologue/epilogue and tile-fill costs amortise as ``x`` grows).  ``x_half = 0``: flat."""
+
+    f_max: float
+    x_half: float = 0.0
+
+    def at(self, x: float) -> float:
+        """The efficiency at size ``x`` (``x <= 0``: size not known, the large-problem value)."""
+        return self.f_max if self.x_half <= 0 or x <= 0 else self.f_max * x / (x + self.x_half)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class KernelEfficiency:
     """Device-independent efficiency knobs (see ``catalogs/efficiency.yaml``)."""
 
@@ -39,6 +64,10 @@ class KernelEfficiency:
     # training run's fixed-shape GEMMs sustain even when large; fitted together with
     # ``gemm_half_dim`` (scripts/fit_efficiency.py).  1 = large GEMMs reach the best case.
     gemm_sustained_fraction: float = 1.0
+    # The same fraction per architecture and precision where a training-shape GEMM benchmark
+    # of that generation exists (Transformer Engine's per-layer GEMM profile); others use
+    # ``gemm_sustained_fraction``.
+    gemm_sustained_by_arch: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     # HBM traffic of element-wise (memory-bound) ops run eagerly, one kernel per op,
     # relative to the fused kernels sim/ops.py counts.
     eager_elementwise_traffic: float = 1.0
@@ -53,6 +82,11 @@ class KernelEfficiency:
     overlap_compute_slowdown: float = 0.0
     # architecture -> kernel -> (fwd, bwd) fraction of dense bf16 peak (catalogs/efficiency.yaml)
     attention_fractions: Mapping[str, Mapping[str, tuple[float, float]]] = field(default_factory=dict)
+    # architecture -> kernel -> (fwd, bwd) fraction vs per-kernel sequence length, fitted from
+    # attention microbenchmarks; preferred over ``attention_fractions`` where present.
+    attention_curves: Mapping[str, Mapping[str, tuple[SaturatingCurve, SaturatingCurve]]] = field(
+        default_factory=dict)
+    fp8_recipes: Mapping[str, Fp8Recipe] = field(default_factory=dict)
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -66,37 +100,91 @@ class KernelEfficiency:
             raise InputError("efficiency.overlap_compute_slowdown", self.overlap_compute_slowdown,
                              "must be in [0, 1)")
 
+    def sustained_fraction(self, architecture: str, precision: str) -> float:
+        return self.gemm_sustained_by_arch.get(architecture, {}).get(precision, self.gemm_sustained_fraction)
+
+    def fp8_recipe(self, name: str) -> Fp8Recipe:
+        r = self.fp8_recipes.get(name)
+        if r is None:
+            raise InputError("fp8_recipe", name, f"no such recipe in efficiency.yaml fp8_recipes "
+                             f"({', '.join(self.fp8_recipes) or 'none'})")
+        return r
+
+    def attention_fraction(self, architecture: str, kernel: str, seq_len: float,
+                           matmul_fraction: float) -> tuple[float, float]:
+        """(fwd, bwd) fraction of the dense bf16 peak of ``kernel`` on ``architecture`` at a
+        per-kernel sequence length ``seq_len``: the fitted curve, else the catalog constant,
+        else relative to the GPU's best-case GEMM fraction."""
+        curve = self.attention_curves.get(architecture, {}).get(kernel)
+        if curve is not None:
+            return curve[0].at(seq_len), curve[1].at(seq_len)
+        frac = self.attention_fractions.get(architecture, {}).get(kernel)
+        if frac is not None:
+            return frac
+        return matmul_fraction * self.attention_fwd_vs_matmul, matmul_fraction * self.attention_bwd_vs_matmul
+
 
 def _efficiency_yaml() -> Mapping:
     return catalog_document("efficiency.yaml")
+
+
+def catalog_fitted() -> Mapping:
+    """The ``fitted`` block of ``catalogs/efficiency.yaml`` (what ``scripts/fit_efficiency.py`` stored)."""
+    return _efficiency_yaml().get("fitted") or {}
 
 
 @functools.cache
 def default_efficiency() -> KernelEfficiency:
     """Kernel efficiency: the documented defaults plus the values ``scripts/fit_efficiency.py``
     fitted from microbenchmarks (the ``fitted`` block)."""
-    return efficiency_from_catalog(include_fitted=True)
+    return kernel_efficiency(catalog_fitted())
 
 
 _DEFAULT_KEYS = ("attention_fwd_vs_matmul", "attention_bwd_vs_matmul", "kernel_overhead_s", "gemm_reference_flops_per_sm",
                  "eager_elementwise_traffic", "overlap_compute_slowdown")
 
 
-def efficiency_from_catalog(*, include_fitted: bool) -> KernelEfficiency:
+def kernel_efficiency(fitted: Mapping | None) -> KernelEfficiency:
+    """The catalog's documented defaults with the values of a ``fitted`` block (the catalog's,
+    or one a leave-one-source-out fit produced; ``None``: defaults only, as fitting starts)."""
     doc = Record(_efficiency_yaml(), where="efficiency", file="efficiency.yaml")
     default = doc.mapping("default", allowed=_DEFAULT_KEYS + ("source",))
     d: dict[str, object] = {k: default.req(k) for k in _DEFAULT_KEYS}
     d["source"] = default.text("source")
-    if include_fitted and doc.has("fitted"):
-        fitted = doc.mapping("fitted")
-        if fitted.has("gemm"):
-            gemm = fitted.mapping("gemm")
+    recipes = doc.mapping("fp8_recipes")
+    fitted_recipes: Mapping = {}
+    if fitted:
+        f = Record(fitted, where="efficiency.fitted", file="efficiency.yaml")
+        if f.has("gemm"):
+            gemm = f.mapping("gemm")
             d["gemm_half_dim"] = gemm.req("gemm_half_dim")
             d["gemm_sustained_fraction"] = gemm.fraction("gemm_sustained_fraction", optional=True, default=1.0)
-        if fitted.has("collective_overhead_s"):
-            d["collective_overhead_s"] = fitted.req("collective_overhead_s")
-        if fitted.has("host"):
-            d["host_op_floor_s"] = fitted.mapping("host").req("host_op_floor_s")
+            if gemm.has("per_architecture"):
+                per = gemm.mapping("per_architecture")
+                d["gemm_sustained_by_arch"] = {
+                    arch: {prec: per.mapping(arch).req(prec, positive=True) for prec in per.rec[arch]}
+                    for arch in per.rec}
+        if f.has("collective_overhead_s"):
+            d["collective_overhead_s"] = f.req("collective_overhead_s")
+        if f.has("host"):
+            d["host_op_floor_s"] = f.mapping("host").req("host_op_floor_s")
+        if f.has("attention_curves"):
+            ac = f.mapping("attention_curves")
+            d["attention_curves"] = {
+                arch: {k: tuple(SaturatingCurve(*ac.mapping(arch).mapping(k).rec[p]) for p in ("fwd", "bwd"))
+                       for k in ac.rec[arch]}
+                for arch in ac.rec}
+        if f.has("fp8_recipes"):
+            fitted_recipes = f.rec["fp8_recipes"]
+    out = {}
+    for name in recipes.rec:
+        r = recipes.mapping(name, allowed=("architectures", "source", "notes"))
+        got = Record(fitted_recipes.get(name) or {"quantize_bytes_per_element": 0.0}, where=f"fitted.fp8_recipes.{name}",
+                     file="efficiency.yaml")
+        out[name] = Fp8Recipe(quantize_bytes_per_element=got.req("quantize_bytes_per_element"),
+                              gemm_rate=got.number("gemm_rate", optional=True, default=1.0),
+                              architectures=r.strings("architectures"))
+    d["fp8_recipes"] = out
     table = {}
     attention = doc.mapping("attention")
     for arch in attention.rec:
@@ -106,14 +194,26 @@ def efficiency_from_catalog(*, include_fitted: bool) -> KernelEfficiency:
     return KernelEfficiency(**d, attention_fractions=table)
 
 
-def network_efficiency(scale_up_link: str | None = None) -> dict[str, float]:
+def fp8_weight_cast_bytes_per_param(eff: KernelEfficiency, precision: str, recipe: str, cached: bool,
+                                    microbatches):
+    """HBM bytes per local weight per micro-batch of casting the weights to fp8 (and their
+    transposes) with ``recipe``: every micro-batch, or once per step when the framework caches
+    them (``Plan.fp8_weight_cache``), averaged over the step's ``microbatches`` (a number or
+    an array)."""
+    if precision != "fp8":
+        return 0.0
+    q = eff.fp8_recipe(recipe).quantize_bytes_per_element
+    return q / microbatches if cached else q + 0.0 * microbatches
+
+
+def network_efficiency(scale_up_link: str | None = None, fitted: Mapping | None = None) -> dict[str, float]:
     """Collective bandwidth efficiency per network tier, fitted from NCCL bus-bandwidth curves.
 
     ``scale_up_link`` (an NVLink generation id such as ``nvlink4``) picks that generation's own
     fitted NVLink efficiency when the microbenchmarks have one; otherwise the median across
-    generations applies.
+    generations applies.  ``fitted``: a fitted block other than the catalog's.
     """
-    fitted = _efficiency_yaml().get("fitted") or {}
+    fitted = catalog_fitted() if fitted is None else fitted
     out: dict[str, float] = {}
     if "scale_up" in fitted:
         su = fitted["scale_up"]
@@ -126,19 +226,20 @@ def network_efficiency(scale_up_link: str | None = None) -> dict[str, float]:
     return out
 
 
-def network_size_curves() -> dict[str, object]:
+def network_size_curves(fitted: Mapping | None = None) -> dict[str, object]:
     """Per tier, the ``sim.network.SizeCurve`` fitted from NCCL bus-bandwidth curves: the
     fraction of the large-message bandwidth a collective reaches at each chunk size."""
     from sim.network import SizeCurve
 
-    fitted = _efficiency_yaml().get("fitted") or {}
+    fitted = catalog_fitted() if fitted is None else fitted
     return {tier: SizeCurve(points) for tier, points in (fitted.get("size_curves") or {}).items()}
 
 
-def network_kwargs(scale_up_link: str | None = None) -> dict[str, object]:
+def network_kwargs(scale_up_link: str | None = None, fitted: Mapping | None = None) -> dict[str, object]:
     """Keyword arguments of the calibrated ``sim.network.Network``: large-message efficiency
     per tier (``network_efficiency``) and the size curves (``network_size_curves``)."""
-    return {"bandwidth_efficiency": network_efficiency(scale_up_link), "size_curves": network_size_curves()}
+    return {"bandwidth_efficiency": network_efficiency(scale_up_link, fitted),
+            "size_curves": network_size_curves(fitted)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +265,7 @@ def gemm_half_dim(gpu: Gpu, precision: str, eff: KernelEfficiency) -> float:
 def matmul_efficiency(gpu: Gpu, precision: str, op: Op, eff: KernelEfficiency) -> float:
     base = gpu.achievable_matmul_fraction(precision)
     if op.kind == "matmul":
-        base *= eff.gemm_sustained_fraction
+        base *= eff.sustained_fraction(gpu.architecture, precision)
     if eff.gemm_half_dim > 0 and op.kind == "matmul":
         d = min(op.m, op.n, op.k)
         base *= d / (d + gemm_half_dim(gpu, precision, eff))
@@ -184,10 +285,8 @@ def op_time(gpu: Gpu, precision: str, op: Op, eff: KernelEfficiency, *, eager: b
         t = op.hbm_bytes / hbm * (eff.eager_elementwise_traffic if eager else 1.0)
         return OpTime(max(t, floor) + over, max(op.backward_bytes_factor * t, 2 * floor) + 2 * over)
     if op.kind == "attention":
-        frac = eff.attention_fractions.get(gpu.architecture, {}).get(op.kernel or "flash")
-        if frac is None:
-            m = gpu.achievable_matmul_fraction("bf16")
-            frac = (m * eff.attention_fwd_vs_matmul, m * eff.attention_bwd_vs_matmul)
+        frac = eff.attention_fraction(gpu.architecture, op.kernel or "flash", op.m,
+                                      gpu.achievable_matmul_fraction("bf16"))
         peak = gpu.peak_flops_per_s("bf16")
         fwd = max(op.flops / (peak * frac[0]), op.hbm_bytes / hbm, floor)
         bwd = max(op.flops * op.backward_flop_factor / (peak * frac[1]), 2 * op.hbm_bytes / hbm, 2 * floor)
@@ -197,6 +296,8 @@ def op_time(gpu: Gpu, precision: str, op: Op, eff: KernelEfficiency, *, eager: b
     if gemm_precision == "fp8" and "fp8" not in gpu.dense_flops_per_s:
         gemm_precision = "bf16"
     peak = gpu.peak_flops_per_s(gemm_precision) * matmul_efficiency(gpu, gemm_precision, op, eff)
+    if gemm_precision == "fp8" and op.kernel:
+        peak *= eff.fp8_recipe(op.kernel).gemm_rate
     fwd = max(op.flops / peak, op.hbm_bytes / hbm, floor)
     bwd = max(op.flops * op.backward_flop_factor / peak, 2 * op.hbm_bytes / hbm, 2 * floor)
     return OpTime(fwd + over, bwd + 2 * over)

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.conventions import conventions
-from sim.compute import KernelEfficiency, default_efficiency, network_kwargs, ops_time
+from sim.compute import (KernelEfficiency, default_efficiency, fp8_weight_cast_bytes_per_param, network_kwargs,
+                          ops_time)
 from sim.network import Network
 from sim.ops import LayerOps, embedding_ops, head_ops, layer_ops
 from sim.plan import Plan
@@ -83,6 +84,7 @@ class StageCost:
     grad_accum_s: float = 0.0
     fsdp_copy_fwd_s: float = 0.0
     fsdp_copy_bwd_s: float = 0.0
+    fp8_weight_cast_s: float = 0.0
 
     @property
     def pieces(self) -> StagePieces:
@@ -269,7 +271,16 @@ def stage_pieces_for(plan: Plan, net: Network, eff: KernelEfficiency, params: St
                         layer_bwd_s=layer_bwd_s, dp_overlap=s.dp_overlap,
                         hbm_bytes_per_s=gpu.hbm_bytes_per_s * gpu.hbm_efficiency, rt=rt, eff=eff,
                         accum_bytes_per_param=rt.grad_accumulation_bytes(plan.grad_accumulation, s.num_microbatches),
-                        fp16=s.precision == "fp16", fsdp_copies=plan.fsdp_copies)
+                        fp16=s.precision == "fp16", fsdp_copies=plan.fsdp_copies,
+                        weight_cast_bytes_per_param=fp8_weight_cast_bytes_per_param(
+                            eff, s.precision, s.fp8_recipe, plan.fp8_weight_cache, s.num_microbatches))
+
+
+def plan_layer_ops(plan: Plan, strategy: Strategy, eff: KernelEfficiency, *, moe: bool) -> LayerOps:
+    """``sim.ops.layer_ops`` with the plan's framework settings and the fp8 recipe's fitted
+    quantization cost."""
+    q = eff.fp8_recipe(strategy.fp8_recipe).quantize_bytes_per_element if strategy.precision == "fp8" else 0.0
+    return layer_ops(plan.model, strategy, moe=moe, attention=plan.attention, fp8_quantize_bytes_per_element=q)
 
 
 def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | None = None) -> StepCosts:
@@ -278,11 +289,11 @@ def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | N
     net = net or default_network(cluster)
     eff = eff or default_efficiency()
 
-    dense_cost = layer_cost(plan, net, layer_ops(model, s, moe=False, attention=plan.attention), eff,
+    dense_cost = layer_cost(plan, net, plan_layer_ops(plan, s, eff, moe=False), eff,
                             layer_params(model, s, moe=False).total)
     moe_cost = None
     if model.moe is not None:
-        moe_cost = layer_cost(plan, net, layer_ops(model, s, moe=True, attention=plan.attention), eff,
+        moe_cost = layer_cost(plan, net, plan_layer_ops(plan, s, eff, moe=True), eff,
                               layer_params(model, s, moe=True).total)
     ends = end_costs(plan, eff)
     nbytes = p2p_bytes(model, s)

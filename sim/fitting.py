@@ -81,3 +81,22 @@ def fit_scalar(loss: Callable[[float], float], grid: Sequence[float]) -> tuple[f
     """The grid value minimising ``loss`` (and the loss there); deterministic, no optimiser."""
     best = min(grid, key=loss)
     return float(best), float(loss(best))
+
+
+def fit_saturating(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, float]:
+    """Fit ``y = y_max * x / (x + x_half)`` (``sim.compute.SaturatingCurve``) to measured
+    efficiencies, in relative *time* error (time ~ 1/y, so a slow point weighs as much as a
+    fast one).  ``1/y = (1 + x_half/x) / y_max`` is linear in ``(1/y_max, x_half/y_max)``:
+    weighted least squares, then ``x_half`` clamped at 0 (a curve that does not rise with
+    ``x`` is flat at the points' harmonic mean).  Returns ``(y_max, x_half, rms_rel_error)``."""
+    x = np.asarray(xs, dtype=float)
+    y = np.asarray(ys, dtype=float)
+    if x.shape != y.shape or x.size < 1 or np.any(x <= 0) or np.any(y <= 0):
+        raise InputError("curve", x.size, "needs matching positive points")
+    a = np.vstack([np.ones_like(x), 1.0 / x]).T * y[:, None]  # (a0 + a1/x) * y ~ 1
+    (a0, a1), *_ = np.linalg.lstsq(a, np.ones_like(x), rcond=None)
+    if a1 < 0 or a0 <= 0:
+        a0, a1 = float(np.sum(y) / np.sum(y * y)), 0.0
+    y_max, x_half = 1.0 / a0, a1 / a0
+    pred = y_max * x / (x + x_half)
+    return float(y_max), float(x_half), float(np.sqrt(np.mean((y / pred - 1) ** 2)))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from sim.catalog import catalog_document
 from sim.errors import InputError
-from sim.plan import ATTENTION_IMPLS, GRAD_ACCUMULATION, SELECTIVE_POLICIES
+from sim.plan import ATTENTION_IMPLS, GRAD_ACCUMULATION, LOSS_IMPLS, SELECTIVE_POLICIES
 from sim.records import Record
 
 
@@ -27,13 +27,19 @@ class Framework:
     selective_recompute: str  # attention | op
     grad_accumulation: str = "fused"  # fused | fp32_main_grad | autograd (runtime.yaml)
     fsdp_copies: bool = False  # FSDP2 packing around ZeRO-3 collectives (runtime.yaml)
+    loss: str = "upcast"  # upcast | inplace | fused (runtime.yaml loss)
+    # What the framework's recipes switch on when a run does not say (the profile's source):
+    sequence_parallel_default: bool = False  # SP with tp > 1
+    tp_overlap_default: bool = False  # pipelined TP communication overlap with tp > 1 and SP
+    zero_default: int = 0  # ZeRO stage without a stated one (1: a distributed optimizer by default)
+    fp8_weight_cache: bool = False  # fp8 weights cast once per step, not per micro-batch
     aliases: tuple[str, ...] = ()
     source: str = ""
     notes: str = ""
 
 
 _KEYS = ("id", "name", "aliases", "attention", "dp_overlap", "elementwise", "selective_recompute",
-         "grad_accumulation", "fsdp_copies", "source", "notes")
+         "grad_accumulation", "fsdp_copies", "loss", "sequence_parallel_default", "tp_overlap_default", "zero_default", "fp8_weight_cache", "source", "notes")
 
 
 @functools.cache
@@ -47,7 +53,12 @@ def _frameworks() -> dict[str, Framework]:
                        eager_elementwise=r.text("elementwise", choices=("fused", "eager")) == "eager",
                        selective_recompute=r.text("selective_recompute", default="attention", choices=SELECTIVE_POLICIES),
                        grad_accumulation=r.text("grad_accumulation", default="fused", choices=GRAD_ACCUMULATION),
-                       fsdp_copies=r.flag("fsdp_copies"), aliases=r.strings("aliases", lower=False),
+                       fsdp_copies=r.flag("fsdp_copies"), loss=r.text("loss", default="upcast", choices=LOSS_IMPLS),
+                       sequence_parallel_default=r.flag("sequence_parallel_default"),
+                       tp_overlap_default=r.flag("tp_overlap_default"),
+                       zero_default=r.integer("zero_default", minimum=0, optional=True, default=0),
+                       fp8_weight_cache=r.flag("fp8_weight_cache"),
+                       aliases=r.strings("aliases", lower=False),
                        source=r.text("source"), notes=r.text("notes", default=""))
         for key in (fw.id, *fw.aliases):
             out[key.lower()] = fw
@@ -67,7 +78,7 @@ def apply_framework(plan_kwargs: dict, fw: Framework) -> dict:
     """Plan keyword arguments for ``fw`` (attention kernel, element-wise fusion, policy)."""
     return {**plan_kwargs, "attention": fw.attention, "eager_elementwise": fw.eager_elementwise,
             "selective_policy": fw.selective_recompute, "grad_accumulation": fw.grad_accumulation,
-            "fsdp_copies": fw.fsdp_copies}
+            "fsdp_copies": fw.fsdp_copies, "loss": fw.loss, "fp8_weight_cache": fw.fp8_weight_cache}
 
 
 def list_frameworks() -> list[Framework]:

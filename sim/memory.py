@@ -37,7 +37,6 @@ if TYPE_CHECKING:
     from sim.plan import Plan
 
 BYTES_ACT = 2
-LOSS_BYTES_PER_LOGIT = 2 + 4 + 4 + 4
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -209,7 +208,7 @@ class StageMemory:
                 + self.reserve_bytes)
 
 
-def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expert_shard: int, tp: int,
+def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expert_shard: int, tp: int, loss: str,
                  dense_act_bytes: Num, moe_act_bytes: Num, full_recompute: Num, recomputed_layer_bytes: Num,
                  inflight_mb: Num, tokens: Num, rt: MemoryRuntime) -> StageMemory:
     """Peak bytes of one GPU of a stage of ``shape`` (module docstring), for one plan or over
@@ -224,11 +223,8 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
         act = act + np.where(full_recompute, recomputed_layer_bytes, 0.0)
     if shape.first and model_has_dropout(model):
         act = act + tokens * model.hidden_size * inflight_mb  # embedding dropout mask
-    if shape.last:
-        # Loss peak, one micro-batch at a time: bf16 logits, their fp32 up-cast, the fp32
-        # softmax kept for backward and the fp32 gradient (PyTorch cross_entropy on
-        # .float() logits; Megatron's vocab-parallel cross-entropy keeps the same set).
-        act = act + tokens * model.vocab_size / tp * LOSS_BYTES_PER_LOGIT
+    if shape.last:  # loss peak, one micro-batch at a time (runtime.yaml loss, by implementation)
+        act = act + tokens * model.vocab_size / tp * rt.loss_bytes_per_logit[loss]
     reserve = rt.workspace_bytes + rt.fragmentation_fraction * (w + g + o + act)
     return StageMemory(weights_bytes=w, gradients_bytes=g, optimizer_bytes=o, activations_bytes=act,
                        reserve_bytes=reserve)
@@ -238,12 +234,12 @@ def plan_memory(plan: "Plan") -> MemoryBreakdown:
     """``memory_breakdown`` with everything a ``Plan`` says (attention kernel, selective policy);
     both engines report memory through this one call."""
     return memory_breakdown(plan.model, plan.cluster, plan.strategy, attention=plan.attention,
-                            selective_policy=plan.selective_policy)
+                            selective_policy=plan.selective_policy, loss=plan.loss)
 
 
 def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
                      attention: str = "flash", runtime: MemoryRuntime | None = None,
-                     selective_policy: str = "attention") -> MemoryBreakdown:
+                     selective_policy: str = "attention", loss: str = "upcast") -> MemoryBreakdown:
     """Memory of the most loaded GPU (the pipeline stage with the largest total)."""
     rt = runtime or default_runtime()
     s = strategy
@@ -254,7 +250,7 @@ def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
                                              moe=model.moe is not None) if s.recompute == "full" else 0.0)
     best: MemoryBreakdown | None = None
     for shape in stage_shapes(model, s):
-        mem = stage_memory(model, shape, zero=s.zero, shard=s.dp * s.cp, expert_shard=s.expert_dp, tp=s.tp,
+        mem = stage_memory(model, shape, zero=s.zero, shard=s.dp * s.cp, expert_shard=s.expert_dp, tp=s.tp, loss=loss,
                            dense_act_bytes=dense_act,
                            moe_act_bytes=moe_act, full_recompute=s.recompute == "full",
                            recomputed_layer_bytes=recomputed, inflight_mb=inflight_microbatches(s, shape.index),

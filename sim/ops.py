@@ -17,7 +17,7 @@ memory pass; expert load is assumed balanced.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from sim.conventions import conventions
@@ -42,9 +42,12 @@ class Op:
     model_flops: float | None = None  # FLOPs counted by MFU when they differ from executed
     recompute_selective: bool = False  # recomputed under selective recomputation
     tp_sharded: bool = True
-    kernel: str = ""  # attention kernel family for kind == "attention" (flash | flash2)
+    # attention ops: the kernel family (flash | flash2); fp8 GEMMs: the scaling recipe
+    kernel: str = ""
     # Backward FLOPs relative to forward; None: the kind's rule (``backward_flop_factor``).
     backward_flops_per_forward: float | None = None
+    # Backward HBM traffic relative to forward; None: the element-wise rule (``backward_bytes_factor``).
+    backward_bytes_per_forward: float | None = None
 
     @property
     def backward_flop_factor(self) -> float:
@@ -60,7 +63,7 @@ class Op:
         """Backward HBM traffic relative to forward for memory-bound ops: an element-wise op
         reads x and writes y forward (2 passes) and reads x and dy and writes dx backward
         (3 passes): 1.5x.  Norms and softmax follow the same count."""
-        return 1.5
+        return 1.5 if self.backward_bytes_per_forward is None else self.backward_bytes_per_forward
 
     @property
     def counted_flops(self) -> float:
@@ -99,12 +102,16 @@ def _mem(name: str, hbm_bytes: float, **kw: object) -> Op:
     return Op(name, "memory", 0.0, hbm_bytes, **kw)  # type: ignore[arg-type]
 
 
-def layer_ops(model: Model, strategy: Strategy, *, moe: bool, attention: str = "flash") -> LayerOps:
+def layer_ops(model: Model, strategy: Strategy, *, moe: bool, attention: str = "flash",
+              fp8_quantize_bytes_per_element: float = 0.0) -> LayerOps:
     """Forward ops of one layer on one GPU for one micro-batch.
 
     ``attention`` is ``"flash"`` / ``"flash2"`` (fused, causal blocks skipped, no s^2 tensor
     in HBM; the best kernel for the GPU, or FlashAttention-2 specifically) or ``"unfused"`` (score matrix materialised, softmax and dropout as memory passes, as
-    Megatron-LM did before FlashAttention).
+    Megatron-LM did before FlashAttention).  With ``precision=fp8`` every linear layer pays its
+    recipe's quantization of activations and gradients (``fp8_quantize_bytes_per_element``,
+    ``catalogs/efficiency.yaml`` ``fp8_recipes``); the weights' share is per-parameter work
+    (``sim.compute.fp8_weight_cast_bytes_per_param``).
     """
     tp, cp = strategy.tp, strategy.cp
     b, s = strategy.mbs, strategy.seq_len
@@ -142,8 +149,10 @@ def layer_ops(model: Model, strategy: Strategy, *, moe: bool, attention: str = "
     full_flops = 2.0 * b * a_loc * s_loc * s * (d_qk + d_v)
     if attention in ("flash", "flash2"):
         hbm = act * tokens * (a_loc * d_qk + kv_width + a_loc * d_v) + 4 * b * a_loc * s_loc
-        ops.append(Op("attention", "attention", full_flops / 2, hbm, model_flops=full_flops,
-                      recompute_selective=True, kernel=attention,
+        # m: the per-kernel query length (with CP each ring step attends a local chunk), which
+        # decides the kernel's efficiency (sim.compute attention curves)
+        ops.append(Op("attention", "attention", full_flops / 2, hbm, m=s_loc, n=s, k=d_qk, batch=b * a_loc,
+                      model_flops=full_flops, recompute_selective=True, kernel=attention,
                       backward_flops_per_forward=conventions().attention_backward_per_forward))
     else:
         sq = b * a_loc * s_loc * s  # score elements
@@ -202,7 +211,7 @@ def layer_ops(model: Model, strategy: Strategy, *, moe: bool, attention: str = "
     ops.append(_mem("residual_dropout_mlp", 4 * act * norm_tokens * h))
 
     if strategy.precision == "fp8":
-        ops = _with_fp8_casts(ops)
+        ops = _with_fp8_casts(ops, strategy.fp8_recipe, fp8_quantize_bytes_per_element)
 
     tp_bytes = act * tokens * h if tp > 1 else 0.0
     # Two TP collectives per pass (attention, MLP); an MoE layer whose experts use another
@@ -212,20 +221,24 @@ def layer_ops(model: Model, strategy: Strategy, *, moe: bool, attention: str = "
     return LayerOps(tuple(ops), tp_bytes, tp_count, cp_bytes, ep_bytes, ep_count, etp_bytes)
 
 
-FP8_CAST_BYTES_PER_ELEMENT = 3.0  # read bf16, write fp8 (scale from delayed/fused amax)
 BF16_GEMMS = frozenset({"scores_qk", "attn_v", "logits", "router"})
 
 
-def _with_fp8_casts(ops: list[Op]) -> list[Op]:
-    """Add the quantisation passes fp8 linear layers pay: the input and the weight are cast to
-    fp8 before each GEMM (Micikevicius et al. 2022, "FP8 Formats for Deep Learning", Sec. 4;
-    Transformer Engine / torchao float8 training).  Backward casts of the output gradient ride
-    on the memory-op backward factor."""
+def _with_fp8_casts(ops: list[Op], recipe: str, bytes_per_element: float) -> list[Op]:
+    """Mark the fp8 linear layers with their recipe and add the quantization of their
+    activations: the input x (M x K) before the forward GEMM and the output gradient dy
+    (M x N) before the backward GEMMs, each with the transposed copy the other GEMM needs
+    (Micikevicius et al. 2022, "FP8 Formats for Deep Learning", Sec. 4; Transformer Engine).
+    The bytes per element are the recipe's fitted cost (amax, scale, cast, transpose); the
+    weights (K x N) are cast as per-parameter work (``sim.step.stage_pieces``)."""
     out: list[Op] = []
     for op in ops:
         if op.kind == "matmul" and op.name not in BF16_GEMMS:
-            elems = op.batch * (op.m * op.k + op.k * op.n)
-            out.append(_mem(f"fp8_cast_{op.name}", FP8_CAST_BYTES_PER_ELEMENT * elems))
+            fwd_elems = op.batch * op.m * op.k
+            bwd_elems = op.batch * op.m * op.n
+            out.append(_mem(f"fp8_cast_{op.name}", bytes_per_element * fwd_elems,
+                            backward_bytes_per_forward=bwd_elems / fwd_elems))
+            op = replace(op, kernel=recipe)
         out.append(op)
     return out
 
@@ -257,7 +270,7 @@ def model_flops_per_step(model: Model, strategy: Strategy) -> float:
     excludes recomputation (HFU adds it) and counts only routed (active) experts.
     Independent of how the model is sharded.
     """
-    one = strategy.with_(tp=1, cp=1, ep=1, sp=False, dp=1, pp=1, vp=1, zero=0,
+    one = strategy.with_(tp=1, cp=1, ep=1, etp=None, sp=False, dp=1, dp_shard=None, pp=1, vp=1, zero=0,
                          schedule="1f1b", gbs=strategy.mbs)
     per_seq_fwd = 0.0
     dense = layer_ops(model, one, moe=False)

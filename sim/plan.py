@@ -4,16 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sim.compute import default_efficiency
 from sim.errors import InfeasibleError, InputError
 from sim.specs import Cluster, Model, Strategy
 
 ATTENTION_IMPLS: tuple[str, ...] = ("flash", "flash2", "unfused")
-SELECTIVE_POLICIES: tuple[str, ...] = ("attention", "op")
+SELECTIVE_POLICIES: tuple[str, ...] = ("attention", "op", "mla_up_proj", "moe_act", "mlp_up", "mlp")
 GRAD_ACCUMULATION: tuple[str, ...] = ("fused", "fp32_main_grad", "autograd")
+LOSS_IMPLS: tuple[str, ...] = ("upcast", "inplace", "fused")
 
-_INT_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "mbs", "gbs", "zero", "seq_len")
-_BOOL_KEYS = ("sp", "tp_overlap", "dp_overlap", "ep_overlap")
-_STR_KEYS = ("recompute", "precision", "schedule")
+_INT_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "mbs", "gbs", "zero", "seq_len", "dp_shard")
+_BOOL_KEYS = ("sp", "tp_overlap", "dp_overlap", "ep_overlap", "pp_overlap", "cuda_graphs")
+_STR_KEYS = ("recompute", "precision", "schedule", "fp8_recipe")
 _ALIASES = {"seq": "seq_len", "micro_batch": "mbs", "global_batch": "gbs", "zero_stage": "zero",
             "sequence_parallel": "sp", "interleave": "vp"}
 
@@ -41,11 +43,17 @@ class Plan:
     selective_policy: str = "attention"
     grad_accumulation: str = "fused"
     fsdp_copies: bool = False  # FSDP2 per-parameter packing around collectives (runtime.yaml)
+    loss: str = "upcast"  # how the loss is computed, for its memory (runtime.yaml loss)
+    # fp8 weights cast once per step and reused by every micro-batch (Transformer Engine under
+    # Megatron-Core: is_first_microbatch) instead of once per micro-batch
+    fp8_weight_cache: bool = False
 
     def __post_init__(self) -> None:
         if self.grad_accumulation not in GRAD_ACCUMULATION:
             raise InputError("grad_accumulation", self.grad_accumulation,
                              f"must be one of {', '.join(GRAD_ACCUMULATION)}")
+        if self.loss not in LOSS_IMPLS:
+            raise InputError("loss", self.loss, f"must be one of {', '.join(LOSS_IMPLS)}")
         if self.attention not in ATTENTION_IMPLS:
             raise InputError("attention", self.attention, f"must be one of {', '.join(ATTENTION_IMPLS)}")
         if self.selective_policy not in SELECTIVE_POLICIES:
@@ -176,3 +184,9 @@ def check_feasible(model: Model, cluster: Cluster, s: Strategy) -> None:
                                   "expert tensor parallelism other than tp needs sequence parallelism (sp=1)")
     if s.precision == "fp8" and "fp8" not in cluster.gpu.dense_flops_per_s:
         raise InfeasibleError("unsupported", "precision", s.precision, f"{cluster.gpu.id} has no fp8 tensor cores")
+    if s.precision == "fp8":
+        archs = default_efficiency().fp8_recipe(s.fp8_recipe).architectures
+        if archs and cluster.gpu.architecture not in archs:
+            raise InfeasibleError("unsupported", "fp8_recipe", s.fp8_recipe,
+                                  f"runs on {', '.join(archs)} tensor cores ({cluster.gpu.id} is "
+                                  f"{cluster.gpu.architecture}; catalogs/efficiency.yaml fp8_recipes)")

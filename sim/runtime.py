@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from sim.catalog import catalog_document
 from sim.records import Record
+
+if TYPE_CHECKING:
+    from sim.plan import Plan
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -42,7 +45,18 @@ class MemoryRuntime:
 
     workspace_bytes: float  # cuBLAS/cuDNN/NCCL workspaces
     fragmentation_fraction: float  # caching-allocator slack on top of live tensors
+    loss_bytes_per_logit: Mapping[str, float] = field(default_factory=dict)  # by loss implementation
     source: str = ""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DeviceMemory:
+    """What device-level memory (nvidia-smi) holds beyond PyTorch's reserved pool."""
+
+    cuda_context_bytes: float
+    nccl_ring_bytes_per_communicator: float
+    nccl_bytes_per_alltoall_peer: float
+    nccl_p2p_bytes_per_peer: float
 
 
 def _doc() -> Record:
@@ -65,7 +79,38 @@ def default_comm_runtime() -> CommRuntime:
 
 
 @functools.cache
+def device_memory() -> DeviceMemory:
+    d = _doc().mapping("device_memory")
+    return DeviceMemory(cuda_context_bytes=d.req("cuda_context_bytes"),
+                        nccl_ring_bytes_per_communicator=d.req("nccl_ring_bytes_per_communicator"),
+                        nccl_bytes_per_alltoall_peer=d.req("nccl_bytes_per_alltoall_peer"),
+                        nccl_p2p_bytes_per_peer=d.req("nccl_p2p_bytes_per_peer"))
+
+
+def device_memory_bytes(reserved_bytes: float, plan: "Plan") -> float:
+    """Peak memory as ``nvidia-smi`` shows it: PyTorch's reserved peak plus the CUDA context
+    and the NCCL buffers of every communicator the rank uses (``catalogs/runtime.yaml``):
+    ring communicators for tp, cp, the data-parallel gradient group and (MoE) the expert
+    data-parallel group, every peer of the expert all-to-all, and the pipeline neighbours."""
+    s, d = plan.strategy, device_memory()
+    rings = sum(n > 1 for n in (s.tp, s.cp, s.dp * s.cp))
+    if plan.model.moe is not None:
+        rings += s.expert_dp > 1 and s.expert_dp != s.dp * s.cp
+        if s.expert_tp != s.tp:
+            rings += s.expert_tp > 1
+    nccl = rings * d.nccl_ring_bytes_per_communicator
+    if s.ep > 1:
+        nccl += (s.ep - 1) * d.nccl_bytes_per_alltoall_peer
+    if s.pp > 1:
+        nccl += 2 * d.nccl_p2p_bytes_per_peer
+    return reserved_bytes + d.cuda_context_bytes + nccl
+
+
+@functools.cache
 def default_runtime() -> MemoryRuntime:
-    m = _doc().mapping("memory")
+    doc = _doc()
+    m, loss = doc.mapping("memory"), doc.mapping("loss").mapping("bytes_per_logit")
     return MemoryRuntime(workspace_bytes=m.req("workspace_bytes"),
-                         fragmentation_fraction=m.fraction("fragmentation_fraction"), source=m.text("source"))
+                         fragmentation_fraction=m.fraction("fragmentation_fraction"),
+                         loss_bytes_per_logit={k: loss.req(k, positive=True) for k in loss.rec},
+                         source=m.text("source"))

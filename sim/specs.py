@@ -24,6 +24,7 @@ TRAIN_PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8")
 FFN_TYPES: tuple[str, ...] = ("gelu", "swiglu")
 RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zero-bubble")
+FP8_RECIPES: tuple[str, ...] = ("delayed", "tensorwise", "blockwise", "mxfp8")
 TOPOLOGIES: tuple[str, ...] = ("fat-tree", "rail-optimized", "star", "tree", "mesh", "torus")
 
 # Limits that catch typos and overflow, not hardware: far above anything built today.
@@ -406,7 +407,15 @@ class Strategy:
     sequence.  ``tp_overlap`` hides tensor-parallel collectives behind GEMMs (async TP /
     userbuffers); ``dp_overlap`` overlaps gradient reduction with backward (default on, as in
     DDP, Megatron and FSDP); ``ep_overlap`` hides expert all-to-alls behind the compute of another
-    micro-batch (DeepSeek-V3's DualPipe, Megatron's --moe-a2a-overlap).
+    micro-batch (DeepSeek-V3's DualPipe, Megatron's --moe-a2a-overlap); ``pp_overlap`` overlaps
+    pipeline sends and receives with compute (Megatron's ``--overlap-p2p-comm``);
+    ``cuda_graphs`` captures the step's kernels in CUDA graphs (the host no longer dispatches
+    them one by one).  ``fp8_recipe`` is the fp8 scaling recipe with ``precision=fp8``
+    (Megatron-Core ``--fp8-recipe``: ``delayed`` per-tensor amax history, ``tensorwise``
+    current per-tensor scaling, ``blockwise`` 1x128 / 128x128 block scales, ``mxfp8`` 1x32
+    microscaling on Blackwell).  ``dp_shard`` (HSDP) shards ZeRO/FSDP states over groups of
+    ``dp_shard`` data-parallel ranks and replicates them over the ``dp / dp_shard`` groups
+    (torchtitan ``data_parallel_shard_degree``, MaxText ``ici_fsdp``); ``None`` shards over all.
 
     Experts follow Megatron-Core's MoE parallel folding: the expert layers of a pipeline stage
     re-partition the stage's ``tp * cp * dp`` ranks into ``etp`` (expert tensor parallelism;
@@ -433,6 +442,10 @@ class Strategy:
     tp_overlap: bool = False
     dp_overlap: bool = True
     ep_overlap: bool = False
+    pp_overlap: bool = False
+    cuda_graphs: bool = False
+    fp8_recipe: str = "delayed"
+    dp_shard: int | None = None
 
     def __post_init__(self) -> None:
         for n in ("tp", "pp", "dp", "cp", "ep", "vp"):
@@ -447,6 +460,11 @@ class Strategy:
         _choice("recompute", self.recompute, RECOMPUTES)
         _choice("precision", self.precision, TRAIN_PRECISIONS)
         _choice("schedule", self.schedule, SCHEDULES)
+        _choice("fp8_recipe", self.fp8_recipe, FP8_RECIPES)
+        if self.dp_shard is not None:
+            _positive_int("dp_shard", self.dp_shard, limit=MAX_GPUS)
+            if self.dp % self.dp_shard:
+                raise InputError("dp_shard", self.dp_shard, f"must divide dp={self.dp}")
         if self.vp > 1 and self.schedule not in ("interleaved", "zero-bubble"):
             raise InputError("vp", self.vp, f"needs schedule=interleaved (got {self.schedule})")
         if self.schedule == "interleaved" and self.pp == 1:
@@ -459,6 +477,12 @@ class Strategy:
     @property
     def num_gpus(self) -> int:
         return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def zero_shard(self) -> int:
+        """Data-parallel ranks (times ``cp``) ZeRO/FSDP shards its states over: ``dp_shard * cp``
+        with HSDP, else ``dp * cp``."""
+        return (self.dp if self.dp_shard is None else self.dp_shard) * self.cp
 
     @property
     def expert_tp(self) -> int:
@@ -500,6 +524,14 @@ class Strategy:
             parts.append("dp_overlap=0")
         if self.ep_overlap:
             parts.append("ep_overlap=1")
+        if self.pp_overlap:
+            parts.append("pp_overlap=1")
+        if self.cuda_graphs:
+            parts.append("cuda_graphs=1")
+        if self.precision == "fp8" and self.fp8_recipe != "delayed":
+            parts.append(f"fp8_recipe={self.fp8_recipe}")
+        if self.dp_shard is not None and self.dp_shard != self.dp:
+            parts.append(f"dp_shard={self.dp_shard}")
         return ",".join(parts)
 
     def with_(self, **changes: object) -> "Strategy":

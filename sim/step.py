@@ -111,12 +111,14 @@ class StagePieces:
     grad_accum_s: Num  # per micro-batch
     fsdp_copy_fwd_s: Num  # per micro-batch
     fsdp_copy_bwd_s: Num
+    fp8_weight_cast_s: Num = 0.0  # per micro-batch (averaged when cast once per step)
 
     @property
     def param_work_fwd_s(self) -> Num:
         """Per micro-batch forward work proportional to the stage's parameters (compute slowed
-        by hidden FSDP gathers, FSDP2 packing); it happens layer by layer, by parameter share."""
-        return self.overlap_slowdown_fwd_s + self.fsdp_copy_fwd_s
+        by hidden FSDP gathers, FSDP2 packing, fp8 weight casts); it happens layer by layer, by
+        parameter share."""
+        return self.overlap_slowdown_fwd_s + self.fsdp_copy_fwd_s + self.fp8_weight_cast_s
 
     @property
     def param_work_bwd_s(self) -> Num:
@@ -138,7 +140,7 @@ class DpCollectives:
 def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int, params: StageParams,
                  num_layers: int, layer_fwd_s: Num, layer_bwd_s: Num, dp_overlap: bool, hbm_bytes_per_s: float,
                  rt: CommRuntime, eff: KernelEfficiency, accum_bytes_per_param: Num, fp16: bool,
-                 fsdp_copies: bool) -> StagePieces:
+                 fsdp_copies: bool, weight_cast_bytes_per_param: Num = 0.0) -> StagePieces:
     """The per-stage pieces (``StagePieces``) of a stage, for one ZeRO stage or an array of them.
 
     ``layer_fwd_s`` / ``layer_bwd_s``: the stage's compute per micro-batch (layers incl.
@@ -153,7 +155,8 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
       the compute under it by ``overlap_compute_slowdown`` (arXiv:2507.03114).
     * The optimizer step is memory-bound: ``optimizer_bytes_per_param`` per local (sharded)
       parameter at the GPU's achievable HBM rate; gradient accumulation outside the GEMM and
-      FSDP2's packing around its collectives likewise (``catalogs/runtime.yaml``).
+      FSDP2's packing around its collectives likewise (``catalogs/runtime.yaml``), and the fp8
+      cast of the weights (``weight_cast_bytes_per_param``, ``sim.compute``).
     """
     z = np.asarray(zero)
     z3 = z >= 3
@@ -181,9 +184,11 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
     copy_f = np.where(copies, params.total * rt.fsdp_gather_copy_bytes_per_param / hbm_bytes_per_s, 0.0)
     copy_b = np.where(copies, params.total * (rt.fsdp_gather_copy_bytes_per_param
                                               + rt.fsdp_reduce_copy_bytes_per_param) / hbm_bytes_per_s, 0.0)
+    cast_s = params.total * weight_cast_bytes_per_param / hbm_bytes_per_s
     return StagePieces(dp_grad_sync_s=grad_sync, dp_param_gather_s=param_gather, zero3_exposed_fwd_s=z3f,
                        zero3_exposed_bwd_s=z3b, overlap_slowdown_fwd_s=slow_f, overlap_slowdown_bwd_s=slow_b,
-                       optimizer_s=opt_s, grad_accum_s=accum_s, fsdp_copy_fwd_s=copy_f, fsdp_copy_bwd_s=copy_b)
+                       optimizer_s=opt_s, grad_accum_s=accum_s, fsdp_copy_fwd_s=copy_f, fsdp_copy_bwd_s=copy_b,
+                       fp8_weight_cast_s=cast_s)
 
 
 def stage_times(*, layer_fwd_s: Num, layer_bwd_s: Num, recompute_s: Num, layer_exposed_fwd_s: Num,

@@ -1,82 +1,119 @@
-"""Accuracy against the published reference runs, locked per row.
+"""Accuracy against the reference runs, locked on the leave-one-source-out figures.
 
-Every row of catalogs/reference/published_runs.yaml is simulated with the calibrated model
-(no per-run parameter) and must stay within its group's tolerance; the tolerance and the reason
-for it are data here, next to the source they refer to.  A change that makes any row worse than
-its tolerance, or the summary worse than the recorded figures, fails CI.
+Every row of ``catalogs/reference/`` (30 published runs, 81 development-set runs, 11 sources)
+is predicted by the model fitted without its source's data (``planner check-published
+--loso``).  Each source's median and worst |step-time error| must stay within its recorded
+tolerance; the tolerance and the reason for it are data here.  A change that makes a source
+worse than its tolerance, or the overall figures worse than recorded, fails CI.  The in-sample
+figures of the 30 published rows are locked too.
 """
 
 import pytest
 
-from planner.published import compare_all, load_runs, summary
+from planner.published import compare_all, load_runs, summary, summary_by_source
 
-# (id prefix, step-time tolerance, why)
-TOLERANCES = [
-    ("megatron-sc21-t1-", 0.13, "Narayanan et al. 2021 Table 1: mbs/vp unstated (filled by rule); pipelined rows "
-                                "run 5-11% fast; the same per-GPU work runs 3-9% slower here than in "
-                                "Korthikanti et al. 2022 (docs/accuracy.md)"),
-    ("korthikanti22-", 0.09, "Korthikanti et al. 2022: layer timings of the same paper calibrate the GEMM "
-                             "shape factor; whole-iteration overheads beyond the layers are ~0-7%"),
-    ("torchtitan-2412-t1-", 0.20, "torchtitan on 500 W H100 (peak unknown, +-8%): compute-bound kernels run "
-                                  "~10-16% slower than the A100-calibrated model; see docs/accuracy.md"),
-    ("torchtitan-2412-t3-", 0.22, "as t1, 128 GPUs"),
-    ("torchtitan-2412-t2-", 0.42, "context-parallel ring attention at 32k-262k tokens: per-step attention "
-                                  "kernels run below the FlashAttention-2 headline efficiency we use"),
-]
-MEMORY_TOLERANCE = 0.10  # issue 4 target: memory within 10% where published
-
-
-def _tol(run_id: str) -> float:
-    for prefix, tol, _ in TOLERANCES:
-        if run_id.startswith(prefix):
-            return tol
-    raise AssertionError(f"no tolerance recorded for {run_id}")
+# source -> (median tolerance, worst-row tolerance, why)
+TOLERANCES = {
+    "narayanan2021": (0.08, 0.12, "Narayanan et al. 2021 Table 1: mbs/vp unstated (filled by rule); the SC'21 "
+                                  "Megatron-LM runs 5-11% slower than the model, most on the smallest runs"),
+    "korthikanti2022": (0.04, 0.08, "Korthikanti et al. 2022: its Table 4 is left out of the GEMM fit when its "
+                                    "runs are scored; whole-iteration overheads beyond the layers are 0-7%"),
+    "pytorch/torchtitan": (0.16, 0.40, "torchtitan on 500 W H100 HBM2e (peak unknown, +-8%); context-parallel rows at "
+                                       "131k-262k tokens run ~35% slower than FlashAttention-2's kernel rate"),
+    "NVIDIA/dgxc-benchmarking": (0.12, 0.52, "NeMo recipes: GB200 Nemotron-4 340B fp8 runs +50% (DP and pipeline "
+                                             "overlap on NVL72 not modelled), DeepSeek-V3 -25% (MoE dispatch, MTP)"),
+    "NVIDIA-NeMo/Automodel": (0.42, 2.40, "Automodel MoE: DeepEP dispatch and per-expert FSDP not modelled; the "
+                                          "gpt-oss-120b row states no expert parallelism (all FSDP)"),
+    "yanring/Megatron-MoE-ModelZoo": (0.50, 2.30, "MXFP8 Qwen3-235B rows: grouped MXFP8 GEMMs, activation offload and "
+                                                  "recompute policies the rows state only in part"),
+    "NVIDIA/NeMo": (0.38, 0.40, "NeMo 24.03 long-sequence CP: TFLOPS-only rows (FLOP convention counts the full "
+                                "attention square); ring attention runs at ~0.6x the kernel rate"),
+    "FlagOpen/FlagPerf": (0.09, 0.40, "FlagPerf: Mixtral row's README states EP inconsistently (-37%); "
+                                      "Megatron-DeepSpeed rows -19..-21%"),
+    "mlcommons/training_results_v4.1": (0.05, 0.17, "MLPerf GPT-3 175B: B200 fp8 +15%"),
+    "mlcommons/training_results_v5.0": (0.03, 0.20, "MLPerf Llama 3.1 405B: IBM 2,496-GB200 +18% (partial NVL72 racks)"),
+    "mlcommons/training_results_v5.1": (0.18, 0.34, "MLPerf Llama 3.1 8B: small per-GPU work (8-16k tokens per GPU per "
+                                                    "step) on 64-128 H100 runs 20-32% slower than modelled"),
+}
+OVERALL = {"median_abs_step_error": 0.10, "p90_abs_step_error": 0.37}
+MEMORY_MEDIAN = 0.16  # device-level (FlagPerf nvidia-smi) and reserved (torchtitan) memory, all rows
 
 
 @pytest.fixture(scope="module")
-def rows():
-    return {r.run_id: r for r in compare_all()}
+def loso():
+    rows, skipped = compare_all(loso=True, with_skipped=True)
+    return {r.run_id: r for r in rows}, skipped
 
 
-@pytest.mark.parametrize("run_id", [r["id"] for r in load_runs()])
-def test_step_time_within_tolerance(rows, run_id):
-    r = rows[run_id]
-    assert abs(r.step_error) <= _tol(run_id), (run_id, r.as_dict())
+@pytest.fixture(scope="module")
+def in_sample():
+    return {r.run_id: r for r in compare_all(file="published")}
 
 
-@pytest.mark.parametrize("run_id", [r["id"] for r in load_runs() if r["measured"].get("memory_gib_per_gpu")])
-def test_memory_within_10_percent(rows, run_id):
-    r = rows[run_id]
-    assert r.memory_error is not None
-    assert abs(r.memory_error) <= MEMORY_TOLERANCE, (run_id, r.as_dict())
+def test_every_row_is_scored_or_listed_with_a_reason(loso):
+    rows, skipped = loso
+    ids = {r["id"] for r in load_runs()}
+    assert len(ids) == 111
+    assert ids == set(rows) | {s.run_id for s in skipped}
+    assert all(s.reason for s in skipped)
 
 
-def test_summary_does_not_regress(rows):
+@pytest.mark.parametrize("source", sorted(TOLERANCES))
+def test_loso_per_source_within_tolerance(loso, source):
+    rows, _ = loso
+    s = summary_by_source(list(rows.values()))[source]
+    median_tol, worst_tol, _ = TOLERANCES[source]
+    assert s["median_abs_step_error"] <= median_tol, (source, s)
+    assert s["max_abs_step_error"] <= worst_tol, (source, s)
+
+
+def test_every_source_has_a_tolerance(loso):
+    rows, _ = loso
+    assert set(summary_by_source(list(rows.values()))) == set(TOLERANCES)
+
+
+def test_loso_overall_does_not_regress(loso):
+    rows, _ = loso
     s = summary(list(rows.values()))
+    assert s["num_runs"] >= 108
+    for key, tol in OVERALL.items():
+        assert s[key] <= tol, (key, s)
+    assert s["median_abs_memory_error"] <= MEMORY_MEDIAN
+
+
+def test_in_sample_published_rows(in_sample):
+    s = summary(list(in_sample.values()))
     assert s["num_runs"] == 30
     assert s["median_abs_step_error"] <= 0.08
     assert s["median_abs_memory_error"] <= 0.06
+    assert s["max_abs_memory_error"] <= 0.10  # torchtitan peak reserved memory (issue 4 target)
 
 
-def test_utilisation_follows_source_definition(rows):
+def test_utilisation_follows_source_definition(in_sample):
     # Narayanan's "% of peak" counts recomputation: compare with our HFU, which must be close.
-    r = rows["megatron-sc21-t1-gpt18.4b-256gpu"]
+    r = in_sample["megatron-sc21-t1-gpt18.4b-256gpu"]
     assert r.published.hfu == pytest.approx(0.43)
     assert r.predicted.hfu == pytest.approx(r.published.hfu, rel=0.06)
     assert r.predicted.mfu < r.predicted.hfu  # full recomputation
-    k = rows["korthikanti22-175b-sp-selective-64gpu"]
+    k = in_sample["korthikanti22-175b-sp-selective-64gpu"]
     assert k.predicted.mfu == pytest.approx(k.published.mfu, rel=0.12)
 
 
-def test_every_run_resolves_to_catalog_hardware(rows):
-    for r in rows.values():
-        assert r.plan.cluster.gpu.id in ("a100-80gb", "h100-96gb")
-
-
-def test_event_engine_agrees_on_memory_and_roughly_on_time(rows):
+def test_event_engine_agrees_on_memory_and_roughly_on_time(in_sample):
     """Both engines report memory through sim.memory.plan_memory (framework policy included)."""
     rid = "torchtitan-2412-t1-llama31-8b-8gpu-fsdp-seq8192"
     ev = compare_all(engine="event", ids=[rid])[0]
-    an = rows[rid]
+    an = in_sample[rid]
     assert ev.predicted.memory_peak_bytes == pytest.approx(an.predicted.memory_peak_bytes, rel=1e-12)
     assert ev.predicted.step_time_s == pytest.approx(an.predicted.step_time_s, rel=0.05)
+
+
+def test_loso_refits_only_the_sources_the_fit_reads(loso):
+    """Sources whose data the fit never reads are predicted by the catalog's fit; Korthikanti
+    et al.'s rows by the fit without its Table 4 (planner.fit)."""
+    from planner.published import fitted_without
+    from sim.compute import catalog_fitted
+
+    assert fitted_without("FlagOpen/FlagPerf") is catalog_fitted() or \
+        fitted_without("FlagOpen/FlagPerf") == catalog_fitted()
+    assert fitted_without("korthikanti2022")["excluded_sources"] == ["korthikanti2022"]

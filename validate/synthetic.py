@@ -64,7 +64,10 @@ class Truth:
                        attention_bwd_vs_matmul=self.attention_bwd_vs_matmul,
                        collective_overhead_s=self.collective_overhead_s,
                        attention_fractions={**eff.attention_fractions,
-                                            g.architecture: {"flash": frac, "flash2": frac}})
+                                            g.architecture: {"flash": frac, "flash2": frac}},
+                       gemm_sustained_by_arch={a: v for a, v in eff.gemm_sustained_by_arch.items()
+                                               if a != g.architecture},
+                       attention_curves={a: c for a, c in eff.attention_curves.items() if a != g.architecture})
 
     def links(self):  # -> (scale-up Link, NIC Link)
         from sim.specs import Link
@@ -101,7 +104,8 @@ def compute_records(truth: Truth, cfg: MicrobenchConfig | None = None) -> list[d
     for b, a, s, d in cfg.attention_shapes:
         r = {"kind": "attention", "dtype": "bf16", "batch": b, "heads": a, "seq": s, "head_dim": d,
              "flops": 2.0 * b * a * s * s * d}
-        ot = op_time(gpu, "bf16", Op("attention", "attention", r["flops"], attention_hbm_bytes(r), kernel="flash"), eff)
+        ot = op_time(gpu, "bf16", Op("attention", "attention", r["flops"], attention_hbm_bytes(r), m=s, n=s, k=d,
+                                        batch=b * a, kernel="flash"), eff)
         recs.append({**r, "fwd_time_s": ot.fwd_s, "bwd_time_s": ot.bwd_s})
     elt = ELEMENT_BYTES["bf16"]
     for numel in cfg.memory_numel:
