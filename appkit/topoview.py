@@ -85,8 +85,8 @@ def summarize_topology(graph: nx.Graph, *, max_boxes: int = 12) -> TopoSummary:
         node_chunk = 0
     else:
         node_chunk = 1 << max(0, math.ceil(num_nodes / max_boxes) - 1).bit_length()  # a power of two
-        if cluster.nvlink_domain > gpn:  # a multi-node NVLink domain (NVL72) stays in one box
-            span = cluster.nvlink_domain // gpn
+        if cluster.scale_up_block > gpn:  # a multi-node NVLink domain (NVL72) stays in one box
+            span = cluster.scale_up_block // gpn
             node_chunk = span * math.ceil(node_chunk / span)
     switch_counts: dict[int, int] = {}
     for n, a in graph.nodes(data=True):
@@ -106,7 +106,7 @@ def summarize_topology(graph: nx.Graph, *, max_boxes: int = 12) -> TopoSummary:
         if kind == "nvswitch":
             if per_gpu:
                 return ("nvswitch", n[1] // domain_chunk)
-            first_node = n[1] * cluster.nvlink_domain // gpn
+            first_node = n[1] * cluster.scale_up_block // gpn
             return ("nvswitch", first_node // node_chunk)
         if kind == "router":
             return ("router", n[1]) if per_gpu else ("router", n[1] // node_chunk)

@@ -8,7 +8,7 @@ from sim.calibration import load_calibration
 from sim.catalog import cluster_from_catalog, get_gpu
 from sim.errors import InputError
 from sim.modelio import load_model
-from sim.specs import TOPOLOGIES, Cluster, Model
+from sim.specs import PLACEMENTS, TOPOLOGIES, Cluster, Model
 
 
 def add_model_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -29,6 +29,9 @@ def add_cluster_args(p: argparse.ArgumentParser, *, required: bool = True) -> No
     g.add_argument("--oversubscription", type=float, default=1.0,
                    help="leaf downlink:uplink ratio for tree/fat-tree (1 = non-blocking)")
     g.add_argument("--tree-levels", type=int, default=2)
+    g.add_argument("--placement", default="block", help="|".join(PLACEMENTS) + ": how the job takes GPUs from "
+                   "NVLink domains larger than a node (block: the same whole number of nodes from each, so "
+                   "equal groups stay inside one domain; packed: fill each domain in turn)")
     g.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default 2048)")
 
 
@@ -53,7 +56,7 @@ def cluster_from_args(args: argparse.Namespace) -> Cluster:
     return cluster_from_catalog(gpu, args.num_gpus, gpus_per_node=args.gpus_per_node,
                                 nvlink_domain=args.nvlink_domain, nic=nic, nics_per_node=args.nics_per_node,
                                 topology=args.topology, oversubscription=args.oversubscription,
-                                tree_levels=args.tree_levels)
+                                tree_levels=args.tree_levels, placement=args.placement)
 
 
 def model_from_args(args: argparse.Namespace) -> Model:

@@ -16,6 +16,7 @@ from sim.costs import StepCosts, default_network, step_costs
 from sim.memory import plan_memory
 from sim.network import Network
 from sim.ops import model_flops_per_step
+from sim.placement import all_groups
 from sim.plan import Plan
 from sim.result import Breakdown, StepResult
 from sim.step import StageTimes, compose
@@ -35,7 +36,7 @@ def simulate_analytic(plan: Plan, *, net: Network | None = None, eff: KernelEffi
     # Identical stages compose once, weighted by how many there are (sim.step: count, before).
     entries, entry_of = _distinct(times)
     out = compose(entries, m=m, vp=v, zero_bubble=s.schedule == "zero-bubble", pp=p, zero=s.zero,
-                  dp_overlap=s.dp_overlap, overlap_slowdown=eff.overlap_compute_slowdown)
+                  dp_overlap=s.dp_overlap, overlap_slowdown=eff.overlap_compute_slowdown, pp_overlap=s.pp_overlap)
     t_pipe = float(out.pipeline_s)
     tot = [float(out.fwd_s[k] + out.bwd_s[k]) for k in entry_of]
     b_idx = max(range(p), key=lambda i: tot[i])
@@ -107,7 +108,18 @@ def plan_warnings(plan: Plan, fits: bool, bubble_fraction: float) -> list[str]:
     out = []
     if not fits:
         out.append("does not fit in GPU memory: try recompute=selective/full, zero=1-3, a larger tp/pp or a smaller mbs")
-    if s.tp > c.domain_size:
+    block = c.scale_up_block
+    if c.num_gpus > block and c.domain_size > 1:
+        for dim, size in (("tp", s.tp), ("cp", s.cp), ("ep", s.ep), ("etp", s.expert_tp)):
+            if size <= 1 or (dim == "etp" and s.expert_tp == s.tp):
+                continue
+            spans = max(len({r // block for r in g}) for g in all_groups(s, dim))
+            if spans > 1:
+                why = (f"{size} > {block} GPUs per domain" if size > block else
+                       f"with placement={c.placement}, {block} GPUs per domain")
+                out.append(f"{dim}={size} groups span {spans} NVLink domains ({why}): their collectives cross "
+                           f"the scale-out network")
+    elif s.tp > c.domain_size:
         out.append(f"tp={s.tp} spans beyond one NVLink domain ({c.domain_size} GPUs): TP collectives cross the scale-out network")
     if s.pp > 1 and s.num_microbatches < s.pp:
         out.append(f"only {s.num_microbatches} micro-batches for pp={s.pp}: the pipeline never fills")

@@ -313,7 +313,7 @@ def get_link(id: str) -> Link:
 def cluster_from_catalog(gpu: str | Gpu, num_gpus: int, *, gpus_per_node: int | None = None,
                          nvlink_domain: int | None = None, nic: str | Link | None = None,
                          nics_per_node: int | None = None, topology: str = "fat-tree",
-                         oversubscription: float = 1.0, tree_levels: int = 2) -> Cluster:
+                         oversubscription: float = 1.0, tree_levels: int = 2, placement: str = "block") -> Cluster:
     """A ``Cluster`` of catalog parts, with the defaults every entry point (CLI, app, published
     runs, tests) uses:
 
@@ -339,7 +339,8 @@ def cluster_from_catalog(gpu: str | Gpu, num_gpus: int, *, gpus_per_node: int | 
         raise InputError("topology", topology, f"must be one of {', '.join(TOPOLOGIES)}")
     return Cluster(gpu=g, num_gpus=num_gpus, nic=link, gpus_per_node=gpn, nvlink_domain=domain,
                    nics_per_node=nics_per_node if nics_per_node is not None else g.nics_per_node,
-                   topology=topo, oversubscription=oversubscription, tree_levels=tree_levels)
+                   topology=topo, oversubscription=oversubscription, tree_levels=tree_levels,
+                   placement=str(placement).lower())
 
 
 def get_nic(id: str) -> Link:

@@ -168,9 +168,10 @@ def layout_fabric(cluster: Cluster) -> Fabric:
     has_su = c.domain_size > 1
 
     gpus = np.arange(G)
-    gpu_domain = gpus // c.nvlink_domain
+    domain = c.scale_up_block  # the job's GPUs per NVLink domain (Cluster.placement)
+    gpu_domain = gpus // domain
     attach = _attachments(gpn, nics)
-    span = min(gpn, c.nvlink_domain)
+    span = min(gpn, domain)
     gpu_pool = gpus // span
     num_pools = (G + span - 1) // span
     pools: list[list[int]] = []
@@ -201,7 +202,7 @@ def layout_fabric(cluster: Cluster) -> Fabric:
 
     kw: dict[str, object] = dict(
         topology=c.topology, num_gpus=G, gpus_per_node=gpn, num_nodes=num_nodes,
-        nvlink_domain=c.nvlink_domain, has_scale_up=has_su, nics_per_node=nics, num_nics=num_nics,
+        nvlink_domain=domain, has_scale_up=has_su, nics_per_node=nics, num_nics=num_nics,
         radix=radix, oversubscription=o,
         scale_up_link=su_link, scale_up_bytes_per_s=scale_up_bw, scale_up_latency_s=su_lat,
         host_link=f"pcie-gen{c.gpu.pcie_generation}",

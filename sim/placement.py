@@ -16,7 +16,7 @@ ranks of stride ``etp * ep``.  With ``etp = tp`` and ``cp = 1`` this is Megatron
 group over which dense gradients are reduced when ``cp > 1``.
 
 GPU index equals rank: ranks fill nodes in order, so ``node = rank // gpus_per_node`` and the
-NVLink domain is ``rank // nvlink_domain``.  Every group of every dimension is therefore an
+NVLink domain is ``rank // Cluster.scale_up_block`` (the job's GPUs per domain).  Every group of every dimension is therefore an
 arithmetic progression ``base, base + stride, ..., base + (size - 1) * stride`` and the groups
 of one dimension tile ``range(strategy.num_gpus)``; ``group_shape`` returns ``(stride, size)``.
 """

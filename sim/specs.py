@@ -26,6 +26,7 @@ RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zero-bubble")
 FP8_RECIPES: tuple[str, ...] = ("delayed", "tensorwise", "blockwise", "mxfp8")
 TOPOLOGIES: tuple[str, ...] = ("fat-tree", "rail-optimized", "star", "tree", "mesh", "torus")
+PLACEMENTS: tuple[str, ...] = ("block", "packed")
 
 # Limits that catch typos and overflow, not hardware: far above anything built today.
 MAX_GPUS = 1 << 22
@@ -358,9 +359,15 @@ class Cluster:
     topology: str = "fat-tree"
     oversubscription: float = 1.0  # downlink:uplink ratio at the leaf (tree/fat-tree)
     tree_levels: int = 2
+    # How the job's GPUs are taken from NVLink domains larger than a node (NVL72 racks):
+    # ``block`` uses the same number of GPUs in every domain, the largest whole number of
+    # nodes that divides the job (Slurm topology/block, ``--segment``), so no domain is split
+    # between jobs and equal groups stay inside one; ``packed`` fills each domain in turn.
+    placement: str = "block"
 
     def __post_init__(self) -> None:
         _positive_int("num_gpus", self.num_gpus, limit=MAX_GPUS)
+        _choice("placement", self.placement, PLACEMENTS)
         _positive_int("gpus_per_node", self.gpus_per_node, limit=1024)
         _positive_int("nvlink_domain", self.nvlink_domain, limit=1 << 16)
         _positive_int("nics_per_node", self.nics_per_node, limit=1024)
@@ -381,9 +388,23 @@ class Cluster:
         return max(1, self.num_gpus // self.gpus_per_node)
 
     @property
+    def scale_up_block(self) -> int:
+        """GPUs of the job in each NVLink domain (``placement``): the whole domain when the job
+        fills domains exactly, fits in one, or is ``packed``; else (``block``) the largest
+        multiple of ``gpus_per_node`` up to the domain that divides the job, e.g. 128 or 256
+        GB200 GPUs take 64 of each 72-GPU rack."""
+        d, n, gpn = self.nvlink_domain, self.num_gpus, self.gpus_per_node
+        if self.placement == "packed" or n <= d or n % d == 0 or d <= gpn:
+            return d
+        for size in range(d - d % gpn, gpn - 1, -gpn):
+            if n % size == 0:
+                return size
+        return d
+
+    @property
     def domain_size(self) -> int:
         """GPUs that actually share one NVLink domain (capped by the cluster size)."""
-        return min(self.nvlink_domain, self.num_gpus)
+        return min(self.scale_up_block, self.num_gpus)
 
     @property
     def nvlink_bytes_per_s_per_direction(self) -> float:

@@ -20,8 +20,9 @@ exposed TP/CP/EP/ZeRO-3 communication plus the point-to-point sends):
 
 End of step, per stage: data-parallel gradient reduction runs after the stage's last
 backward; with overlap it starts under that backward (bucketed, as DDP/Megatron do, so all
-but the last layer's share can hide) and a stage that finishes early (stage ``i > 0`` ends its
-last backward ``sum_{j<i} B_j`` before the pipeline) hides the rest in the drain.  The backward
+but the last layer's share can hide; under interleaving each model chunk's reduction starts
+when that chunk is done, ``overlap_window``) and a stage that finishes early (stage ``i > 0``
+ends its last backward ``sum_{j<i} B_j`` before the pipeline) hides the rest in the drain.  The backward
 that hides a reduction runs slower by ``overlap_compute_slowdown`` of the hidden time
 (arXiv:2507.03114), as does the first forward that hides a ZeRO-1/2 parameter gather.  Then the
 memory-bound optimizer step, then (ZeRO-1/2) the parameter all-gather, overlapped with the next
@@ -75,11 +76,16 @@ class StageTimes:
     count: int = 1
     before: tuple[int, ...] = ()
 
-    def critical_path(self, vp: Num) -> tuple[Num, Num]:
-        """(F, B): one micro-batch's forward and backward through the stage, with its blocking
-        sends (``vp`` of each per micro-batch under interleaving, as Megatron's 1F1B issues them)."""
-        return (self.compute_fwd_s + self.exposed_fwd_s + self.fwd_sends * vp * self.p2p_s,
-                self.compute_bwd_s + self.exposed_bwd_s + self.bwd_sends * vp * self.p2p_s)
+    def critical_path(self, vp: Num, pp_overlap: Num = False) -> tuple[Num, Num]:
+        """(F, B): one micro-batch's forward and backward through the stage, with its sends
+        (``vp`` of each per micro-batch under interleaving, as Megatron's 1F1B issues them):
+        blocking, or with ``pp_overlap`` (Megatron-Core ``overlap_p2p_comm``: sends on their own
+        stream) hidden behind the next chunk's compute, only the excess exposed."""
+        f = self.compute_fwd_s + self.exposed_fwd_s
+        b = self.compute_bwd_s + self.exposed_bwd_s
+        send_f = np.where(pp_overlap, np.maximum(0.0, self.p2p_s - f / vp), self.p2p_s)
+        send_b = np.where(pp_overlap, np.maximum(0.0, self.p2p_s - b / vp), self.p2p_s)
+        return f + self.fwd_sends * vp * send_f, b + self.bwd_sends * vp * send_b
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,11 +233,25 @@ def pipeline_time_s(stages: Sequence[StageTimes], fb: Sequence[tuple[Num, Num]],
     return t_pipe
 
 
+def overlap_window(t: Num, num_layers: int, vp: Num, pp: int) -> Num:
+    """Compute that can hide a stage's per-step data-parallel collective, given ``t``, one
+    micro-batch's backward (or forward) through the stage: bucketed reduction starts under the
+    last micro-batch's backward of the stage's last model chunk, all but its last layer's
+    share; under interleaving (``vp`` chunks) each chunk's gradients are final ``pp``
+    chunk-passes before the next chunk's, so the first chunk's reduction starts
+    ``(vp - 1) * pp`` chunk-passes before the end (Megatron-Core's ``overlap_grad_reduce`` per
+    model chunk; the parameter all-gather of ``overlap_param_gather`` mirrors it in the next
+    step's warm-up forwards)."""
+    layers_per_chunk = np.maximum(1.0, max(1, num_layers) / vp)
+    chunk = t / vp
+    return chunk * (layers_per_chunk - 1) / layers_per_chunk + (vp - 1) * pp * chunk
+
+
 def compose(stages: Sequence[StageTimes], *, m: Num, vp: Num, zero_bubble: Num, pp: int, zero: Num,
-            dp_overlap: bool, overlap_slowdown: float) -> StepTimes:
+            dp_overlap: bool, overlap_slowdown: float, pp_overlap: Num = False) -> StepTimes:
     """Step time of ``stages`` (module docstring).  ``zero`` may be an array (ZeRO-3 traffic is
     per micro-batch, inside ``F``/``B``; stages 0-2 reduce after the last backward)."""
-    fb = [st.critical_path(vp) for st in stages]
+    fb = [st.critical_path(vp, pp_overlap) for st in stages]
     t_pipe = pipeline_time_s(stages, fb, m, vp, zero_bubble, pp)
     sigma = overlap_slowdown
     z3 = np.asarray(zero) >= 3
@@ -239,13 +259,13 @@ def compose(stages: Sequence[StageTimes], *, m: Num, vp: Num, zero_bubble: Num, 
     for st, (f, b) in zip(stages, fb):
         tail = sum(k * fb[j][1] for j, k in enumerate(st.before) if k)
         last_end = t_pipe - tail
-        window = b * (max(1, st.num_layers) - 1) / max(1, st.num_layers) if dp_overlap else 0.0
+        window = overlap_window(b, st.num_layers, vp, pp) if dp_overlap else 0.0
         slow = np.where(z3, 0.0, sigma * np.minimum(st.dp_grad_sync_s, window))
         ready = np.where(z3, last_end, np.maximum(last_end + slow, last_end - window + st.dp_grad_sync_s))
         dp_exposed = ready - last_end - slow
         gather = st.dp_param_gather_s
-        if dp_overlap:  # overlapped with the next step's first forward (overlap_param_gather)
-            hidden_gather = np.minimum(gather, f)
+        if dp_overlap:  # overlapped with the next step's first forwards (overlap_param_gather)
+            hidden_gather = np.minimum(gather, overlap_window(f, st.num_layers, vp, pp))
             gather = gather - hidden_gather
             slow = slow + sigma * hidden_gather
             ready = ready + sigma * hidden_gather

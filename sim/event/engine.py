@@ -224,7 +224,19 @@ class Engine:
                 kind = self._send[(u.index, j)]
                 fixed = min(st.p2p_s, sc.ref_latency.get("pp", 0.0))
                 t = env.now
-                yield self.net.start(kind, _bytes(st.p2p_s - fixed, sc.ref_rate.get("pp", math.inf)), fixed)
+                flow = self.net.start(kind, _bytes(st.p2p_s - fixed, sc.ref_rate.get("pp", math.inf)), fixed)
+                if sc.plan.strategy.pp_overlap:  # overlap_p2p_comm: the sender goes on, the receiver waits
+                    def delivered(_ev: object = None, key: tuple = key, t: float = t, j: int = j,
+                                  unit: int = u.index, op: str = op) -> None:
+                        log.append(Entry(unit, "pp", f"send {op} to stage {j}", "pp", t, env.now, False, op))
+                        self._event(key).succeed()
+
+                    if flow.callbacks is None:  # already delivered
+                        delivered()
+                    else:
+                        flow.callbacks.append(delivered)
+                    return
+                yield flow
                 log.append(Entry(u.index, "pp", f"send {op} to stage {j}", "pp", t, env.now, True, op))
             self._event(key).succeed()
 
