@@ -10,7 +10,7 @@ schedules the same pieces as events, so the two agree where both apply.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sim.conventions import conventions
 from sim.compute import (KernelEfficiency, default_efficiency, fp8_weight_cast_bytes_per_param, network_kwargs,
@@ -85,6 +85,7 @@ class StageCost:
     fsdp_copy_fwd_s: float = 0.0
     fsdp_copy_bwd_s: float = 0.0
     fp8_weight_cast_s: float = 0.0
+    dp_replica_sync_s: float = 0.0
 
     @property
     def pieces(self) -> StagePieces:
@@ -150,8 +151,24 @@ class StepCosts:
     p2p_bytes: float
 
 
+# Selective recomputation policies other than Megatron's core attention and torchtitan's op
+# level: the forward ops each recomputes in the backward (Megatron-Core --recompute-modules
+# mlp / moe_act / mla_up_proj; MaxText remat policy save_dot_except_mlpwi = mlp_up).
+SELECTIVE_OPS: dict[str, frozenset[str]] = {
+    "mlp_up": frozenset({"ffn_up", "activation", "expert_up", "expert_activation", "shared_up", "shared_activation"}),
+    "mlp": frozenset({"ffn_up", "activation", "ffn_down", "expert_up", "expert_activation", "expert_down",
+                      "shared_up", "shared_activation", "shared_down"}),
+    "moe_act": frozenset({"expert_activation", "shared_activation"}),
+    "mla_up_proj": frozenset({"q_up", "kv_up"}),
+}
+
+
 def layer_cost(plan: Plan, net: Network, lops: LayerOps, eff: KernelEfficiency, layer_params: float) -> LayerCost:
     s, gpu = plan.strategy, plan.cluster.gpu
+    if s.cuda_graphs:
+        # the layers' kernels replay from a captured CUDA graph (Megatron-Core / TE
+        # make_graphed_callables): no per-op host dispatch, only the GPU-side launch cost
+        eff = replace(eff, host_op_floor_s=0.0)
     eager = plan.eager_elementwise
     fwd, bwd = ops_time(gpu, s.precision, lops.ops, eff, eager=eager)
     attn_ops = tuple(op for op in lops.ops if op.recompute_selective)
@@ -166,6 +183,11 @@ def layer_cost(plan: Plan, net: Network, lops: LayerOps, eff: KernelEfficiency, 
         mem_ops = tuple(op for op in lops.ops if op.kind == "memory")
         recompute_s = ops_time(gpu, s.precision, mem_ops, eff, eager=eager)[0] + mm_f / 2
         recompute_flops = sum(op.counted_flops for op in mm_ops) / 2
+    elif s.recompute == "selective" and plan.selective_policy in SELECTIVE_OPS:
+        names = SELECTIVE_OPS[plan.selective_policy]
+        re_ops = tuple(op for op in lops.ops if op.name in names or op.name.removeprefix("fp8_cast_") in names)
+        recompute_s = ops_time(gpu, s.precision, re_ops, eff, eager=eager)[0]
+        recompute_flops = sum(op.counted_flops for op in re_ops)
     elif s.recompute == "selective":
         recompute_s = attn_f
         recompute_flops = sum(op.counted_flops for op in attn_ops)
@@ -236,10 +258,17 @@ def dp_collectives(net: Network, s: Strategy, params: StageParams, rt: CommRunti
         return net.dim_collective_time_s(op, s, dim, nparams * bytes_per) + eff.collective_overhead_s
 
     g, pg = rt.grad_reduce_bytes_per_param, rt.param_gather_bytes_per_param
+    hsdp = s.zero_shard < s.dp * s.cp
+    dense_dim, dense_ranks = ("dp_shard", s.zero_shard) if hsdp else ("dp_cp", s.dp * s.cp)
     groups = (("dp_cp", s.dp * s.cp, params.dense_params), ("edp", s.expert_dp, params.expert_params))
+    sharded = ((dense_dim, dense_ranks, params.dense_params), ("edp", s.expert_dp, params.expert_params))
+    # HSDP: the reduce-scattered shard of the dense gradients is all-reduced over the replicas
+    replica = coll("all_reduce", "dp_replicate", s.dp * s.cp // s.zero_shard, params.dense_params / s.zero_shard,
+                   g) if hsdp else 0.0
     return DpCollectives(all_reduce_s=sum(coll("all_reduce", d, n, p, g) for d, n, p in groups),
-                         reduce_scatter_s=sum(coll("reduce_scatter", d, n, p, g) for d, n, p in groups),
-                         all_gather_s=sum(coll("all_gather", d, n, p, pg) for d, n, p in groups))
+                         reduce_scatter_s=sum(coll("reduce_scatter", d, n, p, g) for d, n, p in sharded),
+                         all_gather_s=sum(coll("all_gather", d, n, p, pg) for d, n, p in sharded),
+                         replica_all_reduce_s=replica)
 
 
 def p2p_time_s(net: Network, s: Strategy, eff: KernelEfficiency, nbytes: float) -> float:
@@ -267,7 +296,7 @@ def stage_pieces_for(plan: Plan, net: Network, eff: KernelEfficiency, params: St
     s, gpu = plan.strategy, plan.cluster.gpu
     rt = default_comm_runtime()
     return stage_pieces(coll=dp_collectives(net, s, params, rt, eff), zero=s.zero,
-                        dp_size=s.dp * s.cp, expert_dp=s.expert_dp, params=params, num_layers=num_layers, layer_fwd_s=layer_fwd_s,
+                        dp_size=s.zero_shard, expert_dp=s.expert_dp, params=params, num_layers=num_layers, layer_fwd_s=layer_fwd_s,
                         layer_bwd_s=layer_bwd_s, dp_overlap=s.dp_overlap,
                         hbm_bytes_per_s=gpu.hbm_bytes_per_s * gpu.hbm_efficiency, rt=rt, eff=eff,
                         accum_bytes_per_param=rt.grad_accumulation_bytes(plan.grad_accumulation, s.num_microbatches),

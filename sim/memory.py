@@ -99,10 +99,12 @@ def activation_bytes_per_layer(model: Model, strategy: Strategy, *, moe: bool = 
     q_w = model.num_attention_heads * model.qk_head_dim if model.is_mla else q_w
     o_w = model.num_attention_heads * model.v_dim_per_head if model.is_mla else model.q_size
 
+    policy = selective_policy if strategy.recompute == "selective" else ""
     # Replicated across TP (without SP): two norm inputs, QKV input, MLP input, dropout masks.
     replicated = BYTES_ACT * 4 * h + (2 if drop else 0) * h
     # Sharded across TP: Q, K, V, attention output (out-proj input), MLP internals.
-    sharded = BYTES_ACT * (q_w + k_w + v_w + o_w)
+    # mla_up_proj recomputes per-head Q, K, V from the saved latents.
+    sharded = BYTES_ACT * ((0 if policy == "mla_up_proj" and model.is_mla else q_w + k_w + v_w) + o_w)
     if model.is_mla:  # the compressed latents are inputs of the up-projections
         sharded += BYTES_ACT * ((model.q_lora_rank or 0) + (model.kv_lora_rank or 0)) * tp
     if moe:
@@ -113,11 +115,11 @@ def activation_bytes_per_layer(model: Model, strategy: Strategy, *, moe: bool = 
         # Each routed copy keeps its input and its MLP internals.  An expert's etp ranks gather
         # each other's tokens (sim.ops): the inputs are replicated over etp, the internals split.
         # Per token of this TP rank (sharded by tp below): top_k copies x (internals + etp x input).
-        routed = spec.top_k * (_mlp_saved(model.ffn_type, f) + etp * h)
-        shared = spec.num_shared_experts * (_mlp_saved(model.ffn_type, f) + h)
+        routed = spec.top_k * (_mlp_saved(model.ffn_type, f, policy) + etp * h)
+        shared = spec.num_shared_experts * (_mlp_saved(model.ffn_type, f, policy) + h)
         ffn = BYTES_ACT * (routed + shared)
     else:
-        ffn = BYTES_ACT * _mlp_saved(model.ffn_type, model.ffn_hidden_size)
+        ffn = BYTES_ACT * _mlp_saved(model.ffn_type, model.ffn_hidden_size, "" if policy == "moe_act" else policy)
     sharded += ffn
     per_token = replicated * (rep / tok) + sharded / tp
     total = per_token * tok
@@ -146,9 +148,14 @@ def _op_sac_bytes(model: Model, strategy: Strategy, *, moe: bool, tokens: float,
         strategy.seq_len // strategy.cp)
 
 
-def _mlp_saved(ffn_type: str, f: int) -> float:
-    """Elements saved per token inside the MLP (inputs of the activation and of fc2)."""
-    return 3 * f if ffn_type == "swiglu" else 2 * f
+def _mlp_saved(ffn_type: str, f: int, policy: str = "") -> float:
+    """Elements saved per token inside the MLP (inputs of the activation and of fc2); a
+    selective ``policy`` that recomputes the up-projection (``mlp_up``, ``mlp``) keeps none,
+    one that recomputes the activation (``moe_act``) keeps only its input."""
+    if policy in ("mlp_up", "mlp"):
+        return 0.0
+    act_in = 2 * f if ffn_type == "swiglu" else f
+    return act_in if policy == "moe_act" else act_in + f
 
 
 def model_has_dropout(model: Model) -> bool:
@@ -250,7 +257,7 @@ def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
                                              moe=model.moe is not None) if s.recompute == "full" else 0.0)
     best: MemoryBreakdown | None = None
     for shape in stage_shapes(model, s):
-        mem = stage_memory(model, shape, zero=s.zero, shard=s.dp * s.cp, expert_shard=s.expert_dp, tp=s.tp, loss=loss,
+        mem = stage_memory(model, shape, zero=s.zero, shard=s.zero_shard, expert_shard=s.expert_dp, tp=s.tp, loss=loss,
                            dense_act_bytes=dense_act,
                            moe_act_bytes=moe_act, full_recompute=s.recompute == "full",
                            recomputed_layer_bytes=recomputed, inflight_mb=inflight_microbatches(s, shape.index),

@@ -29,7 +29,7 @@ from functools import lru_cache
 from sim.errors import InfeasibleError, InputError
 from sim.specs import Strategy
 
-DIMS: tuple[str, ...] = ("tp", "cp", "dp", "ep", "etp", "edp", "pp", "dp_cp")
+DIMS: tuple[str, ...] = ("tp", "cp", "dp", "ep", "etp", "edp", "pp", "dp_cp", "dp_shard", "dp_replicate")
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +92,10 @@ def group_shape(strategy: Strategy, dim: str) -> tuple[int, int]:
         return s.expert_tp * s.ep, s.expert_dp
     if dim == "dp_cp":
         return s.tp, s.cp * s.dp
+    if dim == "dp_shard":  # HSDP: consecutive data-parallel indices share one shard of the states
+        return s.tp * s.cp, s.zero_shard // s.cp
+    if dim == "dp_replicate":  # ... and the shard groups replicate over the rest
+        return s.tp * s.cp * (s.zero_shard // s.cp), s.dp * s.cp // s.zero_shard
     if dim == "pp":
         return s.tp * s.cp * s.dp, s.pp
     raise InputError("dim", dim, f"must be one of {', '.join(DIMS)}")

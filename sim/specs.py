@@ -486,6 +486,10 @@ class Strategy:
             _positive_int("dp_shard", self.dp_shard, limit=MAX_GPUS)
             if self.dp % self.dp_shard:
                 raise InputError("dp_shard", self.dp_shard, f"must divide dp={self.dp}")
+            if self.dp_shard < self.dp and self.cp > 1:
+                raise InputError("dp_shard", self.dp_shard, "HSDP with cp > 1 is not modelled (shard over all of dp)")
+            if self.dp_shard < self.dp and self.zero == 0:
+                raise InputError("dp_shard", self.dp_shard, "shards ZeRO/FSDP states: needs zero >= 1")
         if self.vp > 1 and self.schedule not in ("interleaved", "zero-bubble"):
             raise InputError("vp", self.vp, f"needs schedule=interleaved (got {self.schedule})")
         if self.schedule == "interleaved" and self.pp == 1:

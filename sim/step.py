@@ -73,6 +73,7 @@ class StageTimes:
     num_layers: int
     fwd_sends: int
     bwd_sends: int
+    dp_replica_sync_s: Num = 0.0
     count: int = 1
     before: tuple[int, ...] = ()
 
@@ -118,6 +119,7 @@ class StagePieces:
     fsdp_copy_fwd_s: Num  # per micro-batch
     fsdp_copy_bwd_s: Num
     fp8_weight_cast_s: Num = 0.0  # per micro-batch (averaged when cast once per step)
+    dp_replica_sync_s: Num = 0.0  # HSDP: all-reduce of the gradient shard over the replicas, per step
 
     @property
     def param_work_fwd_s(self) -> Num:
@@ -141,6 +143,7 @@ class DpCollectives:
     all_reduce_s: float
     reduce_scatter_s: float
     all_gather_s: float
+    replica_all_reduce_s: float = 0.0  # HSDP: the sharded gradients over the replicas
 
 
 def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int, params: StageParams,
@@ -180,7 +183,7 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
     slow_f = np.where(z3, sigma * np.maximum(0.0, ag - z3f), 0.0)
     slow_b = np.where(z3, sigma * np.maximum(0.0, ag + rs - z3b), 0.0)
 
-    shard = np.where(z >= 1, dp_size, 1)  # ZeRO shards dense states over dp x cp, expert ones
+    shard = np.where(z >= 1, dp_size, 1)  # ZeRO shards dense states over dp x cp (or HSDP's shard group), expert ones
     local = params.dense_params / shard + params.expert_params / np.where(z >= 1, expert_dp, 1)  # over expert dp
     opt_bytes = rt.optimizer_bytes_per_param + (rt.fp16_extra_bytes_per_param if fp16 else 0.0)
     opt_s = local * opt_bytes / hbm_bytes_per_s
@@ -194,7 +197,7 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
     return StagePieces(dp_grad_sync_s=grad_sync, dp_param_gather_s=param_gather, zero3_exposed_fwd_s=z3f,
                        zero3_exposed_bwd_s=z3b, overlap_slowdown_fwd_s=slow_f, overlap_slowdown_bwd_s=slow_b,
                        optimizer_s=opt_s, grad_accum_s=accum_s, fsdp_copy_fwd_s=copy_f, fsdp_copy_bwd_s=copy_b,
-                       fp8_weight_cast_s=cast_s)
+                       fp8_weight_cast_s=cast_s, dp_replica_sync_s=coll.replica_all_reduce_s + 0.0 * z)
 
 
 def stage_times(*, layer_fwd_s: Num, layer_bwd_s: Num, recompute_s: Num, layer_exposed_fwd_s: Num,
@@ -212,6 +215,7 @@ def stage_times(*, layer_fwd_s: Num, layer_bwd_s: Num, recompute_s: Num, layer_e
         exposed_bwd_s=layer_exposed_bwd_s + pieces.zero3_exposed_bwd_s,
         p2p_s=p2p_s, weight_grad_s=0.5 * layer_bwd_s, dp_grad_sync_s=pieces.dp_grad_sync_s,
         dp_param_gather_s=pieces.dp_param_gather_s, optimizer_s=pieces.optimizer_s, num_layers=num_layers,
+        dp_replica_sync_s=pieces.dp_replica_sync_s,
         fwd_sends=0 if last else 1, bwd_sends=0 if first else 1, count=count, before=before)
 
 
@@ -260,8 +264,11 @@ def compose(stages: Sequence[StageTimes], *, m: Num, vp: Num, zero_bubble: Num, 
         tail = sum(k * fb[j][1] for j, k in enumerate(st.before) if k)
         last_end = t_pipe - tail
         window = overlap_window(b, st.num_layers, vp, pp) if dp_overlap else 0.0
-        slow = np.where(z3, 0.0, sigma * np.minimum(st.dp_grad_sync_s, window))
-        ready = np.where(z3, last_end, np.maximum(last_end + slow, last_end - window + st.dp_grad_sync_s))
+        # per step after the last backward: the gradient reduction (ZeRO-3 reduces inside each
+        # backward) and HSDP's all-reduce over the replicas
+        sync = np.where(z3, 0.0, st.dp_grad_sync_s) + st.dp_replica_sync_s
+        slow = sigma * np.minimum(sync, window)
+        ready = np.maximum(last_end + slow, last_end - window + sync)
         dp_exposed = ready - last_end - slow
         gather = st.dp_param_gather_s
         if dp_overlap:  # overlapped with the next step's first forwards (overlap_param_gather)

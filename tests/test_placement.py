@@ -63,10 +63,11 @@ def test_groups_partition_ranks_and_coords_round_trip(tp: int, cp: int, dp: int,
     s = make_strategy(tp=tp, cp=cp, dp=dp, pp=pp, ep=ep)
     for r in range(s.num_gpus):
         assert coords_to_rank(s, rank_to_coords(s, r)) == r
-    sizes = {"tp": tp, "cp": cp, "dp": dp, "ep": ep, "pp": pp, "dp_cp": dp * cp, "etp": tp, "edp": dp * cp // ep}
+    sizes = {"tp": tp, "cp": cp, "dp": dp, "ep": ep, "pp": pp, "dp_cp": dp * cp, "etp": tp, "edp": dp * cp // ep,
+             "dp_shard": dp, "dp_replicate": 1}  # no HSDP: the shard group is all of dp
     # MoE parallel folding (etp = tp): expert groups span the stage's cp x dp ranks, never tp or pp
     varying = {"tp": {"tp"}, "cp": {"cp"}, "dp": {"dp"}, "ep": {"cp", "dp"}, "pp": {"pp"}, "dp_cp": {"dp", "cp"},
-               "etp": {"tp"}, "edp": {"cp", "dp"}}
+               "etp": {"tp"}, "edp": {"cp", "dp"}, "dp_shard": {"dp"}, "dp_replicate": set()}
     for dim in DIMS:
         groups = all_groups(s, dim)
         flat = sorted(itertools.chain.from_iterable(groups))

@@ -362,6 +362,10 @@ def simulate_event(plan: Plan, *, net: Network | None = None, eff: KernelEfficie
     """
     whatif = whatif or WhatIf()
     whatif.check(plan)
+    s = plan.strategy
+    if s.zero_shard < s.dp * s.cp:
+        raise InputError("dp_shard", s.dp_shard, "HSDP (dp_shard < dp) is modelled by the analytic engine only; "
+                         "use --engine analytic")
     if trace_path is not None:
         folder = os.path.dirname(os.path.abspath(trace_path))
         if not os.path.isdir(folder) or os.path.isdir(trace_path):
