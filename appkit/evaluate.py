@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from planner.uncertainty import band_for
 from appkit import engines
 from appkit.design import Design, cluster_of
 from sim.errors import InputError
@@ -59,9 +60,12 @@ def simulate_strategy(design: Design, cluster: Cluster, strategy: Strategy | str
     if isinstance(strategy, str):
         strategy = parse_strategy(strategy, num_gpus=cluster.num_gpus, seq_len=design.seq_len)
     plan = Plan(model=design.model, cluster=cluster, strategy=strategy)
-    out = simulate(plan, engine="analytic").to_dict()
+    result = simulate(plan, engine="analytic")
+    band = band_for(plan, "default")
+    out = result.to_dict()
     out.update({"model": design.model.name, "gpu": cluster.gpu.id, "nic": cluster.nic.id,
-                "topology": cluster.topology})
+                "topology": cluster.topology, "step_time_s_low": band.low(result.step_time_s),
+                "step_time_s_high": band.high(result.step_time_s), "uncertainty": band.as_dict()})
     return out
 
 

@@ -255,7 +255,14 @@ def show_errors(errors: dict[str, str], slots: dict[str, Any]) -> None:
 
 def headline(plan: dict[str, Any], eco: dict[str, Any], eco_note: str | None, tokens: float) -> None:
     cols = st.columns(6)
-    cols[0].metric("Step time", charts._fmt_s(plan["step_time_s"]))
+    band = plan.get("uncertainty")
+    cols[0].metric("Step time", charts._fmt_s(plan["step_time_s"]),
+                   delta=(f"80% band {charts._fmt_s(plan['step_time_s_low'])} .. "
+                          f"{charts._fmt_s(plan['step_time_s_high'])}") if band else None,
+                   delta_color="off",
+                   help=(f"8 in 10 of the {band['runs']} published runs like this one ({band['class']}: framework "
+                         "family / GPU architecture / parallelism mix), predicted without their source's data, "
+                         "landed in this band" if band else None))
     cols[1].metric("Throughput", _phys(plan["tokens_per_s"], "tok/s"),
                    help=f"{plan['tokens_per_s']:,.0f} tokens/s for the whole cluster")
     cols[2].metric("MFU", f"{plan['mfu']:.1%}")

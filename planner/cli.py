@@ -40,13 +40,21 @@ def _fmt_s(t: float) -> str:
     return f"{t * 1e3:.2f} ms"
 
 
+def _band_text(out: dict) -> str:
+    u = out.get("uncertainty")
+    if not u:
+        return ""
+    return (f"   (80% band {_fmt_s(out['step_time_s_low'])} .. {_fmt_s(out['step_time_s_high'])}, "
+            f"from {u['runs']} published runs like it: {u['class']})")
+
+
 def print_step_summary(out: dict, *, model: str, gpu: str, num_gpus: int) -> None:
     b = out["breakdown"]
     mem = out["memory"]
     lines = [
         f"{model} on {num_gpus} x {gpu}   [{out['engine']} engine]",
         f"strategy           {out['strategy']}",
-        f"step time          {_fmt_s(out['step_time_s'])}",
+        f"step time          {_fmt_s(out['step_time_s'])}" + _band_text(out),
         f"throughput         {out['tokens_per_s']:,.0f} tokens/s ({out['tokens_per_s_per_gpu']:,.0f} per GPU)",
         f"MFU / HFU          {out['mfu']:.1%} / {out['hfu']:.1%}   ({out['model_tflops_per_gpu']:.0f} model TFLOP/s per GPU)",
         f"memory (peak GPU)  {_fmt_bytes(out['memory_peak_bytes'])} of {_fmt_bytes(out['memory_capacity_bytes'])}"
@@ -75,6 +83,7 @@ def print_step_summary(out: dict, *, model: str, gpu: str, num_gpus: int) -> Non
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from planner.inputs import cluster_from_args, model_from_args, seq_len_from_args
+    from planner.uncertainty import band_for
     from sim.plan import Plan, parse_strategy
     from sim.simulate import simulate
 
@@ -86,8 +95,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     result = simulate(plan, engine=args.engine, trace_path=args.trace, calibration=args.calibration,
                       whatif=whatif, explicit_ranks=args.explicit_ranks)
     out = result.to_dict()
+    framework = args.framework or "default"
+    band = band_for(plan, framework)
     out.update({"model": model.name, "gpu": cluster.gpu.id, "nic": cluster.nic.id, "topology": cluster.topology,
-                "framework": args.framework or "default", "attention": plan.attention})
+                "framework": framework, "attention": plan.attention,
+                "step_time_s_low": band.low(result.step_time_s), "step_time_s_high": band.high(result.step_time_s),
+                "uncertainty": band.as_dict()})
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=False))
     else:

@@ -178,6 +178,11 @@ def print_table(out: dict) -> None:
             gpus = f" [{p['num_gpus']} GPUs]" if p["num_gpus"] != out["num_gpus"] else ""
             lines.append(f"{p['rank']:>2}  {_fmt_s(p['step_time_s']):>10}  {p['tokens_per_s']:>11,.0f}  "
                          f"{p['mfu']:>6.1%}  {mem:>14}{extra}  {_short_strategy(p['strategy'])}{gpus}")
+        top = out["plans"][0]
+        if "uncertainty" in top:
+            u = top["uncertainty"]
+            lines.append(f"#1's 80% band: {_fmt_s(top['step_time_s_low'])} .. {_fmt_s(top['step_time_s_high'])} "
+                         f"(from {u['runs']} published runs like it: {u['class']})")
         lines.append("")
         lines.append("why #1:")
     else:

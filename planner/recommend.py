@@ -34,6 +34,7 @@ from sim.result import StepResult
 from sim.specs import Cluster, Model, Strategy
 
 from planner.search import SearchResult, SearchSpace, search
+from planner.uncertainty import Band, band_for
 
 Objective = Literal["throughput", "time", "cost"]
 OBJECTIVES: tuple[str, ...] = ("throughput", "time", "cost")
@@ -77,6 +78,7 @@ class RankedPlan:
     fast_step_time_s: float
     analytic_step_time_s: float
     engine: str = "analytic"
+    band: Band | None = None  # planner.uncertainty: where runs like it landed
 
     @property
     def strategy(self) -> Strategy:
@@ -97,6 +99,10 @@ class RankedPlan:
                     "analytic_step_time_s": self.analytic_step_time_s, "complexity": self.complexity,
                     "objective_value": self.objective_value})
         out.update(objective.extras(self.result.step_time_s, self.strategy, self.num_gpus))
+        if self.band is not None:
+            out.update({"step_time_s_low": self.band.low(self.result.step_time_s),
+                        "step_time_s_high": self.band.high(self.result.step_time_s),
+                        "uncertainty": self.band.as_dict()})
         return out
 
 
@@ -163,6 +169,7 @@ class Recommendation:
     timings_s: dict[str, float] = field(default_factory=dict)
     explanation: dict[str, object] = field(default_factory=dict)
     suggestions: list[dict[str, object]] = field(default_factory=list)
+    winner_margin: dict[str, object] = field(default_factory=dict)
 
     @property
     def considered(self) -> int:
@@ -210,6 +217,7 @@ class Recommendation:
                         "tie_tolerance": self.tie_tolerance},
             "explanation": self.explanation,
             "suggestions": self.suggestions,
+            "winner_margin": self.winner_margin,
             "warnings": self.warnings,
         }
 
@@ -369,7 +377,16 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: 
     rec.ranking_note = note
     for n, p in enumerate(ranked, 1):
         p.rank = n
+        p.band = band_for(p.plan, settings.framework or "default")
     rec.plans = ranked
+    if len(ranked) >= 2:
+        b, margin = ranked[0].band, ranked[1].objective_value / ranked[0].objective_value - 1
+        half = (b.q90 - b.q10) / 2
+        rec.winner_margin = {"margin": margin, "band_half_width": half, "within_band": margin < half}
+        if margin < half:
+            rec.warnings.append(f"#1 leads #2 by {margin:.1%}, inside the +-{half:.0%} 80% band of the {b.runs} "
+                                f"published runs like it ({b.cls}): the two are not told apart by this model; "
+                                "measure both before committing")
     rec.timings_s["rerank_s"] = time.perf_counter() - t1
     if explain:
         t2 = time.perf_counter()

@@ -17,6 +17,9 @@ from sim.plan import ATTENTION_IMPLS, GRAD_ACCUMULATION, LOSS_IMPLS, SELECTIVE_P
 from sim.records import Record
 
 
+FAMILIES: tuple[str, ...] = ("megatron", "fsdp", "xla")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Framework:
     id: str
@@ -33,13 +36,14 @@ class Framework:
     tp_overlap_default: bool = False  # pipelined TP communication overlap with tp > 1 and SP
     zero_default: int = 0  # ZeRO stage without a stated one (1: a distributed optimizer by default)
     fp8_weight_cache: bool = False  # fp8 weights cast once per step, not per micro-batch
+    family: str = "megatron"  # megatron | fsdp | xla: the class uncertainty bands are kept by
     aliases: tuple[str, ...] = ()
     source: str = ""
     notes: str = ""
 
 
 _KEYS = ("id", "name", "aliases", "attention", "dp_overlap", "elementwise", "selective_recompute",
-         "grad_accumulation", "fsdp_copies", "loss", "sequence_parallel_default", "tp_overlap_default", "zero_default", "fp8_weight_cache", "source", "notes")
+         "grad_accumulation", "fsdp_copies", "loss", "sequence_parallel_default", "tp_overlap_default", "zero_default", "fp8_weight_cache", "family", "source", "notes")
 
 
 @functools.cache
@@ -58,6 +62,7 @@ def _frameworks() -> dict[str, Framework]:
                        tp_overlap_default=r.flag("tp_overlap_default"),
                        zero_default=r.integer("zero_default", minimum=0, optional=True, default=0),
                        fp8_weight_cache=r.flag("fp8_weight_cache"),
+                       family=r.text("family", choices=FAMILIES),
                        aliases=r.strings("aliases", lower=False),
                        source=r.text("source"), notes=r.text("notes", default=""))
         for key in (fw.id, *fw.aliases):

@@ -43,9 +43,9 @@ class Record:
         return self.rec.get(key) is not None
 
     def number(self, key: str, *, optional: bool = False, default: float | None = None,
-               positive: bool = False) -> float | None:
-        """A finite number, ``>= 0`` (``> 0`` when ``positive``); ``default`` when absent and
-        ``optional``."""
+               positive: bool = False, signed: bool = False) -> float | None:
+        """A finite number, ``>= 0`` (``> 0`` when ``positive``, any sign when ``signed``);
+        ``default`` when absent and ``optional``."""
         value = self.rec.get(key)
         if value is None:
             if optional:
@@ -53,7 +53,7 @@ class Record:
             raise self.fail(key, "missing required key")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise self.fail(key, "must be a finite number")
-        if value < 0 or (positive and value == 0):
+        if (value < 0 and not signed) or (positive and value <= 0):
             raise self.fail(key, "must be > 0" if positive else "must be >= 0")
         return float(value)
 

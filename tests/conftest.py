@@ -3,6 +3,8 @@ uses (``sim.catalog.cluster_from_catalog``); tests import it (``from tests.conft
 
 from __future__ import annotations
 
+import pytest
+
 from sim.catalog import cluster_from_catalog
 from sim.specs import Cluster
 
@@ -15,3 +17,12 @@ def cluster(gpu: str = "a100-80gb", n: int = 8, *, gpn: int | None = None, domai
     (oversubscription)."""
     return cluster_from_catalog(gpu, n, gpus_per_node=gpn, nvlink_domain=domain, nic=nic, nics_per_node=nics,
                                 topology=topology, oversubscription=o, **rest)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def loso_rows():
+    """(rows, skipped) of ``planner check-published --loso``: computed once per test session
+    (each fit source is refitted without its data; tens of seconds) for every test that reads it."""
+    from planner.published import compare_all
+
+    return compare_all(loso=True, with_skipped=True)

@@ -41,8 +41,8 @@ MEMORY_MEDIAN = 0.16  # device-level (FlagPerf nvidia-smi) and reserved (torchti
 
 
 @pytest.fixture(scope="module")
-def loso():
-    rows, skipped = compare_all(loso=True, with_skipped=True)
+def loso(loso_rows):
+    rows, skipped = loso_rows
     return {r.run_id: r for r in rows}, skipped
 
 
