@@ -8,6 +8,7 @@ import sys
 from typing import Sequence
 
 from sim.errors import InputError
+from sim.plan import SELECTIVE_POLICIES
 
 from planner import cmd_check, cmd_economics, cmd_recommend, cmd_validate
 
@@ -123,6 +124,8 @@ def plan_kwargs_from_framework(args: argparse.Namespace, **plan: object) -> dict
         kw["strategy"] = replace(strategy, dp_overlap=fw.dp_overlap)  # type: ignore[type-var]
     if args.attention is not None:
         kw["attention"] = args.attention
+    if args.recompute_policy is not None:
+        kw["selective_policy"] = args.recompute_policy
     return kw
 
 
@@ -180,6 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "megatron-lm-2022, megatron-deepspeed, torchtitan, torchtitan-compile)")
     p.add_argument("--attention", choices=("flash", "flash2", "unfused"), default=None,
                    help="attention kernel (default: the framework profile's)")
+    p.add_argument("--recompute-policy", choices=SELECTIVE_POLICIES, default=None,
+                   help="what recompute=selective recomputes (default: the framework profile's; attention: "
+                        "Korthikanti et al. 2022; op: torchtitan; mlp_up/mlp/moe_act/mla_up_proj: Megatron-Core "
+                        "--recompute-modules)")
     p.add_argument("--trace", default=None, help="write a Chrome trace-event JSON of the step (event engine)")
     w = p.add_argument_group("what-ifs (event engine)")
     w.add_argument("--explicit-ranks", action="store_true",
