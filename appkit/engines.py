@@ -108,7 +108,11 @@ def export_files(plan: Plan, *, steps: int | None = None, time_limit_s: float | 
     files: dict[str, bytes] = {}
     warnings: list[str] = []
     for fmt in FORMATS:
-        out = render(fmt, spec)
+        try:
+            out = render(fmt, spec)
+        except InputError as exc:  # the format's framework cannot run this plan: not written, said why
+            warnings.append(f"{fmt}: not exported: {exc.message}")
+            continue
         for name, text in out.files.items():
             files[f"{fmt}/{name}"] = text.encode("utf-8")
         warnings += [f"{fmt}: {w}" for w in out.warnings]

@@ -85,6 +85,7 @@ def print_step_summary(out: dict, *, model: str, gpu: str, num_gpus: int) -> Non
 def cmd_simulate(args: argparse.Namespace) -> int:
     from planner.inputs import cluster_from_args, model_from_args, seq_len_from_args
     from planner.uncertainty import band_for
+    from sim.framework import check_supported, get_framework
     from sim.plan import Plan, parse_strategy
     from sim.simulate import simulate
 
@@ -92,6 +93,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     cluster = cluster_from_args(args)
     strategy = parse_strategy(args.strategy, num_gpus=cluster.num_gpus, seq_len=seq_len_from_args(args))
     plan = Plan(**plan_kwargs_from_framework(args, model=model, cluster=cluster, strategy=strategy))
+    check_supported(get_framework(args.framework or "default"), plan.strategy)
     whatif = _whatif_from_args(args)
     result = simulate(plan, engine=args.engine, trace_path=args.trace, calibration=args.calibration,
                       whatif=whatif, explicit_ranks=args.explicit_ranks)

@@ -119,10 +119,14 @@ def space_from_args(args: argparse.Namespace):
     return SearchSpace(**kw)  # type: ignore[arg-type]
 
 
-def settings_from_args(args: argparse.Namespace):
+def settings_from_args(args: argparse.Namespace, formats: list[str] | None = None):
+    """The framework the plans assume: ``--framework``, else the one ``--export`` launches
+    (the search then holds only plans that framework runs), else the default profile."""
+    from planner.exports import framework_of_formats
     from planner.recommend import Settings
 
-    return Settings.from_framework(args.framework, attention=args.attention)
+    framework = args.framework if args.framework is not None else (framework_of_formats(formats) if formats else None)
+    return Settings.from_framework(framework, attention=args.attention)
 
 
 def gbs_from_args(args: argparse.Namespace, seq_len: int) -> tuple[int, str | None]:
@@ -196,6 +200,9 @@ def print_table(out: dict) -> None:
                          f"{sgg['memory_peak_bytes'] / GIB:.1f} GiB")
     for w in out["warnings"]:
         lines.append(f"warning: {w}")
+    gap = out.get("framework_gap") or {}
+    if gap and not gap.get("gap"):
+        lines.append(f"framework: {gap['framework']} can run the overall best plan")
     if out["plans"]:
         lines.append(f"reproduce: {out['reproduce']}")
         if out.get("framework"):
@@ -213,8 +220,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     seq_len = seq_len_from_args(args) or 2048
     gbs, note = gbs_from_args(args, seq_len)
     space = space_from_args(args)
-    settings = settings_from_args(args)
     formats = parse_formats(args.export) if args.export is not None else []
+    settings = settings_from_args(args, formats)
     if args.out is not None and not formats:
         raise InputError("out", args.out, "needs --export FORMAT")
     if args.tokens is not None and (not math.isfinite(args.tokens) or args.tokens <= 0 or args.tokens > 1e18):
@@ -235,7 +242,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     if rec.best is not None:
         b = rec.best
         out["reproduce"] = (f"planner simulate --model {args.model} --gpu {args.gpu} --num-gpus {b.num_gpus}"
-                            f"{_cluster_flags(args)} --strategy {b.strategy.to_string()} --engine {b.engine}")
+                            f"{_cluster_flags(args)} --strategy {b.strategy.to_string()} --engine {b.engine}"
+                            + (f" --framework {settings.framework}" if settings.framework else ""))
 
     exports: dict[str, object] = {}
     if formats:
@@ -250,12 +258,18 @@ def cmd_recommend(args: argparse.Namespace) -> int:
                           attention=settings.attention, job_name=job_name(model, best.num_gpus), steps=steps,
                           time_limit_s=best.result.step_time_s * steps if steps else None)
         for fmt in formats:
-            if args.out is not None:
-                paths, warns = write(fmt, spec, args.out)
-                exports[fmt] = {"files": [str(p) for p in paths], "warnings": warns}
-            else:
-                r = render(fmt, spec)
-                exports[fmt] = {"files": r.files, "warnings": r.warnings}
+            try:
+                if args.out is not None:
+                    paths, warns = write(fmt, spec, args.out)
+                    exports[fmt] = {"files": [str(p) for p in paths], "warnings": warns}
+                else:
+                    r = render(fmt, spec)
+                    exports[fmt] = {"files": r.files, "warnings": r.warnings}
+            except InputError as exc:
+                if len(formats) == 1 or exc.field != "export":
+                    raise
+                # several frameworks' formats: the ones that cannot carry the plan are skipped, said why
+                exports[fmt] = {"files": [], "warnings": [f"skipped: {exc.message}"], "skipped": True}
         out["exports"] = exports
 
     if args.json:

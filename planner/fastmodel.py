@@ -122,11 +122,13 @@ class FastModel:
 
     def __init__(self, model: Model, cluster: Cluster, *, gbs: int, seq_len: int,
                  plan_kwargs: Mapping[str, object] | None = None, dp_overlap: bool = True,
-                 net: Network | None = None, eff: KernelEfficiency | None = None) -> None:
+                 net: Network | None = None, eff: KernelEfficiency | None = None,
+                 fp8_recipe: str = "delayed") -> None:
         self.model, self.cluster = model, cluster
         self.gbs, self.seq_len = gbs, seq_len
         self.plan_kwargs = dict(plan_kwargs or {})
         self.dp_overlap = dp_overlap
+        self.fp8_recipe = fp8_recipe  # the recipe of every fp8 candidate (the framework's)
         n = cluster.num_gpus
         # A probe plan validates the keyword arguments and carries the framework settings.
         self.probe = Plan(model=model, cluster=cluster, strategy=Strategy(dp=n, gbs=n, seq_len=seq_len),
@@ -157,7 +159,8 @@ class FastModel:
         m = max(1, self.gbs // (mbs * layout.dp))
         return Strategy(tp=layout.tp, pp=layout.pp, dp=layout.dp, cp=layout.cp, ep=layout.ep, etp=layout.etp, vp=vp,
                         mbs=mbs, gbs=mbs * layout.dp * m, seq_len=self.seq_len, zero=zero, sp=sp, recompute=recompute,
-                        precision=layout.precision, schedule=schedule, dp_overlap=self.dp_overlap)
+                        precision=layout.precision, schedule=schedule, dp_overlap=self.dp_overlap,
+                        fp8_recipe=self.fp8_recipe)
 
     def micro(self, tp: int, cp: int, ep: int, etp: int | None, mbs: int, sp: bool, recompute: str,
               precision: str) -> np.ndarray:
@@ -172,7 +175,8 @@ class FastModel:
         model, probe = self.model, self.probe
         dp = self.cluster.num_gpus // (tp * cp)
         s = Strategy(tp=tp, cp=cp, ep=ep, etp=etp, dp=dp, pp=1, mbs=mbs, gbs=mbs * dp, seq_len=self.seq_len, sp=sp,
-                     recompute=recompute, precision=precision, dp_overlap=self.dp_overlap)
+                     recompute=recompute, precision=precision, dp_overlap=self.dp_overlap,
+                     fp8_recipe=self.fp8_recipe)
         plan = self.plan(s)
 
         def cost(moe: bool) -> LayerCost:

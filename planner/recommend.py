@@ -170,6 +170,7 @@ class Recommendation:
     explanation: dict[str, object] = field(default_factory=dict)
     suggestions: list[dict[str, object]] = field(default_factory=list)
     winner_margin: dict[str, object] = field(default_factory=dict)
+    framework_gap: dict[str, object] = field(default_factory=dict)
 
     @property
     def considered(self) -> int:
@@ -218,6 +219,7 @@ class Recommendation:
             "explanation": self.explanation,
             "suggestions": self.suggestions,
             "winner_margin": self.winner_margin,
+            "framework_gap": self.framework_gap,
             "warnings": self.warnings,
         }
 
@@ -271,6 +273,42 @@ def gpu_counts(cluster: Cluster, min_gpus: int | None) -> list[int]:
 # --------------------------------------------------------------------------- recommend
 
 
+def framework_space(space: SearchSpace, fw_id: str, cluster: Cluster) -> SearchSpace:
+    """``space`` cut down to what framework ``fw_id`` can run (``sim.framework.Capabilities``):
+    its parallel dimensions, ZeRO/FSDP stages, schedules, precisions, and the first of its fp8
+    recipes that runs on the GPU (fp8 is not searched when none does).  A restriction the user
+    gave that the framework cannot meet is an ``InputError`` naming the flag."""
+    fw = get_framework(fw_id)
+    caps = fw.capabilities
+    ch: dict[str, object] = {}
+
+    def cut(name: str, values: tuple, allowed: tuple) -> tuple:
+        kept = tuple(v for v in values if v in allowed)
+        if not kept:
+            raise InputError(name, ",".join(map(str, values)), f"the {fw.id} framework profile runs only "
+                             f"{', '.join(map(str, allowed)) or 'none'} (catalogs/frameworks.yaml capabilities)")
+        return kept
+
+    for dim in ("tp", "pp", "cp", "ep"):
+        if not getattr(caps, dim):
+            ch[dim] = cut(dim, getattr(space, dim) or (1,), (1,))
+    if not caps.sp:
+        ch["sp"] = cut("sp", space.sp, (False,))
+    ch["zero"] = cut("zero", space.zero, caps.zero)
+    if caps.pp and caps.schedules:
+        ch["schedule"] = cut("schedule", space.schedule, caps.schedules)
+    else:
+        ch["pp"], ch["schedule"] = cut("pp", space.pp or (1,), (1,)), ("1f1b",)
+    eff = default_efficiency()
+    recipes = [r for r in caps.fp8_recipes
+               if not eff.fp8_recipe(r).architectures or cluster.gpu.architecture in eff.fp8_recipe(r).architectures]
+    allowed = tuple(p for p in caps.precisions if p != "fp8" or recipes)
+    ch["precision"] = cut("precision", space.precisions(cluster), allowed)
+    if recipes:
+        ch["fp8_recipe"] = recipes[0]
+    return space.replace(**ch)
+
+
 def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: SearchSpace | None = None,
               objective: ObjectiveSpec | None = None, settings: Settings | None = None, top: int = 5,
               rerank: int | None = None, rerank_budget_s: float = 3.0, min_gpus: int | None = None,
@@ -296,6 +334,9 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: 
         objective = replace(objective, price_usd_per_hour=cluster.gpu.price_usd_per_hour)
     eff = default_efficiency()
     tokens_per_step = gbs * seq_len
+    full_space = space
+    if settings.framework is not None:
+        space = framework_space(space, settings.framework, cluster)
 
     searches = []
     for n in gpu_counts(cluster, min_gpus):
@@ -340,11 +381,21 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: 
         r = searches[int(src_a[j])]
         return r.strategy(int(idx_a[j])), r, int(idx_a[j])
 
+    # What the framework cannot run and its search space could not exclude (``framework_space``:
+    # tensor parallelism without SP where TP implies SP, a zero-bubble schedule it runs only
+    # interleaved) leaves the shortlist here.
+    caps = get_framework(settings.framework).capabilities if settings.framework is not None else None
     entries = []
     for j in short:
         s, r, i = decode(int(j))
+        if caps is not None and caps.refusal(s) is not None:
+            continue
         entries.append((float(obj[j]), _tie_key(s, model.num_layers), s, r, i))
+    if not entries:
+        raise InputError("framework", settings.framework, "none of the best plans the search found is one it runs; "
+                         "restrict the search (--tp, --sp, --schedule, ...) to what it supports")
     entries.sort(key=lambda e: (e[0], e[1]))
+    best = entries[0][0]
     winner_pool = [e for e in entries if e[0] <= best * (1 + tie_tolerance)]
     winner = min(winner_pool, key=lambda e: (e[1], e[0]))
     ordered = [winner] + [e for e in entries if e is not winner]
@@ -388,6 +439,14 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: 
                                 f"published runs like it ({b.cls}): the two are not told apart by this model; "
                                 "measure both before committing")
     rec.timings_s["rerank_s"] = time.perf_counter() - t1
+    if settings.framework is not None and ranked:
+        t3 = time.perf_counter()
+        rec.framework_gap = _framework_gap(rec, model, cluster, full_space, min_gpus, workers)
+        rec.timings_s["framework_gap_s"] = time.perf_counter() - t3
+        if rec.framework_gap.get("gap", 0.0) > tie_tolerance:
+            g = rec.framework_gap
+            rec.warnings.append(f"{settings.framework} cannot run the overall best plan ({g['best_overall_strategy']}: "
+                                f"{g['why']}); its best is {g['gap']:.1%} slower")
     if explain:
         t2 = time.perf_counter()
         from planner.explain import explain_recommendation
@@ -396,6 +455,27 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: 
         rec.timings_s["explain_s"] = time.perf_counter() - t2
     rec.timings_s["total_s"] = time.perf_counter() - t0
     return rec
+
+
+def _framework_gap(rec: "Recommendation", model: Model, cluster: Cluster, space: SearchSpace,
+                   min_gpus: int | None, workers: int | None) -> dict[str, object]:
+    """The overall best plan (the same framework mechanisms, every capability) against the
+    framework's best, both by the analytic model: what the framework's limits cost."""
+    fw_id = rec.settings.framework
+    assert fw_id is not None and rec.plans
+    overall = recommend(model, cluster, gbs=rec.gbs, seq_len=rec.seq_len, space=space, objective=rec.objective,
+                        settings=replace(rec.settings, framework=None), top=1, rerank=0, min_gpus=min_gpus,
+                        explain=False, suggest=False, workers=workers)
+    mine, best = rec.plans[0], overall.best
+    if best is None:
+        return {}
+    tokens = rec.gbs * rec.seq_len
+    obj = [float(rec.objective.values(np.array([p.analytic_step_time_s]), tokens, p.num_gpus)[0]) for p in (mine, best)]
+    why = get_framework(fw_id).capabilities.refusal(best.strategy)
+    return {"framework": fw_id, "best_overall_strategy": best.strategy.to_string(),
+            "best_overall_step_time_s": best.analytic_step_time_s, "framework_step_time_s": mine.analytic_step_time_s,
+            "gap": max(0.0, obj[0] / obj[1] - 1) if why is not None else 0.0,
+            "why": f"{why[0]}={why[1]} {why[2]}" if why is not None else "it can"}
 
 
 def _reorder(plans: list[RankedPlan], tol: float) -> list[RankedPlan]:

@@ -73,6 +73,7 @@ class SearchSpace:
     recompute: tuple[str, ...] = RECOMPUTES
     schedule: tuple[str, ...] = SCHEDULES
     precision: tuple[str, ...] | None = None
+    fp8_recipe: str = "delayed"  # the recipe fp8 candidates use (sim.specs.FP8_RECIPES)
     max_tp: int = 64
     max_cp: int = 16
     max_vp: int = 8
@@ -132,10 +133,11 @@ class Candidates:
     def __len__(self) -> int:
         return int(self.step_time_s.size)
 
-    def strategy(self, i: int, *, gbs: int, seq_len: int, dp_overlap: bool = True) -> Strategy:
+    def strategy(self, i: int, *, gbs: int, seq_len: int, dp_overlap: bool = True,
+                 fp8_recipe: str = "delayed") -> Strategy:
         lid = int(self.layout_id[i])
         s = self.grids[lid].strategy(self.layouts[lid], int(self.flat_index[i]), gbs=gbs, seq_len=seq_len)
-        return s if dp_overlap else s.with_(dp_overlap=False)
+        return s.with_(dp_overlap=dp_overlap, fp8_recipe=fp8_recipe)
 
 
 @dataclass(slots=True)
@@ -158,7 +160,7 @@ class SearchResult:
 
     def strategy(self, i: int) -> Strategy:
         return self.candidates.strategy(i, gbs=self.gbs, seq_len=self.seq_len,
-                                        dp_overlap=self.fastmodel.dp_overlap)
+                                        dp_overlap=self.fastmodel.dp_overlap, fp8_recipe=self.fastmodel.fp8_recipe)
 
 
 def _check_restrictions(model: Model, cluster: Cluster, space: SearchSpace) -> None:
@@ -278,7 +280,8 @@ def _evaluate_layouts(fm: FastModel, space: SearchSpace, work: list[tuple[int, L
                     try:
                         check_feasible(model, cluster, Strategy(
                             tp=lay.tp, pp=lay.pp, dp=lay.dp, cp=lay.cp, ep=lay.ep, vp=vp, mbs=mbs, gbs=gbs,
-                            seq_len=seq_len, precision=lay.precision, schedule=sched))
+                            seq_len=seq_len, precision=lay.precision, schedule=sched),
+                            uneven_vp=bool(fm.plan_kwargs.get("uneven_vp", False)))
                         pipe_cache[key] = None
                     except InfeasibleError as exc:
                         pipe_cache[key] = exc.reason
@@ -353,7 +356,7 @@ def search(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: Sea
     if isinstance(gbs, bool) or not isinstance(gbs, int) or gbs < 1:
         raise InputError("gbs", gbs, "must be a positive integer")
     fm = FastModel(model, cluster, gbs=gbs, seq_len=seq_len, plan_kwargs=plan_kwargs, dp_overlap=dp_overlap,
-                   net=net, eff=eff)
+                   net=net, eff=eff, fp8_recipe=space.fp8_recipe)
     layouts = _layouts(model, cluster, space)
     workers = default_workers(cluster) if workers is None else workers
     if workers > 1 and len(layouts) > 1:

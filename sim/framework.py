@@ -12,12 +12,101 @@ import functools
 from dataclasses import dataclass
 
 from sim.catalog import catalog_document
-from sim.errors import InputError
+from sim.errors import InfeasibleError, InputError
 from sim.plan import ATTENTION_IMPLS, GRAD_ACCUMULATION, LOSS_IMPLS, SELECTIVE_POLICIES
+from sim.specs import FP8_RECIPES, SCHEDULES, TRAIN_PRECISIONS, Strategy
 from sim.records import Record
 
 
 FAMILIES: tuple[str, ...] = ("megatron", "fsdp", "xla")
+_DIMS = ("tp", "pp", "sp", "cp", "ep", "etp", "dp_shard")
+_SWITCHES = ("tp_overlap", "pp_overlap", "ep_overlap", "cuda_graphs")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Capabilities:
+    """What a training stack can run (``catalogs/frameworks.yaml`` ``capabilities``, with its
+    ``source``): pipeline schedules, ZeRO/FSDP stages, precisions and fp8 recipes, which
+    parallel dimensions exist (``tp``, ``pp``, ``sp``, ``cp``, ``ep``, ``etp`` = expert tensor
+    parallelism other than tp / MoE parallel folding, ``dp_shard`` = HSDP), which overlap options
+    and CUDA graphs it has, and ``uneven_vp``: model chunks of unequal layer counts (PyTorch
+    pipelining splits any way; Megatron-Core needs equal chunks, ``sim.plan.vp_split``).
+    A profile without the block can run everything the model prices."""
+    schedules: tuple[str, ...] = SCHEDULES
+    zero: tuple[int, ...] = (0, 1, 2, 3)
+    precisions: tuple[str, ...] = TRAIN_PRECISIONS
+    fp8_recipes: tuple[str, ...] = FP8_RECIPES
+    tp: bool = True
+    pp: bool = True
+    sp: bool = True
+    cp: bool = True
+    ep: bool = True
+    etp: bool = True
+    dp_shard: bool = True
+    tp_overlap: bool = True
+    pp_overlap: bool = True
+    ep_overlap: bool = True
+    cuda_graphs: bool = True
+    uneven_vp: bool = False
+    sp_with_tp: bool = False  # tensor parallelism always shards the sequence too (torchtitan's TP plan)
+    zero_bubble_min_vp: int = 1  # zero-bubble only interleaved (torchtitan InterleavedZeroBubble: 2)
+    source: str = ""
+
+    def refusal(self, s: Strategy) -> tuple[str, object, str] | None:
+        """(strategy key, value, what is missing) of the first thing ``s`` needs that this
+        stack cannot run, or ``None``."""
+        used = {"tp": s.tp > 1, "pp": s.pp > 1, "sp": s.sp, "cp": s.cp > 1, "ep": s.ep > 1,
+                "etp": s.etp is not None and s.etp != s.tp, "dp_shard": s.dp_shard is not None}
+        for dim in _DIMS:
+            if used[dim] and not getattr(self, dim):
+                return dim, getattr(s, dim), "not supported"
+        if s.pp > 1 and s.schedule not in self.schedules:
+            return "schedule", s.schedule, f"not supported (schedules: {', '.join(self.schedules)})"
+        if s.pp > 1 and s.schedule == "zero-bubble" and s.vp < self.zero_bubble_min_vp:
+            return "vp", s.vp, f"zero-bubble needs vp >= {self.zero_bubble_min_vp}"
+        if self.sp_with_tp and s.tp > 1 and not s.sp:
+            return "sp", 0, "tensor parallelism always shards the sequence (sp=1)"
+        if s.zero not in self.zero:
+            return "zero", s.zero, f"not supported (ZeRO/FSDP stages: {', '.join(map(str, self.zero))})"
+        if s.precision not in self.precisions:
+            return "precision", s.precision, f"not supported (precisions: {', '.join(self.precisions)})"
+        if s.precision == "fp8" and s.fp8_recipe not in self.fp8_recipes:
+            return "fp8_recipe", s.fp8_recipe, f"not supported (fp8 recipes: {', '.join(self.fp8_recipes) or 'none'})"
+        for switch in _SWITCHES:
+            if getattr(s, switch) and not getattr(self, switch):
+                return switch, 1, "not supported"
+        return None
+
+
+def check_supported(fw: "Framework", s: Strategy) -> None:
+    """Raise ``InfeasibleError`` (reason ``framework``) if ``fw`` cannot run ``s``."""
+    why = fw.capabilities.refusal(s)
+    if why is not None:
+        key, value, message = why
+        raise InfeasibleError("framework", key, value, f"{message} by the {fw.id} framework profile "
+                              "(its capabilities and their sources: catalogs/frameworks.yaml)")
+
+
+def _capabilities(r: Record) -> Capabilities:
+    if not r.has("capabilities"):
+        return Capabilities(source="runs everything the model prices")
+    c = r.mapping("capabilities", allowed=("schedules", "zero", "precisions", "fp8_recipes", *_DIMS, *_SWITCHES,
+                                           "uneven_vp", "sp_with_tp", "zero_bubble_min_vp", "source"))
+    def choices(key: str, allowed: tuple, default: tuple) -> tuple:
+        if not c.has(key):
+            return default
+        values = tuple(c.rec[key])
+        for v in values:
+            if v not in allowed or isinstance(v, bool):
+                raise c.fail(key, f"{v!r} is not one of {', '.join(map(str, allowed))}")
+        return values
+    return Capabilities(schedules=choices("schedules", SCHEDULES, SCHEDULES), zero=choices("zero", (0, 1, 2, 3), (0, 1, 2, 3)),
+                        precisions=choices("precisions", TRAIN_PRECISIONS, TRAIN_PRECISIONS),
+                        fp8_recipes=choices("fp8_recipes", FP8_RECIPES, FP8_RECIPES),
+                        **{k: c.flag(k, default=True) for k in (*_DIMS, *_SWITCHES)},
+                        uneven_vp=c.flag("uneven_vp"), sp_with_tp=c.flag("sp_with_tp"),
+                        zero_bubble_min_vp=c.integer("zero_bubble_min_vp", optional=True, default=1),
+                        source=c.text("source"))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -37,13 +126,14 @@ class Framework:
     zero_default: int = 0  # ZeRO stage without a stated one (1: a distributed optimizer by default)
     fp8_weight_cache: bool = False  # fp8 weights cast once per step, not per micro-batch
     family: str = "megatron"  # megatron | fsdp | xla: the class uncertainty bands are kept by
+    capabilities: Capabilities = Capabilities()
     aliases: tuple[str, ...] = ()
     source: str = ""
     notes: str = ""
 
 
 _KEYS = ("id", "name", "aliases", "attention", "dp_overlap", "elementwise", "selective_recompute",
-         "grad_accumulation", "fsdp_copies", "loss", "sequence_parallel_default", "tp_overlap_default", "zero_default", "fp8_weight_cache", "family", "source", "notes")
+         "grad_accumulation", "fsdp_copies", "loss", "sequence_parallel_default", "tp_overlap_default", "zero_default", "fp8_weight_cache", "family", "capabilities", "source", "notes")
 
 
 @functools.cache
@@ -62,7 +152,7 @@ def _frameworks() -> dict[str, Framework]:
                        tp_overlap_default=r.flag("tp_overlap_default"),
                        zero_default=r.integer("zero_default", minimum=0, optional=True, default=0),
                        fp8_weight_cache=r.flag("fp8_weight_cache"),
-                       family=r.text("family", choices=FAMILIES),
+                       family=r.text("family", choices=FAMILIES), capabilities=_capabilities(r),
                        aliases=r.strings("aliases", lower=False),
                        source=r.text("source"), notes=r.text("notes", default=""))
         for key in (fw.id, *fw.aliases):
@@ -83,7 +173,8 @@ def apply_framework(plan_kwargs: dict, fw: Framework) -> dict:
     """Plan keyword arguments for ``fw`` (attention kernel, element-wise fusion, policy)."""
     return {**plan_kwargs, "attention": fw.attention, "eager_elementwise": fw.eager_elementwise,
             "selective_policy": fw.selective_recompute, "grad_accumulation": fw.grad_accumulation,
-            "fsdp_copies": fw.fsdp_copies, "loss": fw.loss, "fp8_weight_cache": fw.fp8_weight_cache}
+            "fsdp_copies": fw.fsdp_copies, "loss": fw.loss, "fp8_weight_cache": fw.fp8_weight_cache,
+            "uneven_vp": fw.capabilities.uneven_vp}
 
 
 def list_frameworks() -> list[Framework]:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from sim.compute import default_efficiency
 from sim.errors import InfeasibleError, InputError
 from sim.specs import Cluster, Model, Strategy
+from sim.stages import stage_layers
 
 ATTENTION_IMPLS: tuple[str, ...] = ("flash", "flash2", "unfused")
 SELECTIVE_POLICIES: tuple[str, ...] = ("attention", "op", "mla_up_proj", "moe_act", "mlp_up", "mlp")
@@ -47,6 +48,8 @@ class Plan:
     # fp8 weights cast once per step and reused by every micro-batch (Transformer Engine under
     # Megatron-Core: is_first_microbatch) instead of once per micro-batch
     fp8_weight_cache: bool = False
+    # model chunks of unequal layer counts (PyTorch pipelining); Megatron-Core needs equal ones
+    uneven_vp: bool = False
 
     def __post_init__(self) -> None:
         if self.grad_accumulation not in GRAD_ACCUMULATION:
@@ -59,7 +62,7 @@ class Plan:
         if self.selective_policy not in SELECTIVE_POLICIES:
             raise InputError("selective_policy", self.selective_policy,
                              f"must be one of {', '.join(SELECTIVE_POLICIES)}")
-        check_feasible(self.model, self.cluster, self.strategy)
+        check_feasible(self.model, self.cluster, self.strategy, uneven_vp=self.uneven_vp)
 
 
 def _parse_int(key: str, text: str) -> int:
@@ -93,7 +96,7 @@ def parse_strategy(text: str, *, num_gpus: int, seq_len: int | None = None) -> S
     for part in text.split(","):
         part = part.strip()
         if not part:
-            continue
+            raise InputError("strategy", text, "has an empty item (two commas in a row or a trailing comma)")
         if "=" not in part:
             raise InputError("strategy", part, "expected key=value")
         key, _, raw = part.partition("=")
@@ -133,7 +136,26 @@ def parse_strategy(text: str, *, num_gpus: int, seq_len: int | None = None) -> S
     return Strategy(**values)  # type: ignore[arg-type]
 
 
-def check_feasible(model: Model, cluster: Cluster, s: Strategy) -> None:
+def vp_split(model: Model, s: Strategy, *, vp: int | None = None) -> str | None:
+    """How Megatron-Core splits each stage's layers into ``vp`` equal model chunks, or ``None``
+    if it cannot: ``"even"`` when every stage's layers divide by ``vp``
+    (``num_layers_per_pipeline_rank % virtual_pipeline_size == 0``, TransformerConfig);
+    ``"embedding+loss"`` when they do once the embedding (first stage) and the loss (last stage)
+    count as one layer each (``--account-for-embedding-in-pipeline-split
+    --account-for-loss-in-pipeline-split``: 126 layers of Llama 3.1 405B over pp=8, vp=8 is
+    8 x 8 chunks of 2).  ``sim.stages.stage_layers`` already gives the first and last stages the
+    fewer layers, so both splits cost as the stages do."""
+    vp = s.vp if vp is None else vp
+    counts = [len(layers) for layers in stage_layers(model, s)]
+    if all(c % vp == 0 for c in counts):
+        return "even"
+    units = [c + (i == 0) + (i == len(counts) - 1) for i, c in enumerate(counts)]
+    if len(counts) > 1 and len(set(units)) == 1 and units[0] % vp == 0:
+        return "embedding+loss"
+    return None
+
+
+def check_feasible(model: Model, cluster: Cluster, s: Strategy, *, uneven_vp: bool = False) -> None:
     """Raise ``InfeasibleError`` (with a reason) if no framework could run this plan."""
     if s.num_gpus != cluster.num_gpus:
         raise InfeasibleError("gpu_count", "strategy", s.to_string(),
@@ -160,6 +182,14 @@ def check_feasible(model: Model, cluster: Cluster, s: Strategy) -> None:
         # every model chunk needs at least one layer.
         raise InfeasibleError("layers", "vp", s.vp,
                               f"pp*vp = {s.pp * s.vp} exceeds num_layers={model.num_layers}")
+    if s.vp > 1 and not uneven_vp and vp_split(model, s) is None:
+        counts = [len(layers) for layers in stage_layers(model, s)]
+        fits = [v for v in range(2, max(counts) + 1) if vp_split(model, s, vp=v) is not None]
+        raise InfeasibleError("layers", "vp", s.vp,
+                              f"must split each pipeline stage's layers evenly ({model.num_layers} layers over "
+                              f"pp={s.pp}: {'/'.join(map(str, sorted(set(counts))))} per stage, counting the "
+                              "embedding and the loss as a layer each when that evens them)"
+                              + (f"; vp in {{{', '.join(map(str, fits))}}} does" if fits else "; no vp > 1 does"))
     if s.vp > 1 and s.num_microbatches % s.pp:
         raise InfeasibleError("indivisible", "gbs", s.gbs,
                               f"{s.schedule} schedule with vp={s.vp} needs micro-batches ({s.num_microbatches}) "

@@ -73,9 +73,14 @@ def test_export_all_to_directory(tmp_path, capsys):
     assert code == 0, err
     d = json.loads(out)
     names = {p.rsplit("/", 1)[-1] for info in d["exports"].values() for p in info["files"]}
-    assert {"megatron_args.sh", "torchtitan.toml", "ds_config.json", "deepspeed_launch.sh", "launch_torchrun.sh",
-            "train.sbatch", "pytorchjob.yaml"} <= names
-    assert all((tmp_path / n).exists() for n in names)
+    expected = {"megatron": {"megatron_args.sh"}, "torchtitan": {"torchtitan.toml"},
+                "deepspeed": {"ds_config.json", "deepspeed_launch.sh"}, "torchrun": {"launch_torchrun.sh"},
+                "slurm": {"train.sbatch"}, "k8s": {"pytorchjob.yaml"}}
+    assert set(d["exports"]) == set(expected)
+    for fmt, info in d["exports"].items():  # written, or skipped with the reason (its framework cannot run it)
+        assert (expected[fmt] <= names) != bool(info.get("skipped")), fmt
+        assert not info.get("skipped") or "skipped:" in info["warnings"][0]
+    assert "megatron_args.sh" in names and all((tmp_path / n).exists() for n in names)
 
 
 def test_export_without_out_prints_the_file(capsys):

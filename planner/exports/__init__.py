@@ -10,9 +10,10 @@
 * ``slurm``: ``train.sbatch``, an ``sbatch`` script that runs torchrun on every node;
 * ``k8s``: ``pytorchjob.yaml``, a Kubeflow ``PyTorchJob`` (``kubeflow.org/v1``).
 
-Each tool's real option names are used.  Where a tool cannot express part of the plan (a
-schedule it lacks, ZeRO-1 in FSDP-only torchtitan, an uneven layer split) the closest setting
-is written and a warning says what differs.
+Each tool's real option names are used.  Each format launches one framework profile
+(``FORMAT_FRAMEWORK``); a plan that framework cannot run (a schedule it lacks, ZeRO-1 in
+torchtitan, ...) is refused with a one-line error, so the files always carry the predicted plan
+(``planner.exports.readback`` reads them back; the tests re-simulate what it reads).
 """
 
 from __future__ import annotations
@@ -21,10 +22,23 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sim.errors import InputError
+from sim.errors import InfeasibleError, InputError
+from sim.framework import check_supported, get_framework
 from sim.specs import Model, Strategy
 
 FORMATS: tuple[str, ...] = ("megatron", "torchtitan", "deepspeed", "torchrun", "slurm", "k8s")
+# The framework profile (catalogs/frameworks.yaml) each format launches: its capabilities decide
+# which plans the format can carry (the launchers run Megatron-LM's pretrain_gpt.py).
+FORMAT_FRAMEWORK: dict[str, str] = {"megatron": "megatron-core", "torchrun": "megatron-core", "slurm": "megatron-core",
+                                    "k8s": "megatron-core", "torchtitan": "torchtitan", "deepspeed": "megatron-deepspeed"}
+
+
+def framework_of_formats(formats: list[str]) -> str | None:
+    """The one framework profile ``formats`` launch, or ``None`` when they launch several (the
+    plan is then searched without that restriction and each format that cannot carry it is
+    skipped with the reason)."""
+    fws = {FORMAT_FRAMEWORK[f] for f in formats}
+    return fws.pop() if len(fws) == 1 else None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -65,6 +79,15 @@ def job_name(model: Model, num_gpus: int) -> str:
 
 
 def render(fmt: str, spec: LaunchSpec) -> Rendered:
+    """``fmt``'s files for ``spec``; a plan the format's framework cannot run is refused
+    (``InputError``), never written as a different one."""
+    if fmt not in FORMATS:
+        raise InputError("export", fmt, f"unknown format; known: {', '.join(FORMATS)}")
+    try:
+        check_supported(get_framework(FORMAT_FRAMEWORK[fmt]), spec.strategy)
+    except InfeasibleError as exc:
+        raise InputError("export", fmt, f"cannot carry {exc.field}={exc.value}: {exc.message}; "
+                         f"`planner recommend --export {fmt}` searches only plans it runs") from None
     if fmt == "megatron":
         from planner.exports.megatron import render_megatron
 

@@ -47,20 +47,9 @@ def deepspeed_config(spec: LaunchSpec) -> tuple[dict[str, object], list[str]]:
     if s.zero == 3:
         cfg["zero_optimization"].update({"stage3_prefetch_bucket_size": "auto",  # type: ignore[union-attr]
                                          "stage3_param_persistence_threshold": "auto"})
-    if s.pp > 1 and s.zero >= 2:
-        warn.append(f"DeepSpeed's pipeline engine supports ZeRO stage 0-1 only; zero={s.zero} with pp={s.pp} "
-                    "needs Megatron-style pipelining")
-    if s.precision == "fp8":
-        warn.append("DeepSpeed has no fp8 switch in its config: bf16 is enabled; use Transformer Engine layers for fp8")
     if s.recompute == "selective":
         warn.append("DeepSpeed activation checkpointing is per layer (full); selective recomputation is set by "
                     "the model code (Megatron-DeepSpeed --recompute-granularity selective)")
-    if s.cp > 1:
-        warn.append(f"cp={s.cp} is ring attention in the plan; DeepSpeed's sequence parallelism (Ulysses) "
-                    "splits heads instead and needs heads divisible by the degree")
-    if s.schedule in ("gpipe", "zero-bubble") or s.vp > 1:
-        warn.append(f"DeepSpeed pipeline runs 1F1B without interleaving: schedule={s.schedule}, vp={s.vp} "
-                    "is not expressible (slower than the plan's prediction)")
     return cfg, warn
 
 

@@ -4,7 +4,7 @@ Mapping of the plan:
 
 * degrees: ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
   ``--context-parallel-size``, ``--expert-model-parallel-size``; interleaving:
-  ``--num-layers-per-virtual-pipeline-stage L/(pp*vp)``; ``--sequence-parallel``;
+  ``--num-virtual-stages-per-pipeline-rank vp``; ``--sequence-parallel``;
 * batch: ``--micro-batch-size``, ``--global-batch-size`` (Megatron derives data parallelism
   and the number of micro-batches from them and the world size);
 * ZeRO: 1 -> ``--use-distributed-optimizer`` (shards optimizer states; gradients are
@@ -14,10 +14,18 @@ Mapping of the plan:
   ``--recompute-method uniform --recompute-num-layers 1``;
 * precision: ``--bf16``, ``--fp16``, fp8 as ``--bf16 --fp8-format hybrid`` (Transformer Engine);
 * overlap: ``--overlap-grad-reduce``/``--overlap-param-gather`` (data parallel),
-  ``--tp-comm-overlap``.
+  ``--tp-comm-overlap``, ``--overlap-moe-expert-parallel-comm``, pipeline sends
+  (``overlap_p2p_comm``, on by default with interleaving: ``--no-overlap-p2p-communication``
+  when the plan has it off); ``--enable-cuda-graph``; HSDP as
+  ``--num-distributed-optimizer-instances``; ``--fp8-recipe``; expert tensor parallelism
+  ``--expert-tensor-parallel-size``;
+* uneven stages: ``--decoder-first/last-pipeline-num-layers``; interleaved chunks that are
+  equal once the embedding and loss count as layers: ``--account-for-embedding-in-pipeline-split
+  --account-for-loss-in-pipeline-split``.
 
-Megatron-LM has no GPipe or zero-bubble schedule in ``pretrain_gpt.py``: those plans are
-written with its 1F1B (interleaved when ``vp > 1``) schedule and a warning.
+Plans the megatron-core profile cannot run (GPipe, zero-bubble) are refused by
+``planner.exports.render``; ``planner.exports.readback.strategy_from_megatron`` reads the
+arguments back.
 """
 
 from __future__ import annotations
@@ -25,6 +33,9 @@ from __future__ import annotations
 import shlex
 
 from planner.exports import LaunchSpec, Rendered
+from sim.errors import InputError
+from sim.plan import vp_split
+from sim.stages import stage_layers
 
 
 def megatron_args(spec: LaunchSpec) -> tuple[list[str], list[str]]:
@@ -84,29 +95,28 @@ def megatron_args(spec: LaunchSpec) -> tuple[list[str], list[str]]:
     # Parallelism.
     opt("--tensor-model-parallel-size", s.tp)
     opt("--pipeline-model-parallel-size", s.pp)
-    if s.pp > 1 and m.num_layers % s.pp:
-        warn.append(f"num_layers={m.num_layers} is not divisible by pp={s.pp}: set "
-             "--decoder-first-pipeline-num-layers/--decoder-last-pipeline-num-layers to match the plan's split")
-    if s.vp > 1:
-        if m.num_layers % (s.pp * s.vp) == 0:
-            opt("--num-layers-per-virtual-pipeline-stage", m.num_layers // (s.pp * s.vp))
-        else:
-            opt("--num-virtual-stages-per-pipeline-rank", s.vp)
-            warn.append(f"pp*vp={s.pp * s.vp} does not divide num_layers={m.num_layers}: uneven virtual stages need "
-                 "--pipeline-model-parallel-layout in Megatron-LM")
-    if s.schedule in ("gpipe", "zero-bubble"):
-        warn.append(f"Megatron-LM pretrain_gpt.py has no {s.schedule} schedule: written with its "
-             f"{'interleaved ' if s.vp > 1 else ''}1F1B schedule (slower than the plan's prediction)")
+    _pipeline_split(spec, opt)
     if s.sp:
         opt("--sequence-parallel")
     if s.cp > 1:
         opt("--context-parallel-size", s.cp)
     if m.moe is not None:
         opt("--expert-model-parallel-size", s.ep)
+        if s.etp is not None:
+            opt("--expert-tensor-parallel-size", s.etp)
         if s.ep > 1:
             opt("--moe-token-dispatcher-type", "alltoall")
     if s.tp_overlap:
         opt("--tp-comm-overlap")
+    if s.ep_overlap:
+        opt("--overlap-moe-expert-parallel-comm")
+    if s.pp > 1 and s.vp > 1 and not s.pp_overlap:
+        opt("--no-overlap-p2p-communication")  # on by default with interleaving
+    elif s.pp_overlap and s.vp == 1:
+        raise InputError("export", "megatron", "pp_overlap=1 needs interleaving (vp > 1): Megatron-LM overlaps "
+                         "pipeline sends only between model chunks (overlap_p2p_comm)")
+    if s.cuda_graphs:
+        opt("--enable-cuda-graph")
 
     # Batch.
     opt("--micro-batch-size", s.mbs)
@@ -123,6 +133,9 @@ def megatron_args(spec: LaunchSpec) -> tuple[list[str], list[str]]:
         opt("--recompute-num-layers", 1)
     if s.zero >= 1:
         opt("--use-distributed-optimizer")
+    if s.dp_shard is not None:
+        # partial sharding: states sharded over dp_shard ranks, replicated over dp / dp_shard groups
+        opt("--num-distributed-optimizer-instances", s.dp // s.dp_shard)
     if s.zero >= 2:
         opt("--use-megatron-fsdp")
         opt("--data-parallel-sharding-strategy", "optim_grads" if s.zero == 2 else "optim_grads_params")
@@ -139,9 +152,38 @@ def megatron_args(spec: LaunchSpec) -> tuple[list[str], list[str]]:
     else:
         opt("--bf16")
     if s.precision == "fp8":
-        opt("--fp8-format", "hybrid")
+        opt("--fp8-format", "e4m3" if s.fp8_recipe in ("mxfp8", "blockwise") else "hybrid")
+        opt("--fp8-recipe", s.fp8_recipe)
     opt("--attention-backend", "flash" if spec.attention == "flash" else "unfused")
     return a, warn
+
+
+def _pipeline_split(spec: LaunchSpec, opt) -> None:
+    """Megatron-LM arguments for the plan's layer split (``sim.stages.stage_layers``: uneven
+    stages give the first and last stage the fewer layers) and its model chunks
+    (``sim.plan.vp_split``); a split Megatron-LM cannot state is refused."""
+    m, s = spec.model, spec.strategy
+    if s.pp == 1:
+        return
+    counts = [len(layers) for layers in stage_layers(m, s)]
+    split = vp_split(m, s) if s.vp > 1 else "even"
+    if split is None:
+        raise InputError("export", "megatron", f"vp={s.vp} does not split the stages' layers ({counts}) into equal "
+                         "model chunks, which Megatron-LM needs")
+    if split == "embedding+loss":
+        opt("--num-virtual-stages-per-pipeline-rank", s.vp)
+        opt("--account-for-embedding-in-pipeline-split")
+        opt("--account-for-loss-in-pipeline-split")
+        return
+    if len(set(counts)) > 1:
+        middle = set(counts[1:-1]) or {counts[0]}
+        if len(middle) > 1:
+            raise InputError("export", "megatron", f"the stages' layers {counts} differ in the middle stages; "
+                             "Megatron-LM sets only the first and last stage's")
+        opt("--decoder-first-pipeline-num-layers", counts[0])
+        opt("--decoder-last-pipeline-num-layers", counts[-1])
+    if s.vp > 1:
+        opt("--num-virtual-stages-per-pipeline-rank", s.vp)
 
 
 def format_array(name: str, tokens: list[str], indent: str = "  ") -> str:

@@ -2,9 +2,9 @@
 
 * ``[parallelism]``: ``data_parallel_replicate_degree`` / ``data_parallel_shard_degree`` carry
   the data-parallel degree: ZeRO-0 is plain replication (DDP), ZeRO-3 is FSDP
-  (``shard = dp``), ZeRO-1/2 become FSDP with ``fsdp_reshard_after_forward = "never"``
-  (parameters stay gathered between forward and backward, ZeRO-2's memory and traffic;
-  torchtitan has no optimizer-only sharding, so a ZeRO-1 plan gets a warning);
+  (``shard = dp``) or HSDP (``shard = dp_shard``); torchtitan has no optimizer-only sharding,
+  so ZeRO-1/2 plans are refused (the torchtitan profile's capabilities);
+  ``expert_tensor_parallel_degree``, ``module_fqns_per_model_part`` for uneven stages;
   ``tensor_parallel_degree``, ``context_parallel_degree``, ``expert_parallel_degree``,
   ``pipeline_parallel_degree``, ``pipeline_parallel_schedule`` (``torch.distributed.pipelining``
   names: ``1F1B``, ``GPipe``, ``Interleaved1F1B``, ``InterleavedZeroBubble``,
@@ -15,7 +15,7 @@
   micro-batch without it (torchtitan then accumulates ``global / (local * dp)`` steps);
   ``global_batch_size``, ``seq_len``;
 * ``[activation_checkpoint] mode``: ``none``, ``selective`` (``selective_ac_option = "op"``) or
-  ``full``; fp8 enables the ``float8`` model converter.
+  ``full``; fp8 enables the ``float8`` (tensorwise) or ``mx`` (MXFP8) model converter.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 from planner.exports import LaunchSpec, Rendered
 
 SCHEDULES = {("1f1b", False): "1F1B", ("gpipe", False): "GPipe", ("interleaved", True): "Interleaved1F1B",
-             ("zero-bubble", True): "InterleavedZeroBubble", ("zero-bubble", False): "ZBVZeroBubble"}
+             ("zero-bubble", True): "InterleavedZeroBubble"}
 
 
 def _toml_value(v: object) -> str:
@@ -50,40 +50,35 @@ def dumps(sections: dict[str, dict[str, object]], comment: str = "") -> str:
 def torchtitan_config(spec: LaunchSpec) -> tuple[dict[str, dict[str, object]], list[str]]:
     m, s = spec.model, spec.strategy
     warn: list[str] = []
-    if s.zero == 0:
-        replicate, shard, reshard = s.dp, 1, "default"
-    elif s.zero in (1, 2):
-        replicate, shard, reshard = 1, s.dp, "never"
-        if s.zero == 1 and s.dp > 1:
-            warn.append("torchtitan has no ZeRO-1 (optimizer-only sharding): written as FSDP without resharding "
-                        "after forward (ZeRO-2), which uses less memory and the same traffic")
-    else:
-        replicate, shard, reshard = 1, s.dp, "default"
-    interleaved = s.vp > 1
-    schedule = SCHEDULES.get((s.schedule, interleaved), "Interleaved1F1B" if interleaved else "1F1B")
+    # ZeRO-0: replication (DDP); ZeRO-3: FSDP over dp, or HSDP (shard within dp_shard ranks,
+    # replicate across dp / dp_shard groups).  capabilities refuse ZeRO-1/2 before this.
+    shard = 1 if s.zero == 0 else (s.dp_shard or s.dp)
     parallel: dict[str, object] = {
-        "data_parallel_replicate_degree": replicate,
+        "data_parallel_replicate_degree": s.dp // shard,
         "data_parallel_shard_degree": shard,
-        "fsdp_reshard_after_forward": reshard,
         "tensor_parallel_degree": s.tp,
         "enable_async_tensor_parallel": bool(s.tp_overlap),
         "context_parallel_degree": s.cp,
         "expert_parallel_degree": s.ep,
         "pipeline_parallel_degree": s.pp,
     }
+    if s.etp is not None:
+        parallel["expert_tensor_parallel_degree"] = s.etp
     if s.pp > 1:
-        parallel["pipeline_parallel_schedule"] = schedule
+        parallel["pipeline_parallel_schedule"] = SCHEDULES[(s.schedule, s.vp > 1)]
         parallel["pipeline_parallel_microbatch_size"] = s.mbs
-        chunks = s.pp * (2 if schedule == "ZBVZeroBubble" else s.vp)
+        chunks = s.pp * s.vp
         if m.num_layers % chunks == 0:
             parallel["pipeline_parallel_layers_per_stage"] = m.num_layers // chunks
-        else:
-            warn.append(f"num_layers={m.num_layers} does not split evenly into {chunks} pipeline stages; "
-                        "torchtitan will place the remainder itself")
-        if schedule == "ZBVZeroBubble":
-            warn.append("zero-bubble without interleaving maps to torchtitan's ZBVZeroBubble (two stages per rank)")
-    if s.sp and s.tp == 1:
-        warn.append("sequence parallelism needs tp > 1")
+        else:  # name each model part's modules: as even as the layers allow
+            base, extra = divmod(m.num_layers, chunks)
+            parts, start = [], 0
+            for k in range(chunks):
+                n = base + (1 if k < extra else 0)
+                parts.append((["tok_embeddings"] if k == 0 else []) + [f"layers.{i}" for i in range(start, start + n)]
+                             + (["norm", "output"] if k == chunks - 1 else []))
+                start += n
+            parallel["module_fqns_per_model_part"] = parts
     local = s.gbs // s.dp if s.pp > 1 else s.mbs
     training: dict[str, object] = {"local_batch_size": local, "global_batch_size": s.gbs, "seq_len": s.seq_len,
                                    "mixed_precision_param": "float16" if s.precision == "fp16" else "bfloat16",
@@ -95,8 +90,9 @@ def torchtitan_config(spec: LaunchSpec) -> tuple[dict[str, dict[str, object]], l
                                            ("llama4" if m.moe is not None else "llama3"))
     warn.append(f"[model] name/flavor are placeholders ({name}/{flavor}): register {m.name}'s architecture "
                 "as a torchtitan model flavor")
+    converter = {"tensorwise": "float8", "mxfp8": "mx"}.get(s.fp8_recipe, "float8")
     model: dict[str, object] = {"name": name, "flavor": flavor,
-                                "converters": ["float8"] if s.precision == "fp8" else []}
+                                "converters": [converter] if s.precision == "fp8" else []}
     ac: dict[str, object] = {"mode": s.recompute}
     if s.recompute == "selective":
         ac["selective_ac_option"] = "op"
@@ -107,8 +103,10 @@ def torchtitan_config(spec: LaunchSpec) -> tuple[dict[str, dict[str, object]], l
         "parallelism": parallel,
         "activation_checkpoint": ac,
     }
-    if s.precision == "fp8":
-        sections["float8"] = {"enable_fsdp_float8_all_gather": s.zero >= 1}
+    if s.precision == "fp8" and converter == "float8":
+        sections["float8"] = {"recipe_name": "tensorwise", "enable_fsdp_float8_all_gather": s.zero >= 1}
+    elif s.precision == "fp8":
+        sections["mx"] = {"recipe_name": "mxfp8"}
     return sections, warn
 
 
