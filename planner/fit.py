@@ -155,29 +155,43 @@ _TABLE4_SETTINGS = {"baseline, no recompute": (False, "none"), "sequence paralle
                     "selective + sequence": (True, "selective")}
 
 
-def _table4_layer_ms(fitted: Mapping[str, Any], eff: KernelEfficiency, sp: bool, rc: str) -> tuple[float, float]:
-    """Forward and backward ms of one 22B layer (Korthikanti et al. Table 4 setting) in our model."""
-    from sim.costs import step_costs
-    from sim.plan import Plan
-    from sim.specs import Model, Strategy
+class _Table4:
+    """Korthikanti et al. Table 4 in our model: one 22B layer on 8 A100 (TP 8) in each of the
+    five recompute / SP settings.  The network and plans depend only on the fitted collective
+    constants, so they are built once per fit; each evaluation costs one layer
+    (``sim.costs.layer_cost``, what ``step_costs`` gives every layer)."""
 
-    model = Model(name="gpt-22b", num_layers=48, hidden_size=6144, num_attention_heads=64, ffn_hidden_size=24576,
-                  vocab_size=51200, tied_embeddings=True)
-    net = Network(_node("a100-80gb", 8, "ib-hdr-200"),
-                  bandwidth_efficiency={"scale-up": fitted["scale_up"]["per_generation"]["a100-nvlink3"]},
-                  size_curves={t: SizeCurve(p) for t, p in fitted.get("size_curves", {}).items()})
-    st = Strategy(tp=8, mbs=4, gbs=4, seq_len=2048, sp=sp, recompute=rc)
-    plan = Plan(model=model, cluster=net.cluster, strategy=st, attention="unfused")
-    c = step_costs(plan, net, eff).stages[0].layer_costs[0]
-    return ((c.fwd_s + c.exposed_tp_fwd_s) * 1e3, (c.bwd_s + c.recompute_s + c.exposed_tp_bwd_s) * 1e3)
+    def __init__(self, mb: Mapping[str, Any], fitted: Mapping[str, Any]) -> None:
+        from sim.plan import Plan
+        from sim.specs import Model, Strategy
 
+        model = Model(name="gpt-22b", num_layers=48, hidden_size=6144, num_attention_heads=64,
+                      ffn_hidden_size=24576, vocab_size=51200, tied_embeddings=True)
+        self.net = Network(_node("a100-80gb", 8, "ib-hdr-200"),
+                           bandwidth_efficiency={"scale-up": fitted["scale_up"]["per_generation"]["a100-nvlink3"]},
+                           size_curves={t: SizeCurve(p) for t, p in fitted.get("size_curves", {}).items()})
+        self.rows = mb["layer_level_timings"]["entries"]
+        self.plans = {name: Plan(model=model, cluster=self.net.cluster, attention="unfused",
+                                 strategy=Strategy(tp=8, mbs=4, gbs=4, seq_len=2048, sp=sp, recompute=rc))
+                      for name, (sp, rc) in _TABLE4_SETTINGS.items()}
 
-def _table4_rms(mb: Mapping[str, Any], fitted: Mapping[str, Any], eff: KernelEfficiency) -> float:
-    err = []
-    for r in mb["layer_level_timings"]["entries"]:
-        f, b = _table4_layer_ms(fitted, eff, *_TABLE4_SETTINGS[r["experiment"]])
-        err += [(f / r["forward_ms"] - 1) ** 2, (b / r["backward_ms"] - 1) ** 2]
-    return (sum(err) / len(err)) ** 0.5
+    def layer_ms(self, eff: KernelEfficiency, setting: str) -> tuple[float, float]:
+        """Forward and backward ms of the layer in ``setting``."""
+        from sim.costs import layer_cost, plan_layer_ops
+        from sim.stages import layer_params
+
+        plan = self.plans[setting]
+        s = plan.strategy
+        c = layer_cost(plan, self.net, plan_layer_ops(plan, s, eff, moe=False), eff,
+                       layer_params(plan.model, s, moe=False).total)
+        return ((c.fwd_s + c.exposed_tp_fwd_s) * 1e3, (c.bwd_s + c.recompute_s + c.exposed_tp_bwd_s) * 1e3)
+
+    def rms(self, eff: KernelEfficiency) -> float:
+        err = []
+        for r in self.rows:
+            f, b = self.layer_ms(eff, r["experiment"])
+            err += [(f / r["forward_ms"] - 1) ** 2, (b / r["backward_ms"] - 1) ** 2]
+        return (sum(err) / len(err)) ** 0.5
 
 
 def _networks(fitted: Mapping[str, Any], rows) -> list[Network]:
@@ -208,22 +222,25 @@ def fit_gemm(mb: Mapping[str, Any], fitted: Mapping[str, Any], base: KernelEffic
     rows = load_vtrain("multi")
     fit_rows, held_out = rows[0::2], rows[1::2]
     fit_nets, held_nets = _networks(fitted, fit_rows), _networks(fitted, held_out)
+    t4 = _Table4(mb, fitted)
     halves = [float(x) for x in range(0, 1025, 8)] if use_table4 else [float(x) for x in range(0, 1025, 64)]
     results = {}
-    for s in [round(0.80 + 0.01 * k, 2) for k in range(21)]:
+    # Without Table 4 both constants come from the vTrain rows: a joint grid, coarser (s in steps
+    # of 0.02, d_half of 64) because every point costs a simulation of each fitting row.
+    grid = [round(0.80 + 0.01 * k, 2) for k in range(21)] if use_table4 else [round(0.80 + 0.02 * k, 2) for k in range(11)]
+    for s in grid:
         b = replace(base, gemm_sustained_fraction=s)
         if use_table4:
-            half, rms = fit_scalar(lambda h: _table4_rms(mb, fitted, replace(b, gemm_half_dim=h)), halves)
+            half, rms = fit_scalar(lambda h: t4.rms(replace(b, gemm_half_dim=h)), halves)
             results[s] = (_vtrain_median_error(replace(b, gemm_half_dim=half), fit_rows, fit_nets), half, rms)
         else:
             half, err = fit_scalar(lambda h: _vtrain_median_error(replace(b, gemm_half_dim=h), fit_rows, fit_nets),
                                    halves)
-            results[s] = (err, half, _table4_rms(mb, fitted, replace(b, gemm_half_dim=half)))
+            results[s] = (err, half, t4.rms(replace(b, gemm_half_dim=half)))
     s = min(results, key=lambda k: results[k][0])
     err, half, rms = results[s]
     eff = replace(base, gemm_sustained_fraction=s, gemm_half_dim=half)
-    table = {r["experiment"]: [round(v, 2) for v in _table4_layer_ms(fitted, eff, *_TABLE4_SETTINGS[r["experiment"]])]
-             for r in mb["layer_level_timings"]["entries"]}
+    table = {r["experiment"]: [round(v, 2) for v in t4.layer_ms(eff, r["experiment"])] for r in t4.rows}
     return {"gemm_half_dim": half, "gemm_sustained_fraction": s, "rms_rel_error": round(rms, 4),
             "vtrain_multi_fit_rows": len(fit_rows), "vtrain_multi_median_abs_error_fit": round(err, 4),
             "vtrain_multi_median_abs_error_held_out": round(_vtrain_median_error(eff, held_out, held_nets), 4),
