@@ -27,8 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--min-gpus", type=int, default=None,
                    help="also consider using fewer GPUs (halvings of --num-gpus down to this)")
     s = p.add_argument_group("search space (comma-separated values restrict a dimension)")
-    for dim in ("tp", "pp", "cp", "ep", "vp", "mbs"):
-        s.add_argument(f"--{dim}", default=None, help=f"allowed {dim} values, e.g. 1,2,4,8")
+    for dim in ("tp", "pp", "cp", "ep", "etp", "vp", "mbs"):
+        s.add_argument(f"--{dim}", default=None, help=f"allowed {dim} values, e.g. 1,2,4,8"
+                       + (" (expert tensor parallelism; default: tp and 1)" if dim == "etp" else ""))
     s.add_argument("--zero", default=None, help="allowed ZeRO stages (0-3; 3 = FSDP)")
     s.add_argument("--sp", default=None, help="sequence parallelism: 0, 1 or 0,1")
     s.add_argument("--recompute", default=None, help="|".join(RECOMPUTES))
@@ -93,7 +94,7 @@ def space_from_args(args: argparse.Namespace):
     from planner.search import SearchSpace
 
     kw: dict[str, object] = {}
-    for dim in ("tp", "pp", "cp", "ep", "vp", "mbs"):
+    for dim in ("tp", "pp", "cp", "ep", "etp", "vp", "mbs"):
         v = _int_list(dim, getattr(args, dim))
         if v is not None:
             if any(x < 1 for x in v):

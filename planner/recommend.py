@@ -31,7 +31,8 @@ from sim.framework import apply_framework, get_framework
 from sim.errors import InputError
 from sim.plan import Plan
 from sim.result import StepResult
-from sim.specs import Cluster, Model, Strategy
+from sim.placement import strides
+from sim.specs import ORDERS, Cluster, Model, Strategy
 
 from planner.search import SearchResult, SearchSpace, search
 from planner.uncertainty import Band, band_for
@@ -294,6 +295,8 @@ def framework_space(space: SearchSpace, fw_id: str, cluster: Cluster) -> SearchS
             ch[dim] = cut(dim, getattr(space, dim) or (1,), (1,))
     if not caps.sp:
         ch["sp"] = cut("sp", space.sp, (False,))
+    if not caps.etp:
+        ch["etp"] = ()  # experts split as the attention's tp only
     ch["zero"] = cut("zero", space.zero, caps.zero)
     if caps.pp and caps.schedules:
         ch["schedule"] = cut("schedule", space.schedule, caps.schedules)
@@ -412,6 +415,7 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: 
         ranked.append(RankedPlan(rank=0, plan=plan, result=res, objective_value=value, complexity=key[0],
                                  fast_step_time_s=float(r.candidates.step_time_s[i]),
                                  analytic_step_time_s=res.step_time_s))
+    ranked = _with_rank_orders(ranked, caps, objective, tokens_per_step, top)
 
     rec.search_time_s = time.perf_counter() - t0
     rec.timings_s["search_s"] = sum(r.search_time_s for r in searches)
@@ -455,6 +459,37 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: 
         rec.timings_s["explain_s"] = time.perf_counter() - t2
     rec.timings_s["total_s"] = time.perf_counter() - t0
     return rec
+
+
+def _with_rank_orders(ranked: list[RankedPlan], caps, objective: ObjectiveSpec, tokens_per_step: int,
+                      top: int) -> list[RankedPlan]:
+    """The shown plans in the other rank orders the framework allows (``Strategy.order``: which
+    dimension's groups are consecutive ranks and share the scale-up fabric), each priced by
+    ``simulate_analytic`` on its real placement; an order that beats its plan joins the ranking.
+    The vectorised search prices the default order (tp innermost) only."""
+    orders = caps.orders if caps is not None else ORDERS
+    extra: list[RankedPlan] = []
+    for p in ranked:
+        s = p.plan.strategy
+        seen = {tuple(sorted(strides(s).items()))}
+        for order in orders:
+            try:
+                alt = replace(s, order=order)
+                key = tuple(sorted(strides(alt).items()))
+                if key in seen:
+                    continue  # the same placement (dimensions of size 1 do not move ranks)
+                seen.add(key)
+                plan = replace(p.plan, strategy=alt)
+                res = simulate_analytic(plan)
+            except InputError:
+                continue
+            value = float(objective.values(np.array([res.step_time_s]), tokens_per_step, p.num_gpus)[0])
+            if res.fits_memory and value < p.objective_value:
+                extra.append(RankedPlan(rank=0, plan=plan, result=res, objective_value=value, complexity=p.complexity,
+                                        fast_step_time_s=p.fast_step_time_s, analytic_step_time_s=res.step_time_s))
+    if not extra:
+        return ranked
+    return sorted(ranked + extra, key=lambda q: q.objective_value)[:top]
 
 
 def _framework_gap(rec: "Recommendation", model: Model, cluster: Cluster, space: SearchSpace,

@@ -66,6 +66,8 @@ class SearchSpace:
     pp: tuple[int, ...] | None = None
     cp: tuple[int, ...] | None = None
     ep: tuple[int, ...] | None = None
+    # expert tensor parallelism: None = tp and 1 (MoE parallel folding); () = tp only
+    etp: tuple[int, ...] | None = None
     vp: tuple[int, ...] | None = None
     mbs: tuple[int, ...] | None = None
     zero: tuple[int, ...] = (0, 1, 2, 3)
@@ -80,9 +82,9 @@ class SearchSpace:
     max_mbs: int = 16
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "cp", "ep", "vp", "mbs"):
+        for name in ("tp", "pp", "cp", "ep", "etp", "vp", "mbs"):
             values = getattr(self, name)
-            if values is None:
+            if values is None or (name == "etp" and values == ()):
                 continue
             if not values:
                 raise InputError(name, values, "needs at least one value")
@@ -176,6 +178,17 @@ def _check_restrictions(model: Model, cluster: Cluster, space: SearchSpace) -> N
         raise InputError("vp", ",".join(map(str, space.vp)), "interleaving needs pp > 1, and only pp=1 is allowed")
 
 
+def _etps(model: Model, space: SearchSpace, tp: int, ep: int) -> tuple[int | None, ...]:
+    """Expert tensor-parallel degrees of a layout (``None``: the attention's tp).  By default an
+    MoE layout with tp > 1 is also tried with etp = 1 (Megatron-Core's usual folding: experts
+    unsplit, the tp ranks join expert parallelism); ``--etp`` lists them."""
+    if model.moe is None or (ep == 1 and space.etp is None) or space.etp == ():
+        return (None,)
+    if space.etp is None:
+        return (None, 1) if tp > 1 else (None,)
+    return tuple(dict.fromkeys(None if e == tp else e for e in space.etp if tp % e == 0))
+
+
 def _layouts(model: Model, cluster: Cluster, space: SearchSpace) -> list[Layout]:
     _check_restrictions(model, cluster, space)
     n = cluster.num_gpus
@@ -199,7 +212,8 @@ def _layouts(model: Model, cluster: Cluster, space: SearchSpace) -> list[Layout]
                         continue  # beyond the layer count: not a candidate at all
                     dp = rest2 // pp
                     for ep in eps:
-                        out.append(Layout(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, precision=precision))
+                        for etp in _etps(model, space, tp, ep):
+                            out.append(Layout(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, precision=precision, etp=etp))
     return out
 
 
@@ -243,6 +257,9 @@ def _evaluate_layouts(fm: FastModel, space: SearchSpace, work: list[tuple[int, L
 
     for order, lay in work:
         sps = tuple(sorted(set(space.sp))) if lay.tp > 1 else ((False,) if False in space.sp else ())
+        folded = lay.etp is not None and lay.etp != lay.tp
+        if folded:  # expert tensor parallelism other than tp needs SP (check_feasible)
+            sps = tuple(v for v in sps if v)
         if not sps:
             continue  # sp=1 only was asked for and tp=1 cannot use it: not a candidate
         zeros = tuple(sorted(set(space.zero))) if lay.dp * lay.cp > 1 else (min(space.zero),)
@@ -255,7 +272,7 @@ def _evaluate_layouts(fm: FastModel, space: SearchSpace, work: list[tuple[int, L
         considered += total
         # Layout-level feasibility (everything check_feasible tests that vp/gbs do not change).
         try:
-            rep = fm.representative(lay)
+            rep = fm.representative(lay, sp=folded)
             check_feasible(model, cluster, rep)
             if lay.ep > 1:
                 group_shape(rep, "ep")

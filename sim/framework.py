@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from sim.catalog import catalog_document
 from sim.errors import InfeasibleError, InputError
 from sim.plan import ATTENTION_IMPLS, GRAD_ACCUMULATION, LOSS_IMPLS, SELECTIVE_POLICIES
-from sim.specs import FP8_RECIPES, SCHEDULES, TRAIN_PRECISIONS, Strategy
+from sim.specs import DEFAULT_ORDER, FP8_RECIPES, ORDERS, SCHEDULES, TRAIN_PRECISIONS, Strategy
 from sim.records import Record
 
 
@@ -50,6 +50,7 @@ class Capabilities:
     uneven_vp: bool = False
     sp_with_tp: bool = False  # tensor parallelism always shards the sequence too (torchtitan's TP plan)
     zero_bubble_min_vp: int = 1  # zero-bubble only interleaved (torchtitan InterleavedZeroBubble: 2)
+    orders: tuple[str, ...] = ORDERS  # rank orders (Strategy.order) it can build
     source: str = ""
 
     def refusal(self, s: Strategy) -> tuple[str, object, str] | None:
@@ -64,6 +65,8 @@ class Capabilities:
             return "schedule", s.schedule, f"not supported (schedules: {', '.join(self.schedules)})"
         if s.pp > 1 and s.schedule == "zero-bubble" and s.vp < self.zero_bubble_min_vp:
             return "vp", s.vp, f"zero-bubble needs vp >= {self.zero_bubble_min_vp}"
+        if s.order not in self.orders:
+            return "order", s.order, f"not supported (rank orders: {', '.join(self.orders)})"
         if self.sp_with_tp and s.tp > 1 and not s.sp:
             return "sp", 0, "tensor parallelism always shards the sequence (sp=1)"
         if s.zero not in self.zero:
@@ -91,7 +94,7 @@ def _capabilities(r: Record) -> Capabilities:
     if not r.has("capabilities"):
         return Capabilities(source="runs everything the model prices")
     c = r.mapping("capabilities", allowed=("schedules", "zero", "precisions", "fp8_recipes", *_DIMS, *_SWITCHES,
-                                           "uneven_vp", "sp_with_tp", "zero_bubble_min_vp", "source"))
+                                           "uneven_vp", "sp_with_tp", "zero_bubble_min_vp", "orders", "source"))
     def choices(key: str, allowed: tuple, default: tuple) -> tuple:
         if not c.has(key):
             return default
@@ -106,6 +109,7 @@ def _capabilities(r: Record) -> Capabilities:
                         **{k: c.flag(k, default=True) for k in (*_DIMS, *_SWITCHES)},
                         uneven_vp=c.flag("uneven_vp"), sp_with_tp=c.flag("sp_with_tp"),
                         zero_bubble_min_vp=c.integer("zero_bubble_min_vp", optional=True, default=1),
+                        orders=choices("orders", ORDERS, (DEFAULT_ORDER,)),
                         source=c.text("source"))
 
 

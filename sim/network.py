@@ -547,7 +547,7 @@ class Network:
         """``collective_time_s`` for every ``dim`` group of ``strategy`` at once (the slowest
         group's time).  ``op="p2p"`` with ``dim="pp"``: all forward pipeline sends at once."""
         key = ("dim", op, algorithm, dim, strategy.tp, strategy.cp, strategy.dp, strategy.pp, strategy.ep,
-               strategy.expert_tp, strategy.zero_shard)
+               strategy.expert_tp, strategy.zero_shard, strategy.order)
         lines = self._coeffs.get(key)
         if lines is not None and 0 < message_bytes < math.inf:
             return envelope_time_s(lines, message_bytes, self.size_curves)

@@ -1,4 +1,5 @@
-"""Rank placement in Megatron-LM order, and the process groups each parallel dimension forms.
+"""Rank placement (Megatron-LM order by default, or the strategy's ``order``), and the process
+groups each parallel dimension forms.
 
 Megatron-LM (``megatron/core/parallel_state.py``, ``RankGenerator`` with order ``tp-cp-ep-dp-pp``)
 numbers ranks with tensor parallelism fastest-varying, then context parallelism, then data
@@ -14,6 +15,11 @@ expert-data-parallel group (``edp``, over which expert gradients are reduced) ``
 ranks of stride ``etp * ep``.  With ``etp = tp`` and ``cp = 1`` this is Megatron's older rule
 (EP carved out of consecutive data-parallel indices).  ``dp_cp`` is the combined data x context
 group over which dense gradients are reduced when ``cp > 1``.
+
+``Strategy.order`` (innermost first, a permutation of ``tp-cp-dp-pp``) generalises the rule:
+each dimension's stride is the product of the sizes inside it, so ``pp-tp-cp-dp`` puts pipeline
+stages on neighbouring GPUs and tensor parallelism across them.  Expert folding needs each
+stage's ranks consecutive (pp outermost) and ``dp_cp`` needs cp right inside dp.
 
 GPU index equals rank: ranks fill nodes in order, so ``node = rank // gpus_per_node`` and the
 NVLink domain is ``rank // Cluster.scale_up_block`` (the job's GPUs per domain).  Every group of every dimension is therefore an
@@ -47,24 +53,40 @@ def _check_rank(strategy: Strategy, rank: int) -> None:
         raise InputError("rank", rank, f"must be an integer in [0, {strategy.num_gpus})")
 
 
+def strides(strategy: Strategy) -> dict[str, int]:
+    """Rank stride of each of tp, cp, dp, pp: the product of the sizes of the dimensions inside
+    it in ``strategy.order`` (innermost first; default ``tp-cp-dp-pp``)."""
+    out, step = {}, 1
+    for dim in strategy.order.split("-"):
+        out[dim] = step
+        step *= getattr(strategy, dim)
+    return out
+
+
 def rank_to_coords(strategy: Strategy, rank: int) -> RankCoords:
-    """Coordinates of global ``rank`` (TP innermost, then CP, DP, PP outermost)."""
+    """Coordinates of global ``rank`` (by ``strategy.order``; default TP innermost, PP outermost)."""
     _check_rank(strategy, rank)
-    s = strategy
-    tp_i, r = rank % s.tp, rank // s.tp
-    cp_i, r = r % s.cp, r // s.cp
-    dp_i, pp_i = r % s.dp, r // s.dp
-    return RankCoords(tp=tp_i, cp=cp_i, dp=dp_i, pp=pp_i)
+    st = strides(strategy)
+    return RankCoords(**{d: (rank // st[d]) % getattr(strategy, d) for d in ("tp", "cp", "dp", "pp")})
 
 
 def coords_to_rank(strategy: Strategy, coords: RankCoords) -> int:
     """Inverse of :func:`rank_to_coords`."""
-    s = strategy
+    s, st = strategy, strides(strategy)
     for name, value, size in (("tp", coords.tp, s.tp), ("cp", coords.cp, s.cp),
                               ("dp", coords.dp, s.dp), ("pp", coords.pp, s.pp)):
         if not 0 <= value < size:
             raise InputError(f"coords.{name}", value, f"must be in [0, {size})")
-    return coords.tp + s.tp * (coords.cp + s.cp * (coords.dp + s.dp * coords.pp))
+    return sum(getattr(coords, d) * st[d] for d in ("tp", "cp", "dp", "pp"))
+
+
+def stage_block(strategy: Strategy, stage: int):
+    """The ranks of pipeline stage ``stage`` as an integer array of shape ``(dp, cp, tp)``."""
+    import numpy as np
+
+    s, st = strategy, strides(strategy)
+    dp, cp, tp = np.ogrid[0:s.dp, 0:s.cp, 0:s.tp]
+    return stage * st["pp"] + dp * st["dp"] + cp * st["cp"] + tp * st["tp"]
 
 
 def group_shape(strategy: Strategy, dim: str) -> tuple[int, int]:
@@ -74,30 +96,28 @@ def group_shape(strategy: Strategy, dim: str) -> tuple[int, int]:
     stage's ``tp * cp * dp`` ranks.
     """
     s = strategy
-    if dim == "tp":
-        return 1, s.tp
-    if dim == "cp":
-        return s.tp, s.cp
-    if dim == "dp":
-        return s.tp * s.cp, s.dp
+    st = strides(s)
+    if dim in ("tp", "cp", "dp", "pp"):
+        return st[dim], getattr(s, dim)
     if dim in ("ep", "etp", "edp"):
         ranks = s.tp * s.cp * s.dp
         if ranks % (s.expert_tp * s.ep):
             raise InfeasibleError("indivisible", "ep", s.ep,
                                   f"etp*ep = {s.expert_tp}*{s.ep} must divide tp*cp*dp = {ranks}")
+        if s.pp > 1 and st["pp"] != ranks:
+            raise InfeasibleError("unsupported", "order", s.order, "expert parallel folding renumbers each pipeline "
+                                  "stage's consecutive ranks: pp must be outermost")
         if dim == "etp":
             return 1, s.expert_tp
         if dim == "ep":
             return s.expert_tp, s.ep
         return s.expert_tp * s.ep, s.expert_dp
     if dim == "dp_cp":
-        return s.tp, s.cp * s.dp
+        return (st["cp"], s.cp * s.dp) if s.cp > 1 else (st["dp"], s.dp)
     if dim == "dp_shard":  # HSDP: consecutive data-parallel indices share one shard of the states
-        return s.tp * s.cp, s.zero_shard // s.cp
+        return st["dp"], s.zero_shard // s.cp
     if dim == "dp_replicate":  # ... and the shard groups replicate over the rest
-        return s.tp * s.cp * (s.zero_shard // s.cp), s.dp * s.cp // s.zero_shard
-    if dim == "pp":
-        return s.tp * s.cp * s.dp, s.pp
+        return st["dp"] * (s.zero_shard // s.cp), s.dp * s.cp // s.zero_shard
     raise InputError("dim", dim, f"must be one of {', '.join(DIMS)}")
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from sim.compute import default_efficiency
 from sim.errors import InfeasibleError, InputError
 from sim.specs import Cluster, Model, Strategy
+from sim.placement import group_shape
 from sim.stages import stage_layers
 
 ATTENTION_IMPLS: tuple[str, ...] = ("flash", "flash2", "unfused")
@@ -16,7 +17,7 @@ LOSS_IMPLS: tuple[str, ...] = ("upcast", "inplace", "fused")
 
 _INT_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "mbs", "gbs", "zero", "seq_len", "dp_shard")
 _BOOL_KEYS = ("sp", "tp_overlap", "dp_overlap", "ep_overlap", "pp_overlap", "cuda_graphs")
-_STR_KEYS = ("recompute", "precision", "schedule", "fp8_recipe")
+_STR_KEYS = ("recompute", "precision", "schedule", "fp8_recipe", "order")
 _ALIASES = {"seq": "seq_len", "micro_batch": "mbs", "global_batch": "gbs", "zero_stage": "zero",
             "sequence_parallel": "sp", "interleave": "vp"}
 
@@ -209,6 +210,8 @@ def check_feasible(model: Model, cluster: Cluster, s: Strategy, *, uneven_vp: bo
             raise InfeasibleError("indivisible", "ep", s.ep,
                                   f"etp*ep = {s.expert_tp}*{s.ep} must divide tp*cp*dp = {ranks} "
                                   f"(Megatron-Core MoE parallel folding; etp defaults to tp){hint}")
+        if s.ep > 1 or s.expert_tp != s.tp:
+            group_shape(s, "ep")  # the folded groups exist in this rank order (sim.placement)
         if s.tp > 1 and not s.sp and s.expert_tp != s.tp:
             raise InfeasibleError("unsupported", "etp", s.expert_tp,
                                   "expert tensor parallelism other than tp needs sequence parallelism (sp=1)")

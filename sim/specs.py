@@ -7,6 +7,7 @@ Every number carries its SI unit in its name.  Hardware values come from ``catal
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, fields, replace
 from typing import Literal, Mapping
@@ -25,6 +26,11 @@ FFN_TYPES: tuple[str, ...] = ("gelu", "swiglu")
 RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zero-bubble")
 FP8_RECIPES: tuple[str, ...] = ("delayed", "tensorwise", "blockwise", "mxfp8")
+ORDER_DIMS: tuple[str, ...] = ("tp", "cp", "dp", "pp")
+DEFAULT_ORDER = "tp-cp-dp-pp"
+# every order of the four dimensions, the default first
+ORDERS: tuple[str, ...] = (DEFAULT_ORDER,) + tuple(
+    "-".join(p) for p in itertools.permutations(ORDER_DIMS) if "-".join(p) != DEFAULT_ORDER)
 TOPOLOGIES: tuple[str, ...] = ("fat-tree", "rail-optimized", "star", "tree", "mesh", "torus")
 PLACEMENTS: tuple[str, ...] = ("block", "packed")
 
@@ -467,6 +473,9 @@ class Strategy:
     cuda_graphs: bool = False
     fp8_recipe: str = "delayed"
     dp_shard: int | None = None
+    # rank order, innermost first (Megatron-Core RankGenerator order; torchtitan's device mesh is
+    # tp-cp-dp-pp): which dimension's groups are consecutive ranks and so share a node
+    order: str = DEFAULT_ORDER
 
     def __post_init__(self) -> None:
         for n in ("tp", "pp", "dp", "cp", "ep", "vp"):
@@ -490,6 +499,11 @@ class Strategy:
                 raise InputError("dp_shard", self.dp_shard, "HSDP with cp > 1 is not modelled (shard over all of dp)")
             if self.dp_shard < self.dp and self.zero == 0:
                 raise InputError("dp_shard", self.dp_shard, "shards ZeRO/FSDP states: needs zero >= 1")
+        if not isinstance(self.order, str) or sorted(self.order.split("-")) != sorted(ORDER_DIMS):
+            raise InputError("order", self.order, "must order tp, cp, dp, pp innermost first, e.g. tp-cp-dp-pp")
+        if self.order != DEFAULT_ORDER and self.cp > 1 and self.dp > 1 and "cp-dp" not in self.order:
+            raise InputError("order", self.order, "with cp > 1 context parallelism must sit right inside data "
+                             "parallelism (cp-dp): gradients are reduced over the combined group")
         if self.vp > 1 and self.schedule not in ("interleaved", "zero-bubble"):
             raise InputError("vp", self.vp, f"needs schedule=interleaved (got {self.schedule})")
         if self.schedule == "interleaved" and self.pp == 1:
@@ -555,6 +569,8 @@ class Strategy:
             parts.append("cuda_graphs=1")
         if self.precision == "fp8" and self.fp8_recipe != "delayed":
             parts.append(f"fp8_recipe={self.fp8_recipe}")
+        if self.order != DEFAULT_ORDER:
+            parts.append(f"order={self.order}")
         if self.dp_shard is not None and self.dp_shard != self.dp:
             parts.append(f"dp_shard={self.dp_shard}")
         return ",".join(parts)

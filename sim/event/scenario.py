@@ -31,6 +31,7 @@ from sim.costs import LayerCost, StageCost, StepCosts
 from sim.errors import InputError
 from sim.event.schedules import Op, schedule_orders
 from sim.event.whatif import WhatIf, apply_layers_per_stage
+from sim.placement import stage_block
 from sim.plan import Plan
 from sim.runtime import default_comm_runtime
 
@@ -123,10 +124,10 @@ class Scenario:
         slow = {x.rank: x.factor for x in self.whatif.stragglers}
         self.units: list[Unit] = []
         for i in range(self.p):
-            block = np.arange(i * self.stage_size, (i + 1) * self.stage_size).reshape(s.dp, s.cp, s.tp)
+            block = stage_block(s, i)
             for r in range(self.replicas):
                 ranks = block[r * self.group_dp:(r + 1) * self.group_dp]
-                lo, hi = int(ranks.flat[0]), int(ranks.flat[-1])
+                lo, hi = int(ranks.min()), int(ranks.max())
                 members = [x for x in slow if lo <= x <= hi]
                 if members:
                     inside = set(ranks.ravel().tolist())
@@ -256,8 +257,7 @@ class Scenario:
     def dp_pairs(self, stage: int) -> tuple[np.ndarray, np.ndarray]:
         """Ring edges of every data(x context)-parallel group of ``stage``."""
         s = self.plan.strategy
-        block = np.arange(stage * self.stage_size, (stage + 1) * self.stage_size)
-        return _ring(block.reshape(s.dp * s.cp, s.tp).T)
+        return _ring(stage_block(s, stage).reshape(s.dp * s.cp, s.tp).T)
 
     def p2p_pairs(self, src: Unit, dst: Unit) -> tuple[np.ndarray, np.ndarray]:
         return src.ranks.ravel(), dst.ranks.ravel()

@@ -1,0 +1,50 @@
+"""The search states MoE layouts as Megatron-Core folds them: expert tensor parallelism (etp)
+searched next to tp, folded ep beyond dp*cp, and each candidate equal to simulate."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.recommend import Settings, framework_space
+from planner.search import SearchSpace, _layouts, search
+from sim.analytic import simulate_analytic
+from sim.catalog import get_model
+from sim.errors import InputError
+from tests.conftest import cluster
+
+
+def test_layouts_try_etp_1_next_to_tp_for_moe():
+    model, cl = get_model("mixtral-8x7b"), cluster("h100-80gb", 64)
+    lays = _layouts(model, cl, SearchSpace(tp=(2,), pp=(1,), cp=(1,), ep=(8,), precision=("bf16",)))
+    assert {lay.etp for lay in lays} == {None, 1}
+    dense = _layouts(get_model("llama3-8b"), cl, SearchSpace(tp=(2,), pp=(1,), cp=(1,), precision=("bf16",)))
+    assert {lay.etp for lay in dense} == {None}
+    only_tp = _layouts(model, cl, SearchSpace(tp=(2,), pp=(1,), cp=(1,), ep=(8,), etp=(), precision=("bf16",)))
+    assert {lay.etp for lay in only_tp} == {None}
+
+
+def test_folded_candidates_are_timed_as_simulate_times_them():
+    model, cl = get_model("mixtral-8x7b"), cluster("h100-80gb", 64)
+    # tp=4, dp=16: ep=32 with etp=1 folds the tp ranks into expert parallelism (4*... : 1*32 | 4*16)
+    r = search(model, cl, gbs=256, seq_len=4096,
+               space=SearchSpace(tp=(4,), pp=(1,), cp=(1,), ep=(8,), etp=(1,), precision=("bf16",), zero=(1,),
+                                 recompute=("full",)))
+    assert r.evaluated > 0
+    folded = [i for i in range(r.evaluated) if r.strategy(i).etp == 1]
+    assert folded
+    for i in folded[:5]:
+        s = r.strategy(i)
+        assert s.sp  # expert TP other than tp needs SP
+        res = simulate_analytic(r.fastmodel.plan(s))
+        assert r.candidates.step_time_s[i] == pytest.approx(res.step_time_s, rel=1e-9)
+
+
+def test_framework_without_expert_tp_searches_tp_only():
+    space = framework_space(SearchSpace(), "megatron-deepspeed", cluster("a100-80gb", 64))
+    assert space.etp == () and space.zero == (0, 1) and space.schedule == ("1f1b",) and space.sp == (False,)
+    assert space.precision == ("bf16", "fp16") or set(space.precision) <= {"bf16", "fp16"}
+    with pytest.raises(InputError, match="zero"):
+        framework_space(SearchSpace(zero=(3,)), "megatron-deepspeed", cluster("a100-80gb", 64))
+    tt = framework_space(SearchSpace(), "torchtitan", cluster("h100-80gb", 64))
+    assert tt.fp8_recipe == "tensorwise" and tt.zero == (0, 3)
+    assert Settings.from_framework("torchtitan").kwargs["uneven_vp"] is True
