@@ -88,6 +88,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     out = result.to_dict()
     out.update({"model": model.name, "gpu": cluster.gpu.id, "nic": cluster.nic.id, "topology": cluster.topology,
                 "framework": args.framework or "default", "attention": plan.attention})
+    if cluster.host_bandwidth is not None:  # --calibration with measured host rates (docs/interface.md)
+        out["host_bandwidth"] = cluster.host_bandwidth.as_dict()
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=False))
     else:
