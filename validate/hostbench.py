@@ -10,8 +10,10 @@ counts them, explicitly: every element read once and written once, so copy moves
 McCalpin STREAM benchmark: how to do it right and interpret the results", 2019,
 https://blogs.fau.de/hager/archives/8263).  The buffers are written before timing, so no
 page fault is timed (one set of buffers of the largest size, viewed at the smaller ones).  All ranks of a host run at once, as offloading ranks share the host's
-memory; a record holds the slowest rank's median time and the host's rate: the sum over the
-host's ranks of each rank's own rate (on several nodes, the node with the lowest sum).
+memory; a record holds the slowest rank's median time and the host's rate: the bytes all the
+host's ranks moved over that time (each sample starts at a barrier, so the window from the
+barrier to the last rank's end holds every rank's traffic; a lower bound when ranks finish
+unevenly, never the sum of rates that did not overlap).
 
 **Host<->device copies** (CUDA).  H2D ``dev.copy_(host)`` and D2H ``host.copy_(dev)`` of
 ``cfg.host_copy_bytes``, from and to pinned (page-locked, ``torch.empty(pin_memory=True)``)
@@ -43,14 +45,6 @@ CPU = torch.device("cpu")
 TRIAD_SCALAR = 3.0
 
 
-def host_sum(value: float, env: Env) -> float:
-    """``value`` summed over the ranks of each node; the smallest node sum."""
-    t = torch.zeros(env.num_nodes, dtype=torch.float64, device=env.device if env.device.type == "cuda" else "cpu")
-    t[env.node] = value
-    dist.all_reduce(t)
-    return float(t.min().item())
-
-
 def bench_host_memory(env: Env, cfg: MicrobenchConfig, rec) -> None:
     """STREAM copy and triad on host buffers (module docstring)."""
     elt = 4  # fp32
@@ -69,9 +63,10 @@ def bench_host_memory(env: Env, cfg: MicrobenchConfig, rec) -> None:
         for op, fn in kernels.items():
             traffic = float(STREAM_BUFFERS[op] * numel * elt)
             dist.barrier()
-            mine = collective_s(fn, env.device, min_time_s=cfg.host_min_time_s, warmup=1, clock=CPU)
+            t = max_over_ranks(collective_s(fn, env.device, min_time_s=cfg.host_min_time_s, warmup=1, clock=CPU),
+                               env.device)
             rec.add(kind="host_memory", op=op, dtype="fp32", buffer_bytes=float(numel * elt), bytes=traffic,
-                    time_s=max_over_ranks(mine, env.device), host_bytes_per_s=host_sum(traffic / mine, env),
+                    time_s=t, host_bytes_per_s=env.local_world_size * traffic / t,
                     ranks_per_host=env.local_world_size, threads_per_rank=env.threads)
     del big
 
