@@ -227,7 +227,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         for name, hf in (f.get("host") or {}).items():
             label = "host mem" if name == "memory" else name.replace("_", " ")
             if hf.get("measured") is False:
-                print(f"  {label:<12} not measured ({hf['reason']}): nothing written")
+                print(f"  {label:<12} not written: {hf['reason']}")
             elif name == "memory":
                 print(f"  {label:<12} {hf['bytes_per_s'] / 1e9:8.2f} GB/s ({hf['op']}, the host's ranks together)")
             else:

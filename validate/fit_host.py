@@ -57,7 +57,7 @@ def fit_host_memory(records: Iterable[dict]) -> HostMemoryFit | str:
     big = [r for r in pts if float(r["buffer_bytes"]) >= HOST_MEMORY_MIN_BYTES]
     if not big:
         return (f"no buffer of at least {HOST_MEMORY_MIN_BYTES >> 20} MiB (largest "
-                f"{max(float(r['buffer_bytes']) for r in pts) / 2**20:.0f} MiB): a cache's rate, not written")
+                f"{max(float(r['buffer_bytes']) for r in pts) / 2**20:.0f} MiB, may be a cache's rate, not DRAM's)")
     op = "triad" if any(r["op"] == "triad" for r in big) else "copy"
     use = [r for r in big if r["op"] == op]
     host = np.array([float(r["host_bytes_per_s"]) for r in use])
@@ -81,7 +81,7 @@ def fit_host_copy(records: Iterable[dict], direction: str, *, pinned: bool) -> H
         return f"needs >= {MIN_POINTS} copy sizes, got {len(sizes)}"
     line = weighted_line([float(r["bytes"]) for r in pts], [float(r["time_s"]) for r in pts], nonneg_intercept=True)
     if not line.b > 0:
-        return "copy time does not grow with size: no bandwidth to fit"
+        return "copy time does not grow with size (no bandwidth to fit)"
     return HostCopyFit(1.0 / line.b, line.a, line.rms_rel, line.n,
                        int(max(int(r.get("concurrent_ranks", 1)) for r in pts)))
 

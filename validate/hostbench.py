@@ -86,7 +86,7 @@ def bench_host_copy(env: Env, cfg: MicrobenchConfig, rec) -> None:
     if env.device.type != "cuda":
         for direction, pinned in HOST_COPY_PATHS:
             rec.add(kind="host_copy", direction=direction, pinned=pinned, measured=False,
-                    reason=f"no CUDA device (ranks on {env.device.type}): host-device copies not measured")
+                    reason=f"no CUDA device (ranks on {env.device.type})")
         return
     for size in cfg.host_copy_bytes:
         dev = torch.ones(int(size), dtype=torch.uint8, device=env.device)
