@@ -104,6 +104,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 "framework": framework, "attention": plan.attention,
                 "step_time_s_low": band.low(result.step_time_s), "step_time_s_high": band.high(result.step_time_s),
                 "uncertainty": band.as_dict()})
+    if cluster.host_bandwidth is not None:  # --calibration with measured host rates (docs/interface.md)
+        out["host_bandwidth"] = cluster.host_bandwidth.as_dict()
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=False))
     else:

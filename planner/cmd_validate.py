@@ -224,6 +224,15 @@ def cmd_fit(args: argparse.Namespace) -> int:
                       f"rms log error {lf['rms_log_error']:.2f}")
             else:
                 print(f"  {tier:<8} not measured: no link written (the catalog's applies)")
+        for name, hf in (f.get("host") or {}).items():
+            label = "host mem" if name == "memory" else name.replace("_", " ")
+            if hf.get("measured") is False:
+                print(f"  {label:<12} not written: {hf['reason']}")
+            elif name == "memory":
+                print(f"  {label:<12} {hf['bytes_per_s'] / 1e9:8.2f} GB/s ({hf['op']}, the host's ranks together)")
+            else:
+                print(f"  {label:<12} {hf['bytes_per_s'] / 1e9:8.2f} GB/s, latency {hf['latency_s'] * 1e6:.1f} us, "
+                      f"rms error {hf['rms_rel_error']:.0%}")
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 from sim.calibration import load_calibration
 from sim.catalog import cluster_from_catalog, get_gpu
@@ -38,25 +39,27 @@ def add_cluster_args(p: argparse.ArgumentParser, *, required: bool = True) -> No
 def _gpu_and_nic_from_args(args: argparse.Namespace):
     """The ``--gpu`` record and the default NIC; with ``--calibration`` the profile's device,
     which ``--gpu`` must name (profile id, device id or base GPU; else one-line ``InputError``
-    on ``gpu``), and its measured NIC when it has one."""
+    on ``gpu``), its measured NIC when it has one, and its measured host rates (or None)."""
     calibration = getattr(args, "calibration", None)
     if calibration is None:
         gpu = get_gpu(args.gpu)
-        return gpu, None
+        return gpu, None, None
     cal = load_calibration(calibration)
     cal.check_gpu(args.gpu)
-    return cal.gpu, cal.nic
+    return cal.gpu, cal.nic, (None if cal.host_bandwidth.empty else cal.host_bandwidth)
 
 
 def cluster_from_args(args: argparse.Namespace) -> Cluster:
     """The cluster the cluster flags describe (``sim.catalog.cluster_from_catalog`` defaults);
-    with ``--calibration`` the profile's device and, unless ``--nic`` is given, its measured NIC."""
-    gpu, measured_nic = _gpu_and_nic_from_args(args)
+    with ``--calibration`` the profile's device, its measured host rates
+    (``Cluster.host_bandwidth``) and, unless ``--nic`` is given, its measured NIC."""
+    gpu, measured_nic, host_bandwidth = _gpu_and_nic_from_args(args)
     nic = measured_nic if args.nic is None and measured_nic is not None else args.nic
-    return cluster_from_catalog(gpu, args.num_gpus, gpus_per_node=args.gpus_per_node,
-                                nvlink_domain=args.nvlink_domain, nic=nic, nics_per_node=args.nics_per_node,
-                                topology=args.topology, oversubscription=args.oversubscription,
-                                tree_levels=args.tree_levels, placement=args.placement)
+    cluster = cluster_from_catalog(gpu, args.num_gpus, gpus_per_node=args.gpus_per_node,
+                                   nvlink_domain=args.nvlink_domain, nic=nic, nics_per_node=args.nics_per_node,
+                                   topology=args.topology, oversubscription=args.oversubscription,
+                                   tree_levels=args.tree_levels, placement=args.placement)
+    return cluster if host_bandwidth is None else replace(cluster, host_bandwidth=host_bandwidth)
 
 
 def model_from_args(args: argparse.Namespace) -> Model:

@@ -5,14 +5,16 @@
 
 With 8 GPUs (or more; 8 are used): DDP, FSDP2, TP+SP, 1F1B, GPipe and interleaved 1F1B on two
 GPUs, the dp x tp and pp x dp meshes on four, the 3-D pp x dp x tp mesh on eight, and the
-microbenchmarks on all eight (GEMM, attention, memory-bound kernels, overhead probes;
-collectives on every layout: world, tp2, tp4, dp2, dp4, pp pairs); then the fit and the
+microbenchmarks on all eight (GEMM, attention, memory-bound kernels, overhead probes, host
+memory bandwidth and H2D/D2H copies pinned and pageable; collectives on every layout: world,
+tp2, tp4, dp2, dp4, pp pairs); then the fit and the
 comparison.  With one GPU: the single-rank workloads (plain and with gradient accumulation)
 and the single-GPU microbenchmarks, fit, compare.  With 2-7 GPUs: the jobs that fit.
 
 It asserts what a wrong setup would otherwise hide: every job ran NCCL on CUDA devices with
-the world size it was launched for, every workload and layout is there, and the profile has
-a scale-up link exactly when several GPUs were measured.  It prints the measured-vs-predicted
+the world size it was launched for, every workload, layout and host copy path is there, and
+the profile has a scale-up link exactly when several GPUs were measured and every host copy
+path exactly on CUDA.  It prints the measured-vs-predicted
 table, the fitted constants and the software versions.  Exit status: 0 passed, 1 a check or a
 run failed (one line), 2 no CUDA device (one line; ``--cpu-rehearsal`` runs the same path with
 gloo on CPU ranks and tiny shapes, which is how the tests exercise this script).
@@ -53,7 +55,8 @@ def smoke_suite(gpus: int, *, device_type: str = "cuda"):  # -> validate.suite.S
                                  vocab_size=256, seq_len=32), 2
         mb = MicrobenchConfig(matmul_shapes=((64, 128, 128), (128, 128, 256), (256, 256, 256)), matmul_dtypes=("fp32",),
                               attention_shapes=((1, 2, 128, 32),), memory_numel=(1 << 18, 1 << 20),
-                              message_bytes=(1 << 12, 1 << 16), min_time_s=0.02, comm_min_time_s=0.01)
+                              message_bytes=(1 << 12, 1 << 16), min_time_s=0.02, comm_min_time_s=0.01,
+                              host_memory_bytes=(1 << 24,), host_min_time_s=0.01)
     kw = dict(model=model, warmup_steps=2, steps=3)
     half = mbs // 2
     by_world = {
@@ -112,6 +115,18 @@ def check_measurements(suite, meas: dict, *, backend: str, device_type: str) -> 
     for kind in ("matmul", "attention", "memory"):
         if not any(r["kind"] == kind for r in recs):
             raise SmokeError(f"no {kind} microbenchmark recorded")
+    if not {r["op"] for r in recs if r["kind"] == "host_memory"} >= {"copy", "triad"}:
+        raise SmokeError("no host memory (STREAM copy/triad) microbenchmark recorded")
+    from validate.specs import HOST_COPY_PATHS
+
+    for direction, pinned in HOST_COPY_PATHS:
+        mine = [r for r in recs if r["kind"] == "host_copy" and r["direction"] == direction and r["pinned"] == pinned]
+        sizes = {r["bytes"] for r in mine if r.get("measured")}
+        label = f"{direction} {'pinned' if pinned else 'pageable'}"
+        if device_type == "cuda" and len(sizes) < 2:
+            raise SmokeError(f"host copy {label} measured at {len(sizes)} size(s), expected the sweep")
+        if device_type != "cuda" and (sizes or not mine):
+            raise SmokeError(f"host copy {label}: expected one not-measured record without CUDA")
     world = mb_job.nproc
     layouts = {name for name, _ in group_layouts(world, world)} | {name for name, _ in pp_pairs(world, world)}
     seen = {r.get("layout") for r in recs if r["kind"] == "collective"}
@@ -174,6 +189,11 @@ def main(argv: list[str] | None = None) -> int:
     kinds = sorted(link["kind"] for link in profile["links"])
     if kinds != (["scale-up"] if gpus > 1 else []):
         return _fail(f"profile links {kinds}: expected {'a scale-up link' if gpus > 1 else 'none'} for {gpus} rank(s)", 1)
+    copy_keys = sorted(k for k in profile["host"] if k.startswith(("h2d_", "d2h_")))
+    if device == "cuda" and len(copy_keys) != 8:
+        return _fail(f"profile host copies {copy_keys}: expected all four paths (bandwidth and latency)", 1)
+    if device != "cuda" and copy_keys:
+        return _fail(f"profile host copies {copy_keys} written without CUDA", 1)
     if args.install:
         dest = ROOT / "catalogs" / "calibration" / f"{profile['id']}.yaml"
         shutil.copyfile(result["profile_path"], dest)
@@ -194,6 +214,12 @@ def main(argv: list[str] | None = None) -> int:
         if lf:
             print(f"     {tier}: {lf['bytes_per_s'] / 1e9:.1f} GB/s, {lf['latency_s'] * 1e6:.1f} us per step, "
                   f"rms log error {lf['rms_log_error']:.2f} over {', '.join(lf['layouts'])}")
+    for name, hf in f.get("host", {}).items():
+        if hf.get("measured") is False:
+            print(f"     host {name}: not measured ({hf['reason']})")
+        else:
+            print(f"     host {name}: {hf['bytes_per_s'] / 1e9:.1f} GB/s"
+                  + (f", {hf['latency_s'] * 1e6:.1f} us" if "latency_s" in hf else f" ({hf['op']}, the host)"))
     print(f"software: {software_line(profile['host'])}")
     print(f"profile {result['profile_path']}" + (f" (installed {result['installed_profile']})" if args.install else ""))
     print(f"passed: {len(result['workloads'])} workloads on {gpus} {device} rank(s) in {wall:.0f} s"

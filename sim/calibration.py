@@ -14,7 +14,12 @@ in the catalog schema (``catalogs/gpus.yaml``, ``links.yaml``, ``efficiency.yaml
 * ``host``: how the device was measured: ``device_type``, ``compute_dtype`` (the dtype the
   workloads train in), ranks per host, cores per host, threads per rank, ``base_gpu`` (the
   catalog GPU whose data-sheet record the device keeps, on GPU hosts) and the software it
-  was measured with (torch, CUDA, cuDNN, NCCL versions, TF32 settings).
+  was measured with (torch, CUDA, cuDNN, NCCL versions, TF32 settings); and the host-side
+  rates it measured, each key present only when measured (``HOST_BANDWIDTH_KEYS``):
+  ``host_mem_bytes_per_s`` and ``{h2d,d2h}_{pinned,pageable}_{bytes_per_s,latency_s}``.
+  They load into ``Calibration.host_bandwidth`` (``sim.specs.HostCalibration``), and
+  ``apply_plan`` puts them on the plan's cluster (``Cluster.host_bandwidth``) for the
+  offload model; no other part of the step model reads them.
 
 A link tier the profile did not measure has no record: the simulator keeps the catalog's
 link for it (the base GPU's NVLink generation, with its fitted efficiency and size curve; the
@@ -53,13 +58,19 @@ import yaml
 from sim.catalog import catalog_dir, get_gpu, gpu_from_record, link_from_record, list_links
 from sim.compute import network_efficiency, network_size_curves
 from sim.errors import InputError
-from sim.specs import Gpu, Link
+from sim.records import Record
+from sim.specs import HOST_COPY_DIRECTIONS, Gpu, HostCalibration, HostCopy, Link
 
 SCHEMA_VERSION = 1
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 MODEL_ACTIVATION_BYTES = 2  # sim.ops.BYTES_BF16: what the cost model counts per element
 _EFF_KEYS = ("attention_fwd_vs_matmul", "attention_bwd_vs_matmul", "kernel_overhead_s", "gemm_half_dim",
              "collective_overhead_s", "host_op_floor_s", "eager_elementwise_traffic")
+HOST_BANDWIDTH_KEYS: tuple[str, ...] = ("host_mem_bytes_per_s",) + tuple(
+    f"{d}_{kind}_{q}" for d in HOST_COPY_DIRECTIONS for kind in ("pinned", "pageable")
+    for q in ("bytes_per_s", "latency_s"))
+_HOST_BANDWIDTH_PREFIXES = ("host_mem_", "h2d_", "d2h_")
+_BANDWIDTH_RANGE = (1e6, 1e14)  # bytes/s: catches unit slips (GB/s written as bytes/s), not hardware
 _TOP_KEYS = frozenset({"schema_version", "id", "name", "source", "notes", "host", "device", "links",
                        "efficiency", "memory", "fit", "measured", "validation"})
 
@@ -113,6 +124,7 @@ class Calibration:
     source: str = ""
     path: str = ""
     scale_up_known: bool = True  # False: no measured scale-up link and no catalog record to fall back on
+    host_bandwidth: HostCalibration = field(default_factory=HostCalibration)  # measured host rates
 
     def gpu_ids(self) -> tuple[str, ...]:
         """The ``--gpu`` values that name this profile's device: the profile id, the device
@@ -187,6 +199,8 @@ class Calibration:
             changes["scale_up"] = self.scale_up
         if self.nic is not None:
             changes["nic"] = self.nic
+        if not self.host_bandwidth.empty:
+            changes["host_bandwidth"] = self.host_bandwidth
         strategy = plan.strategy
         if self.host.device_type == "cpu" and strategy.dp_overlap:
             strategy = strategy.with_(dp_overlap=False)
@@ -226,6 +240,7 @@ class Calibration:
                 "bytes_per_s": self.nic.bytes_per_s_per_direction, "latency_s": self.nic.latency_s},
             "efficiency": dict(self.efficiency),
             "base_gpu": self.host.base_gpu, "software": dict(self.host.software),
+            "host_bandwidth": self.host_bandwidth.as_dict(),
         }
 
 
@@ -234,6 +249,36 @@ class Calibration:
 
 def _fail(where: str, value: object, message: str) -> InputError:
     return InputError(f"calibration.{where}", value, message)
+
+
+def host_bandwidth_from_record(host: Mapping[str, Any], *, file: str = "") -> HostCalibration:
+    """The measured host rates of a profile's ``host`` section (module docstring); a key
+    that is absent was not measured.  Bandwidths must lie in [1 MB/s, 100 TB/s] (bytes per
+    second), latencies in [0, 1) s; a copy path needs both its keys."""
+    rec = Record(host, where="calibration.host", file=file)
+    for key in host:
+        if str(key).startswith(_HOST_BANDWIDTH_PREFIXES) and key not in HOST_BANDWIDTH_KEYS:
+            raise rec.fail(str(key), f"unknown key; known: {', '.join(HOST_BANDWIDTH_KEYS)}")
+
+    def rate(key: str) -> float | None:
+        v = rec.number(key, optional=True, positive=True)
+        if v is not None and not _BANDWIDTH_RANGE[0] <= v <= _BANDWIDTH_RANGE[1]:
+            raise rec.fail(key, "must be in [1e6, 1e14] bytes per second")
+        return v
+
+    copies: dict[str, HostCopy] = {}
+    for d in HOST_COPY_DIRECTIONS:
+        for kind in ("pinned", "pageable"):
+            bw_key, lat_key = f"{d}_{kind}_bytes_per_s", f"{d}_{kind}_latency_s"
+            bw, lat = rate(bw_key), rec.number(lat_key, optional=True)
+            if (bw is None) != (lat is None):
+                missing = lat_key if lat is None else bw_key
+                raise rec.fail(missing, f"missing: {bw_key} and {lat_key} are measured together")
+            if lat is not None and lat >= 1.0:
+                raise rec.fail(lat_key, "must be in [0, 1) seconds")
+            if bw is not None:
+                copies[f"{d}_{kind}"] = HostCopy(bytes_per_s=bw, latency_s=float(lat or 0.0))
+    return HostCalibration(host_mem_bytes_per_s=rate("host_mem_bytes_per_s"), **copies)
 
 
 def calibration_from_dict(data: Mapping[str, Any], *, path: str = "<dict>") -> Calibration:
@@ -289,6 +334,7 @@ def calibration_from_dict(data: Mapping[str, Any], *, path: str = "<dict>") -> C
         raise _fail("host.device_type", host.device_type, "must be cpu or cuda")
     if min(host.ranks_per_host, host.host_cores, host.threads_per_rank, host.num_nodes) < 1:
         raise _fail("host", dict(h), "counts must be >= 1")
+    host_bw = host_bandwidth_from_record(h, file=p.name)
 
     eff = data["efficiency"]
     if not isinstance(eff, Mapping):
@@ -311,7 +357,8 @@ def calibration_from_dict(data: Mapping[str, Any], *, path: str = "<dict>") -> C
     return Calibration(id=str(data["id"]), name=str(data.get("name", data["id"])), gpu=gpu, scale_up=scale_up,
                        nic=nic, efficiency=out_eff, host=host,
                        memory={k: float(v) for k, v in mem.items() if isinstance(v, (int, float))},
-                       source=str(data.get("source", "")), path=str(path), scale_up_known=scale_up_known)
+                       source=str(data.get("source", "")), path=str(path), scale_up_known=scale_up_known,
+                       host_bandwidth=host_bw)
 
 
 def load_calibration(name_or_path: str | Path) -> Calibration:

@@ -274,13 +274,15 @@ def test_a_rank_asked_for_cuda_without_a_gpu_fails_in_one_line(tmp_path):
 
 def test_the_one_rank_suite_runs_and_fits(tmp_path):
     """One rank (a one-GPU host's shape, on this CPU): microbenchmarks without collectives,
-    single-rank training with and without accumulation, a profile with no link, predictions."""
+    single-rank training with and without accumulation, a profile with no link and the host
+    memory rate but no host-device copy, predictions."""
     from validate.specs import MicrobenchConfig
     from validate.suite import Job, Suite, run_all
 
     mb = MicrobenchConfig(matmul_shapes=((128, 128, 128), (256, 256, 256), (64, 512, 512)), matmul_dtypes=("fp32",),
                           attention_shapes=((1, 2, 128, 32),), memory_numel=(1 << 18, 1 << 20),
-                          message_bytes=(4096,), min_time_s=0.03, comm_min_time_s=0.01)
+                          message_bytes=(4096,), min_time_s=0.03, comm_min_time_s=0.01,
+                          host_memory_bytes=(1 << 28,), host_min_time_s=0.01)
     work = (WorkloadSpec(name="single", mbs=2, **KW), WorkloadSpec(name="accum", mbs=1, num_microbatches=2, **KW))
     suite = Suite(name="quick", jobs=(Job(1, microbench=mb, workloads=work, timeout_s=240),), device_type="cpu")
     out = run_all(quick=True, out_dir=tmp_path, suite=suite)
@@ -289,6 +291,9 @@ def test_the_one_rank_suite_runs_and_fits(tmp_path):
     assert out["fit"]["links"] == {"intra": None, "inter": None}
     prof = yaml.safe_load(open(out["profile_path"], encoding="utf-8"))
     assert prof["links"] == [] and prof["host"]["ranks_per_host"] == 1 and prof["host"]["torch"] == torch.__version__
+    # the host memory rate is measured and written; no copy is (no CUDA here): absent, not 0
+    assert prof["host"]["host_mem_bytes_per_s"] > 0.5e9
+    assert not [k for k in prof["host"] if k.startswith(("h2d_", "d2h_"))]
 
 
 def test_suites_for_every_machine_shape():

@@ -52,9 +52,15 @@ def test_checks_catch_a_gloo_run_and_missing_layouts():
           "env": {"backend": "nccl", "device_type": "cuda"}} for s in suite.jobs[0].workloads]
     recs = [{"kind": "overhead", "op": "queued_add"}, {"kind": "overhead", "op": "eager_add"},
             {"kind": "matmul"}, {"kind": "attention"}, {"kind": "memory"},
-            {"kind": "collective", "layout": "world"}, {"kind": "collective", "layout": "pp"}]
+            {"kind": "host_memory", "op": "copy"}, {"kind": "host_memory", "op": "triad"}]
+    recs += [{"kind": "host_copy", "direction": d, "pinned": p, "measured": True, "bytes": n}
+             for d in ("h2d", "d2h") for p in (True, False) for n in (1 << 20, 1 << 22)]
+    recs += [{"kind": "collective", "layout": "world"}, {"kind": "collective", "layout": "pp"}]
     good = {"env": {"backend": "nccl", "device_type": "cuda", "world_size": 2}, "workloads": w, "microbench": recs}
     smoke.check_measurements(suite, good, backend="nccl", device_type="cuda")
+    no_pageable_d2h = [r for r in recs if not (r["kind"] == "host_copy" and r["direction"] == "d2h" and not r["pinned"])]
+    with pytest.raises(smoke.SmokeError, match="host copy d2h pageable measured at 0 size"):
+        smoke.check_measurements(suite, {**good, "microbench": no_pageable_d2h}, backend="nccl", device_type="cuda")
     with pytest.raises(smoke.SmokeError, match="backend='gloo'"):
         smoke.check_measurements(suite, {**good, "env": {**good["env"], "backend": "gloo"}},
                                  backend="nccl", device_type="cuda")

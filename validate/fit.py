@@ -57,11 +57,14 @@ class LineFit:
     n: int
 
 
-def weighted_line(x: Sequence[float], y: Sequence[float], *, nonneg_slope: bool = True) -> LineFit:
+def weighted_line(x: Sequence[float], y: Sequence[float], *, nonneg_slope: bool = True,
+                  nonneg_intercept: bool = False) -> LineFit:
     """Fit ``y = a + b x`` minimising relative residuals ``(a + b x - y) / y``.
 
     With ``nonneg_slope`` a negative slope is clamped to 0 and ``a`` refitted (the weighted
-    mean), which is the constrained optimum for a two-parameter line.
+    mean), which is the constrained optimum for a two-parameter line; with
+    ``nonneg_intercept`` a negative intercept is clamped to 0 and ``b`` refitted through the
+    origin (the same argument), as for a latency.
     """
     xa, ya = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     if len(xa) < 1 or len(xa) != len(ya) or np.any(ya <= 0):
@@ -74,6 +77,8 @@ def weighted_line(x: Sequence[float], y: Sequence[float], *, nonneg_slope: bool 
         a, b = float(np.sum(w * w * ya) / np.sum(w * w)), 0.0
     if nonneg_slope and b < 0:
         a, b = float(np.sum(w * w * ya) / np.sum(w * w)), 0.0
+    if nonneg_intercept and a < 0 and np.any(xa != 0):
+        a, b = 0.0, float(np.sum(w * w * xa * ya) / np.sum(w * w * xa * xa))
     res = (a + b * xa - ya) / ya
     return LineFit(float(a), float(b), float(np.sqrt(np.mean(res**2))), len(xa))
 

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from validate import hostbench
 from validate.layouts import group_layouts, pp_pairs, tier
 from validate.runtime import Env, cpu_snapshot
 from validate.specs import MicrobenchConfig
@@ -230,8 +231,13 @@ def _memory_state(env: Env) -> dict[str, float]:
             "allocated": float(torch.cuda.memory_allocated(env.device))}
 
 
-def run(env: Env, cfg: MicrobenchConfig, *, parts: tuple[str, ...] = ("compute", "comm")) -> list[dict[str, object]]:
-    """Run the benchmarks; every rank must call this.  Returns the records (same on all ranks)."""
+PARTS: tuple[str, ...] = ("compute", "host", "comm")
+
+
+def run(env: Env, cfg: MicrobenchConfig, *, parts: tuple[str, ...] = PARTS) -> list[dict[str, object]]:
+    """Run the benchmarks; every rank must call this.  Returns the records (same on all ranks).
+    ``parts``: ``compute`` (kernels), ``host`` (host memory and host<->device copies,
+    ``validate.hostbench``), ``comm`` (collectives)."""
     rec = Recorder()
     b0, o0 = cpu_snapshot()
     t0 = time.perf_counter()
@@ -241,6 +247,8 @@ def run(env: Env, cfg: MicrobenchConfig, *, parts: tuple[str, ...] = ("compute",
         bench_attention(env, cfg, rec)
         bench_memory(env, cfg, rec)
     before = _memory_state(env)
+    if "host" in parts:
+        hostbench.run(env, cfg, rec)
     if "comm" in parts and env.world_size > 1:
         bench_collectives(env, cfg, rec)
     bench_device_memory(env, rec, before=before)

@@ -15,7 +15,10 @@
   device memory outside the allocator (CUDA context, NCCL buffers); the fragmentation stays the
   catalog's;
 * ``host``: how and with what it was measured, torch, CUDA, cuDNN and NCCL versions and the
-  TF32 settings included (also in the file's comment header, ``profile_header``).
+  TF32 settings included (also in the file's comment header, ``profile_header``), and the
+  host-side rates measured (``validate.fit_host``): ``host_mem_bytes_per_s`` and the
+  host<->device copies ``{h2d,d2h}_{pinned,pageable}_{bytes_per_s,latency_s}``, each only when
+  measured (``fit.host`` says why a missing one is missing).
 
 No torch here.
 """
@@ -26,6 +29,7 @@ import datetime
 from typing import Any
 
 from validate.fit import FitError, fit_attention, fit_host_floor, fit_matmul, fit_memory, fit_overhead
+from validate.fit_host import fit_host
 from validate.fit_links import LinkFit, Machine, fit_links
 
 
@@ -151,6 +155,7 @@ def fit_profile(records: list[dict], env: dict, *, profile_id: str | None = None
                       nics_per_node=int(base["nics_per_node"]) if base else 1,
                       pcie_generation=int(base["pcie_generation"]) if base else 5)
     intra, inter = fit_links(records, machine)
+    host_keys, host_fit = fit_host(records)
     best_by_dtype: dict[str, float] = {}
     for r in records:
         if r.get("kind") == "matmul":
@@ -214,7 +219,7 @@ def fit_profile(records: list[dict], env: dict, *, profile_id: str | None = None
         "host": {"device_type": device_type, "compute_dtype": dtype, "ranks_per_host": rpn,
                  "host_cores": int(env.get("host_cores", 1)), "threads_per_rank": int(env.get("threads_per_rank", 1)),
                  "num_nodes": int(env.get("num_nodes", 1)), "backend": env.get("backend"),
-                 "device_name": env.get("device_name"), "base_gpu": base_id, **versions},
+                 "device_name": env.get("device_name"), "base_gpu": base_id, **versions, **host_keys},
         "device": device,
         "links": links,
         "efficiency": {"attention_fwd_vs_matmul": att.fwd_vs_matmul, "attention_bwd_vs_matmul": att.bwd_vs_matmul,
@@ -232,6 +237,7 @@ def fit_profile(records: list[dict], env: dict, *, profile_id: str | None = None
                        "bound_points": mem.bound_points},
             "kernel_overhead_s": over, "host_op_floor_s": floor,
             "links": {"intra": _link_fit_record(intra), "inter": _link_fit_record(inter)},
+            "host": host_fit,
         },
         "measured": {"best_matmul_flops_per_s": best_by_dtype, "env": {k: v for k, v in env.items() if k != "date"},
                      "date": env.get("date")},

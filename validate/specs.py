@@ -15,6 +15,12 @@ from sim.specs import Model, Strategy
 PARALLEL_KINDS = ("single", "ddp", "fsdp", "tp", "pp", "mesh")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
+STREAM_BUFFERS: dict[str, int] = {"copy": 2, "triad": 3}
+"""Buffers a STREAM kernel reads or writes once per call (McCalpin's byte count: copy ``a = b``
+moves 2, triad ``a = b + s c`` 3; validate.hostbench)."""
+HOST_COPY_PATHS: tuple[tuple[str, bool], ...] = (("h2d", True), ("d2h", True), ("h2d", False), ("d2h", False))
+"""(direction, pinned) of the host<->device copies validate.hostbench measures."""
+
 CONTENDED_CORES = 0.15
 """A step during which other processes kept more than this many cores busy (on the first
 node) is left out of the median when enough quiet steps remain."""
@@ -77,6 +83,12 @@ class MicrobenchConfig:
     min_time_s: float = 0.2  # seconds of timed calls per compute benchmark (all samples)
     comm_min_time_s: float = 0.1  # the same per collective and size
     overhead_calls: int = 2000  # back-to-back no-work ops per sample of the overhead probes
+    # Host side (validate.hostbench): STREAM-like copy and triad on host buffers of these sizes
+    # (bytes per buffer and rank; the fit uses those of at least validate.fit_host.HOST_MEMORY_MIN_BYTES),
+    # and host<->device copies of these sizes (CUDA only; not measured elsewhere).
+    host_memory_bytes: tuple[int, ...] = (1 << 28, 1 << 29, 1 << 30)
+    host_copy_bytes: tuple[int, ...] = tuple(1 << k for k in range(20, 31, 2))  # 1 MiB .. 1 GiB
+    host_min_time_s: float = 0.1  # seconds of timed calls per host benchmark and size (all samples)
 
     @classmethod
     def quick(cls, *, device_type: str = "cpu") -> "MicrobenchConfig":
@@ -90,7 +102,8 @@ class MicrobenchConfig:
             attention_shapes=((2, 4, 256, 64), (2, 8, 256, 64), (1, 4, 512, 64)),
             memory_numel=(1 << 15, 1 << 17, 1 << 19, 1 << 21, 1 << 23),
             message_bytes=(1 << 12, 1 << 15, 1 << 18, 1 << 20, 1 << 22, 1 << 24),
-            min_time_s=0.08, comm_min_time_s=0.08)
+            min_time_s=0.08, comm_min_time_s=0.08,
+            host_memory_bytes=(1 << 26, 1 << 28), host_min_time_s=0.02)
 
     @classmethod
     def gpu(cls, *, quick: bool) -> "MicrobenchConfig":
@@ -106,7 +119,9 @@ class MicrobenchConfig:
                 attention_shapes=((8, 16, 1024, 128), (4, 32, 2048, 128), (1, 32, 8192, 128)),
                 memory_numel=(1 << 26, 1 << 27, 1 << 28),
                 message_bytes=(1 << 16, 1 << 20, 1 << 23, 1 << 26, 1 << 29),
-                dtype="bf16", min_time_s=0.03, comm_min_time_s=0.02, overhead_calls=1000)
+                dtype="bf16", min_time_s=0.03, comm_min_time_s=0.02, overhead_calls=1000,
+                host_memory_bytes=(1 << 28, 1 << 29), host_copy_bytes=tuple(1 << k for k in range(20, 29, 2)),
+                host_min_time_s=0.03)
         return cls(
             matmul_shapes=((4096, 4096, 4096), (8192, 8192, 8192), (2048, 2048, 2048), (1024, 1024, 1024),
                            (128, 8192, 8192), (256, 8192, 8192), (512, 8192, 8192), (1024, 8192, 8192),
@@ -116,7 +131,7 @@ class MicrobenchConfig:
                               (4, 16, 2048, 64)),
             memory_numel=(1 << 25, 1 << 26, 1 << 27, 1 << 28),
             message_bytes=tuple(1 << k for k in range(16, 31, 2)),
-            dtype="bf16", min_time_s=0.1, comm_min_time_s=0.05)
+            dtype="bf16", min_time_s=0.1, comm_min_time_s=0.05, host_min_time_s=0.05)
 
     @classmethod
     def for_device(cls, device_type: str, *, quick: bool) -> "MicrobenchConfig":

@@ -2,7 +2,7 @@
 
 ``Truth`` holds the constants a profile should recover (GEMM efficiency and half dimension,
 attention fractions, HBM bandwidth, kernel overhead, host floor, the intra- and inter-node
-links and the per-collective overhead).  ``records`` turns them into microbenchmark records
+links and the per-collective overhead, the host memory rate and the host<->device copies).  ``records`` turns them into microbenchmark records
 exactly as the simulator would time those benchmarks: compute through
 ``sim.compute.op_time`` on the truth's device and efficiency knobs, collectives through
 ``sim.network.Network`` on a cluster shaped like the measured job (each rank with its own NIC)
@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from validate.fit import ELEMENT_BYTES, attention_hbm_bytes
 from validate.layouts import group_layouts, pp_pairs, tier
-from validate.specs import MicrobenchConfig
+from validate.specs import HOST_COPY_PATHS, STREAM_BUFFERS, MicrobenchConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +39,13 @@ class Truth:
     inter_bytes_per_s: float = 4.6e10
     inter_latency_s: float = 9.0e-6
     collective_overhead_s: float = 1.2e-5
+    # Host side (arbitrary known answers of PCIe Gen5-like size, not a hardware claim):
+    # the host's sustained memory rate over all its ranks, and per-rank copies (bytes/s, s).
+    host_mem_bytes_per_s: float = 3.2e11
+    h2d_pinned: tuple[float, float] = (5.5e10, 7.0e-6)
+    d2h_pinned: tuple[float, float] = (5.2e10, 8.0e-6)
+    h2d_pageable: tuple[float, float] = (1.8e10, 2.5e-5)
+    d2h_pageable: tuple[float, float] = (1.4e10, 3.0e-5)
 
     def gpu(self):  # -> sim.specs.Gpu
         """The base GPU with the truth's efficiencies (what the profile's device must equal)."""
@@ -146,6 +153,32 @@ def collective_records(truth: Truth, world: int, ranks_per_node: int, cfg: Micro
     return out
 
 
+def host_records(truth: Truth, ranks_per_node: int, cfg: MicrobenchConfig | None = None, *,
+                 copies: bool = True) -> list[dict]:
+    """``validate.hostbench`` records of the truth's host: STREAM copy and triad with every rank
+    at an equal share of the host's rate, and (``copies``) every copy path as
+    ``latency + bytes / bandwidth``; without ``copies`` the paths are recorded as not measured,
+    as on a host without CUDA."""
+    cfg = cfg or MicrobenchConfig.gpu(quick=False)
+    out: list[dict] = []
+    for size in cfg.host_memory_bytes:
+        for op, buffers in STREAM_BUFFERS.items():
+            nbytes = float(buffers * size)
+            out.append({"kind": "host_memory", "op": op, "dtype": "fp32", "buffer_bytes": float(size), "bytes": nbytes,
+                        "time_s": nbytes * ranks_per_node / truth.host_mem_bytes_per_s,
+                        "host_bytes_per_s": truth.host_mem_bytes_per_s, "ranks_per_host": ranks_per_node,
+                        "threads_per_rank": 4})
+    for direction, pinned in HOST_COPY_PATHS:
+        if not copies:
+            out.append({"kind": "host_copy", "direction": direction, "pinned": pinned, "measured": False,
+                        "reason": "no CUDA device (synthetic)"})
+            continue
+        bw, lat = getattr(truth, f"{direction}_{'pinned' if pinned else 'pageable'}")
+        out += [{"kind": "host_copy", "direction": direction, "pinned": pinned, "measured": True, "bytes": float(n),
+                 "time_s": lat + n / bw, "concurrent_ranks": ranks_per_node} for n in cfg.host_copy_bytes]
+    return out
+
+
 def environment(world: int, ranks_per_node: int, *, device_name: str = "NVIDIA H200",
                 memory_bytes: float = 150_000_000_000.0) -> dict:
     """A measurement environment as ``validate.runtime.describe`` records it on a GPU node."""
@@ -157,6 +190,8 @@ def environment(world: int, ranks_per_node: int, *, device_name: str = "NVIDIA H
             "device_capability": "9.0", "date": "2026-01-01T00:00:00+00:00"}
 
 
-def records(truth: Truth, world: int, ranks_per_node: int, cfg: MicrobenchConfig | None = None) -> list[dict]:
-    """Compute and collective records of one synthetic microbenchmark job."""
-    return compute_records(truth, cfg) + (collective_records(truth, world, ranks_per_node, cfg) if world > 1 else [])
+def records(truth: Truth, world: int, ranks_per_node: int, cfg: MicrobenchConfig | None = None, *,
+            host: bool = True) -> list[dict]:
+    """Compute, host (``host``) and collective records of one synthetic microbenchmark job."""
+    return (compute_records(truth, cfg) + (host_records(truth, ranks_per_node, cfg) if host else [])
+            + (collective_records(truth, world, ranks_per_node, cfg) if world > 1 else []))

@@ -128,20 +128,22 @@ def _spin_seconds_per_cycle(device: torch.device) -> float:
 
 
 def collective_s(fn: Fn | None, device: torch.device, *, min_time_s: float = 0.05, samples: int = 3,
-                 warmup: int = 2, max_calls: int = 200) -> float:
+                 warmup: int = 2, max_calls: int = 200, clock: torch.device | None = None) -> float:
     """Median seconds per call of ``fn`` run by every rank at once (a collective, or a compute
     kernel that all ranks run together as in training); every rank of the job calls this.
 
     All ranks issue the same number of collectives: the calls per batch are agreed (the most
     any rank wants) before timing, and a barrier starts every batch.  Ranks outside the
     measured groups pass ``fn=None``; they take part in the agreement and the barriers only
-    and return 0.
+    and return 0.  ``clock`` is the device whose clock times the calls (default ``device``):
+    ``cpu`` for host-side work on a GPU rank, whose agreement still runs on ``device``.
     """
+    clock = device if clock is None else clock
     if fn is not None:
         for _ in range(warmup):
             fn()
         sync(device)
-        want = float(calls_for(batch_s(fn, 1, device), min_time_s, samples=samples, max_calls=max_calls))
+        want = float(calls_for(batch_s(fn, 1, clock), min_time_s, samples=samples, max_calls=max_calls))
     else:
         want = 0.0
     n = int(max_over_ranks(want, device))
@@ -149,7 +151,7 @@ def collective_s(fn: Fn | None, device: torch.device, *, min_time_s: float = 0.0
     for _ in range(samples):
         dist.barrier()
         if fn is not None:
-            times.append(batch_s(fn, n, device) / n)
+            times.append(batch_s(fn, n, clock) / n)
     return statistics.median(times) if times else 0.0
 
 

@@ -3,7 +3,7 @@
 ``JOB.json`` lists tasks run in order by all ranks of one job::
 
     {"timeout_s": 300, "threads": null, "device": "cuda", "world_size": 8,
-     "tasks": [{"type": "microbench", "config": {...}, "parts": ["compute", "comm"]},
+     "tasks": [{"type": "microbench", "config": {...}, "parts": ["compute", "host", "comm"]},
                {"type": "workload", "spec": {...}}]}
 
 ``device`` (``cuda`` or ``cpu``; absent: a GPU when torch sees one) is asserted: a rank asked
@@ -43,7 +43,7 @@ def run_job(job: dict, out_dir: Path) -> dict:
         kind = task.get("type")
         if kind == "microbench":
             cfg = microbench.MicrobenchConfig.from_dict(task.get("config", {}))
-            results["microbench"] += microbench.run(env, cfg, parts=tuple(task.get("parts", ("compute", "comm"))))
+            results["microbench"] += microbench.run(env, cfg, parts=tuple(task.get("parts", microbench.PARTS)))
         elif kind == "workload":
             spec = workloads.WorkloadSpec.from_dict(task["spec"])
             results["workloads"].append(workloads.run(spec, env))  # type: ignore[union-attr]
