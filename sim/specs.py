@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Literal, Mapping
 
 from sim.errors import InputError
+from sim.hostspecs import Server
 
 Precision = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 FfnType = Literal["gelu", "swiglu"]
@@ -27,6 +28,7 @@ SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zero-bubble")
 FP8_RECIPES: tuple[str, ...] = ("delayed", "tensorwise", "blockwise", "mxfp8")
 TOPOLOGIES: tuple[str, ...] = ("fat-tree", "rail-optimized", "star", "tree", "mesh", "torus")
 PLACEMENTS: tuple[str, ...] = ("block", "packed")
+FORM_FACTORS: tuple[str, ...] = ("sxm", "pcie")
 
 # Limits that catch typos and overflow, not hardware: far above anything built today.
 MAX_GPUS = 1 << 22
@@ -84,6 +86,16 @@ class Gpu:
     vendor: str = "nvidia"
     architecture: str = ""  # volta | ampere | hopper | blackwell | cdna2 | cdna3 (kernel families)
     num_sms: int | None = None  # streaming multiprocessors / compute units per package
+    # PCIe cards (catalogs/README.md): ``form_factor`` pcie puts the GPU in a server whose
+    # inside is its PCIe/host topology (sim/server.py); ``p2p`` none = the driver gives no peer
+    # access (GeForce), transfers are staged through host memory; an NVLink bridge joins
+    # ``nvlink_bridge_gpus`` cards with ``nvlink_bridge_bytes_per_s_per_direction`` per GPU.
+    form_factor: str = "sxm"  # sxm (SXM/OAM module or superchip on a scale-up baseboard) | pcie
+    pcie_lanes: int = 16
+    p2p: str = "pcie"
+    nvlink_bridge_gpus: int = 0
+    nvlink_bridge_bytes_per_s_per_direction: float = 0.0
+    fp32_accumulate_halved: bool = False  # GeForce: dense_flops_per_s are the FP32-accumulate rates
     aliases: tuple[str, ...] = ()
     source: str = ""
     notes: str = ""
@@ -94,7 +106,19 @@ class Gpu:
         for p, v in self.dense_flops_per_s.items():
             _choice(f"gpu[{self.id}].dense_flops_per_s", p, PRECISIONS)
             _positive_float(f"gpu[{self.id}].dense_flops_per_s.{p}", v)
-        for n in ("hbm_bytes", "hbm_bytes_per_s", "nvlink_bytes_per_s_per_direction", "tdp_w"):
+        _choice(f"gpu[{self.id}].form_factor", self.form_factor, FORM_FACTORS)
+        _choice(f"gpu[{self.id}].p2p", self.p2p, ("pcie", "none"))
+        _positive_int(f"gpu[{self.id}].pcie_lanes", self.pcie_lanes, limit=32)
+        pcie_only = self.form_factor == "pcie"  # a PCIe card may have no NVLink at all
+        _positive_float(f"gpu[{self.id}].nvlink_bytes_per_s_per_direction", self.nvlink_bytes_per_s_per_direction,
+                        allow_zero=pcie_only)
+        if self.nvlink_bridge_gpus:
+            if self.nvlink_bridge_gpus < 2 or not pcie_only:
+                raise InputError(f"gpu[{self.id}].nvlink_bridge.gpus", self.nvlink_bridge_gpus,
+                                 "a bridge joins >= 2 PCIe cards")
+            _positive_float(f"gpu[{self.id}].nvlink_bridge.gb_per_s_per_direction",
+                            self.nvlink_bridge_bytes_per_s_per_direction)
+        for n in ("hbm_bytes", "hbm_bytes_per_s", "tdp_w"):
             _positive_float(f"gpu[{self.id}].{n}", getattr(self, n))
         for n in ("nvlink_domain_size", "gpus_per_node", "nics_per_node"):
             _positive_int(f"gpu[{self.id}].{n}", getattr(self, n))
@@ -364,6 +388,10 @@ class Cluster:
     # nodes that divides the job (Slurm topology/block, ``--segment``), so no domain is split
     # between jobs and equal groups stay inside one; ``packed`` fills each domain in turn.
     placement: str = "block"
+    # The inside of one node of PCIe cards (sim.hostspecs.Server, built by sim.server): its
+    # GPUs talk over that PCIe/host topology (and NVLink bridges) instead of an NVLink domain,
+    # which is then the node (``nvlink_domain == gpus_per_node``).  None for SXM/OAM parts.
+    server: Server | None = None
 
     def __post_init__(self) -> None:
         _positive_int("num_gpus", self.num_gpus, limit=MAX_GPUS)
@@ -382,6 +410,16 @@ class Cluster:
         if self.num_gpus > self.gpus_per_node and self.num_gpus % self.gpus_per_node:
             raise InputError("num_gpus", self.num_gpus,
                              f"must be a multiple of gpus_per_node={self.gpus_per_node}")
+        if self.server is not None:
+            if self.server.num_gpus != self.gpus_per_node:
+                raise InputError("server", self.server.design, f"has {self.server.num_gpus} GPU slots in use, "
+                                 f"gpus_per_node={self.gpus_per_node}")
+            if self.nvlink_domain != self.gpus_per_node:
+                raise InputError("nvlink_domain", self.nvlink_domain,
+                                 "a PCIe server's GPUs share the node's PCIe fabric: nvlink_domain must be gpus_per_node")
+            if self.server.num_nics != self.nics_per_node:
+                raise InputError("nics_per_node", self.nics_per_node,
+                                 f"the server places {self.server.num_nics} NIC ports")
 
     @property
     def num_nodes(self) -> int:
