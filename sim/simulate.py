@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from sim.analytic import simulate_analytic
 from sim.calibration import load_calibration
 from sim.compute import default_efficiency, network_kwargs
@@ -40,6 +42,19 @@ def simulate(plan: Plan, *, engine: str = "analytic", trace_path: str | None = N
         net_kwargs = network_kwargs(plan.cluster.gpu.nvlink_generation)
     net = Network(plan.cluster, **net_kwargs)  # type: ignore[arg-type]
     if engine == "event":
-        return simulate_event(plan, net=net, eff=eff, trace_path=trace_path, whatif=whatif,
-                              explicit_ranks=explicit_ranks)
-    return simulate_analytic(plan, net=net, eff=eff)
+        result = simulate_event(plan, net=net, eff=eff, trace_path=trace_path, whatif=whatif,
+                                explicit_ranks=explicit_ranks)
+    else:
+        result = simulate_analytic(plan, net=net, eff=eff)
+    return with_server_report(result, plan, net)
+
+
+def with_server_report(result: StepResult, plan: Plan, net: Network) -> StepResult:
+    """PCIe cards: ``server`` in the result (the design, its P2P mode and, per parallel
+    dimension, the link its collectives are bound by: a GPU slot, a switch uplink, the socket
+    link, host memory, a bridge or the scale-out network)."""
+    srv = plan.cluster.server
+    if srv is None:
+        return result
+    report = {**srv.describe(), "bottlenecks": net.bottlenecks(plan.strategy)}
+    return replace(result, extra={**result.extra, "server": report})
