@@ -236,6 +236,16 @@ class Server:
     def num_nics(self) -> int:
         return len(self.nic_socket)
 
+    def with_slots(self, num_gpus: int) -> "Server":
+        """The same server with only its first ``num_gpus`` GPU slots in use (a partial node)."""
+        from dataclasses import replace
+
+        if not 1 <= num_gpus <= self.num_gpus:
+            raise InputError("num_gpus", num_gpus, f"the server has {self.num_gpus} GPU slots in use")
+        bridges = tuple(b for b in (tuple(g for g in grp if g < num_gpus) for grp in self.bridges) if len(b) >= 2)
+        return replace(self, gpu_socket=self.gpu_socket[:num_gpus], gpu_switch=self.gpu_switch[:num_gpus],
+                       bridges=bridges)
+
     def bridge_of(self, slot: int) -> tuple[int, ...] | None:
         for group in self.bridges:
             if slot in group:

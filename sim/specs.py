@@ -26,6 +26,7 @@ FFN_TYPES: tuple[str, ...] = ("gelu", "swiglu")
 RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zero-bubble")
 FP8_RECIPES: tuple[str, ...] = ("delayed", "tensorwise", "blockwise", "mxfp8")
+DP_IMPLS: tuple[str, ...] = ("ddp", "dataparallel")
 TOPOLOGIES: tuple[str, ...] = ("fat-tree", "rail-optimized", "star", "tree", "mesh", "torus")
 PLACEMENTS: tuple[str, ...] = ("block", "packed")
 FORM_FACTORS: tuple[str, ...] = ("sxm", "pcie")
@@ -505,6 +506,11 @@ class Strategy:
     cuda_graphs: bool = False
     fp8_recipe: str = "delayed"
     dp_shard: int | None = None
+    # How data parallelism runs: ``ddp`` one process per GPU (DistributedDataParallel, FSDP,
+    # Megatron: everything above); ``dataparallel`` single-process torch.nn.DataParallel
+    # (sim/dataparallel.py: replicate every forward, outputs gathered to and gradients reduced
+    # onto GPU 0, one GIL-bound Python thread per GPU).
+    dp_impl: str = "ddp"
 
     def __post_init__(self) -> None:
         for n in ("tp", "pp", "dp", "cp", "ep", "vp"):
@@ -520,6 +526,16 @@ class Strategy:
         _choice("precision", self.precision, TRAIN_PRECISIONS)
         _choice("schedule", self.schedule, SCHEDULES)
         _choice("fp8_recipe", self.fp8_recipe, FP8_RECIPES)
+        _choice("dp_impl", self.dp_impl, DP_IMPLS)
+        if self.dp_impl == "dataparallel":
+            other = [f"{k}={getattr(self, k)}" for k in ("tp", "pp", "cp", "ep") if getattr(self, k) > 1]
+            if self.zero:
+                other.append(f"zero={self.zero}")
+            if self.dp_shard is not None and self.dp_shard != self.dp:
+                other.append(f"dp_shard={self.dp_shard}")
+            if other:
+                raise InputError("dp_impl", self.dp_impl, "torch.nn.DataParallel replicates the whole module on "
+                                 f"every GPU: needs tp=pp=cp=ep=1 and zero=0 (got {', '.join(other)})")
         if self.dp_shard is not None:
             _positive_int("dp_shard", self.dp_shard, limit=MAX_GPUS)
             if self.dp % self.dp_shard:
@@ -595,6 +611,8 @@ class Strategy:
             parts.append(f"fp8_recipe={self.fp8_recipe}")
         if self.dp_shard is not None and self.dp_shard != self.dp:
             parts.append(f"dp_shard={self.dp_shard}")
+        if self.dp_impl != "ddp":
+            parts.append(f"dp_impl={self.dp_impl}")
         return ",".join(parts)
 
     def with_(self, **changes: object) -> "Strategy":
