@@ -28,7 +28,7 @@ MODEL_SUFFIXES: tuple[str, ...] = ("json", "yaml", "yml")
 
 # Widgets the sidebar draws, by key (ui.py uses the same keys).
 WIDGETS: tuple[str, ...] = ("model", "gpu", "num_gpus", "gpus_per_node", "nvlink_domain", "nic",
-                            "nics_per_node", "topology", "oversubscription", "seq_len", "gbs",
+                            "nics_per_node", "topology", "oversubscription", "server", "p2p", "seq_len", "gbs",
                             "token_budget", "pricing", "strategy", "rerank")
 
 _STRATEGY_KEYS = frozenset({"strategy", "tp", "pp", "dp", "cp", "ep", "vp", "mbs", "zero", "sp",
@@ -44,7 +44,8 @@ class Design:
     the GPU's usual server; ``gbs`` (sequences) to the recommender's choice (or the STRATEGY
     string's); ``token_budget_tokens`` to ``DEFAULT_TOKENS_PER_PARAM`` tokens per parameter;
     ``strategy`` (a STRATEGY string) to "recommend one".  ``rerank=False`` ranks with the
-    analytic model only (faster; ``planner recommend --rerank 0``).
+    analytic model only (faster; ``planner recommend --rerank 0``).  ``server`` and ``p2p``
+    (PCIe cards only) are ``--server`` and ``--p2p``.
     """
 
     model: Model
@@ -63,6 +64,8 @@ class Design:
     strategy: str | None = None
     pricing: str = "owned"  # owned (capex depreciation + energy) | cloud (GPU-hours x list price)
     rerank: bool = True  # re-rank the top plans with the event engine, as `planner recommend` does
+    server: str | None = None  # PCIe cards: a servers.yaml design (None: the default for the node size)
+    p2p: str | None = None  # PCIe cards: pcie | none (None: the card's)
 
     def __post_init__(self) -> None:
         if self.pricing not in ("owned", "cloud"):
@@ -118,7 +121,8 @@ def cluster_of(design: Design) -> Cluster:
     return cluster_from_catalog(design.gpu, design.num_gpus, gpus_per_node=design.gpus_per_node,
                                 nvlink_domain=design.nvlink_domain, nic=design.nic,
                                 nics_per_node=design.nics_per_node, topology=design.topology,
-                                oversubscription=float(design.oversubscription))
+                                oversubscription=float(design.oversubscription), server=design.server,
+                                p2p=design.p2p)
 
 
 def model_from_upload(file_name: str, data: bytes) -> Model:
@@ -179,6 +183,12 @@ def widget_for_error(exc: InputError, design: Design | None = None) -> str | Non
         return head
     if head in ("tree_levels", "link"):
         return "topology"
+    if head in ("server", "sockets", "pcie-switches", "cpu", "nvlink-bridge"):
+        return "server"
+    if head == "p2p":
+        return "p2p"
+    if head == "nvlink-domain":
+        return "nvlink_domain"
     return None
 
 

@@ -20,7 +20,8 @@ from sim.fabric import level_name
 
 TIER_COLORS = {"scale-up": "#2ca02c", "host": "#8c8c8c", "scale-out": "#1f77b4"}
 KIND_COLORS = {"gpu": "#76b900", "nvswitch": "#2ca02c", "nic": "#9467bd", "router": "#ff7f0e",
-               "switch": "#1f77b4"}
+               "switch": "#1f77b4", "host": "#8c8c8c"}
+HOST_KINDS = ("pcie-switch", "root", "dram")  # the inside of a PCIe server (sim.server)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -28,8 +29,8 @@ class Box:
     """One drawn box: ``members`` graph nodes of one kind (and switch level)."""
 
     key: tuple
-    kind: str  # gpu | nvswitch | nic | router | switch
-    level: int  # 0 below the GPUs (NVLink), 1 GPUs, 2 NICs, 3 routers, 2 + k switch level k
+    kind: str  # gpu | nvswitch | host (a PCIe server's switches, CPUs, memory) | nic | router | switch
+    level: int  # 0 below the GPUs (NVLink or PCIe/host), 1 GPUs, 2 NICs, 3 routers, 2 + k switch level k
     index: int  # position within its level
     label: str
     members: int  # graph nodes folded in
@@ -110,6 +111,8 @@ def summarize_topology(graph: nx.Graph, *, max_boxes: int = 12) -> TopoSummary:
             return ("nvswitch", first_node // node_chunk)
         if kind == "router":
             return ("router", n[1]) if per_gpu else ("router", n[1] // node_chunk)
+        if kind in HOST_KINDS:  # a PCIe server's switches, root complexes, memory: one box per node (group)
+            return ("host", n[1]) if per_gpu else ("host", n[1] // node_chunk)
         if kind == "switch":
             lvl = a["level"]
             return ("switch", lvl, n[2] // switch_chunk[lvl])
@@ -169,6 +172,14 @@ def _make_box(key: tuple, ms: list[tuple], cluster, per_gpu: bool, node_chunk: i
         label = f"NIC {key[1]}" if per_gpu else f"{count} NICs"
         detail = f"{count} x {cluster.nic.id}"
         return Box(key=key, kind=kind, level=2, index=key[1], label=label, members=count, physical=count,
+                   detail=detail)
+    if kind == "host":
+        srv = cluster.server
+        nodes = sorted({n[1] for n, _ in ms})
+        label = f"node {nodes[0]} PCIe" if len(nodes) == 1 else f"nodes {_range(nodes[0], nodes[-1])} PCIe"
+        detail = (f"{srv.sockets} x {srv.cpu.id}, {len(srv.switch_socket)} PCIe switch(es) per node, "
+                  f"p2p {srv.p2p} ({srv.design})") if srv is not None else ""
+        return Box(key=key, kind=kind, level=0, index=key[1], label=label, members=count, physical=count,
                    detail=detail)
     if kind == "router":
         label = f"router {key[1]}" if per_gpu else f"{count} routers"
@@ -246,7 +257,7 @@ def topology_figure(summary: TopoSummary, *, title: str = ""):
     fig.add_trace(go.Scatter(x=mid_x, y=mid_y, mode="markers", marker=dict(size=6, opacity=0),
                              hovertext=mid_text, hoverinfo="text", showlegend=False))
     levels_count = {lvl: len(bs) for lvl, bs in summary.levels().items()}
-    for kind in ("nvswitch", "gpu", "nic", "router", "switch"):
+    for kind in ("nvswitch", "host", "gpu", "nic", "router", "switch"):
         bs = sorted((b for b in summary.boxes if b.kind == kind), key=lambda b: (b.level, b.index))
         if not bs:
             continue
@@ -262,7 +273,8 @@ def topology_figure(summary: TopoSummary, *, title: str = ""):
             textposition=[_text_position(levels_count[b.level], b.index) for b in bs],
             hovertext=hover, hoverinfo="text", name=kind, showlegend=False))
     levels = summary.levels()
-    names = {0: "NVLink", 1: "GPUs", 2: "NICs"}
+    names = {0: "NVLink" if summary.boxes and all(b.kind != "host" for b in summary.boxes) else "PCIe/host",
+             1: "GPUs", 2: "NICs"}
     tickvals = sorted(levels)
     ticktext = []
     for lvl in tickvals:

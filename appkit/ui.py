@@ -23,7 +23,7 @@ from appkit.evaluate import (Evaluation, bottleneck, cli_command, economics_of, 
                              recommendation, result_document)
 from appkit.design import cluster_of
 from appkit.topoview import summarize_topology, topology_figure
-from sim.catalog import list_gpus, list_links, list_models
+from sim.catalog import list_gpus, list_links, list_models, list_server_designs
 from sim.conventions import conventions
 from sim.errors import InputError
 from sim.specs import TOPOLOGIES
@@ -43,7 +43,8 @@ def catalog() -> dict[str, Any]:
     """GPU, NIC and model catalogs (loaded once per server)."""
     return {"gpus": {g.id: g for g in list_gpus()},
             "nics": {n.id: n for n in list_links("nic")},
-            "models": dict(list_models())}
+            "models": dict(list_models()),
+            "servers": {d.id: d for d in list_server_designs()}}
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
@@ -195,6 +196,18 @@ def sidebar(cat: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[s
                                               help="leaf downlink:uplink ratio; 1 = non-blocking")
     slots["topology"] = sb.empty()
     slots["oversubscription"] = sb.empty()
+    pcie = gpu.form_factor == "pcie"
+    c1, c2 = sb.columns(2)
+    server = c1.selectbox("PCIe server", [AUTO] + list(cat["servers"]), key="server", disabled=not pcie,
+                          format_func=lambda i: "auto (for the node size)" if i == AUTO else i,
+                          help="PCIe cards: the server design (catalogs/servers.yaml); docs/pcie.md")
+    raw["server"] = None if server == AUTO or not pcie else server
+    p2p = c2.selectbox("GPU peer-to-peer", [AUTO, "pcie", "none"], key="p2p", disabled=not pcie,
+                       format_func=lambda i: f"auto ({gpu.p2p})" if i == AUTO else i,
+                       help="none: GPU-GPU traffic staged through host memory (GeForce, stock driver)")
+    raw["p2p"] = None if p2p == AUTO or not pcie else p2p
+    slots["server"] = sb.empty()
+    slots["p2p"] = sb.empty()
 
     sb.header("Training job")
     raw["seq_len"] = sb.number_input("Sequence length (tokens)", min_value=1, max_value=1 << 26, value=2048, step=512,
@@ -233,7 +246,8 @@ def design_from(raw: dict[str, Any]) -> Design:
                   nic=raw["nic"], nics_per_node=_opt_int(raw["nics_per_node"]), topology=raw["topology"],
                   oversubscription=float(raw["oversubscription"]), seq_len=int(raw["seq_len"]),
                   gbs=_opt_int(raw["gbs"]), token_budget_tokens=None if tb is None else float(tb) * 1e9,
-                  strategy=strategy, pricing=raw["pricing"], rerank=bool(raw["rerank"]))
+                  strategy=strategy, pricing=raw["pricing"], rerank=bool(raw["rerank"]),
+                  server=raw.get("server"), p2p=raw.get("p2p"))
 
 
 def _opt_int(v: Any) -> int | None:
@@ -369,7 +383,7 @@ def topology_tab(ev: Evaluation) -> None:
 
     c = ev.cluster
     key = repr((c.gpu.id, c.num_gpus, c.nic.id, c.gpus_per_node, c.nvlink_domain, c.nics_per_node, c.topology,
-                c.oversubscription, c.tree_levels))
+                c.oversubscription, c.tree_levels, c.server))
     summary, metrics = cached_topology(key, c)
     agg = (f"aggregated: each GPU box is {summary.nodes_per_box} node(s)" if summary.aggregated
            else "one box per GPU")

@@ -74,6 +74,17 @@ def print_step_summary(out: dict, *, model: str, gpu: str, num_gpus: int) -> Non
             lines.append(f"   {label:<16} {_fmt_s(v):>12}  {v / total:6.1%}")
     if b.get("recompute_s"):
         lines.append(f"   (recompute inside compute: {_fmt_s(b['recompute_s'])})")
+    dp = out.get("dataparallel")
+    if dp:
+        lines.append(f"DataParallel       {dp['step_time_s']:.3f} s; DDP on this machine {dp['ddp_step_time_s']:.3f} s "
+                     f"-> switching to DDP is {dp['ddp_speedup']:.2f}x faster")
+    srv = out.get("server")
+    if srv:
+        lines.append(f"server             {srv['design']}: {srv['sockets']} socket(s) {srv['cpu']}, "
+                     f"{srv['pcie_switches']} PCIe switch(es), GPUs on {srv['gpu_link']}, p2p {srv['p2p']}"
+                     + (f", NVLink bridges {srv['nvlink_bridges']}" if srv["nvlink_bridges"] else ""))
+        for dim, b in srv["bottlenecks"].items():
+            lines.append(f"   {dim} collectives bound by {b['link']}: {b['bytes_per_s'] / 1e9:.1f} GB/s per flow")
     for w in out["warnings"]:
         lines.append(f"warning: {w}")
     print("\n".join(lines))

@@ -294,7 +294,8 @@ def _cluster_flags(args: argparse.Namespace) -> str:
     import shlex
 
     out = []
-    for flag in ("gpus_per_node", "nvlink_domain", "nic", "nics_per_node", "seq_len"):
+    for flag in ("gpus_per_node", "nvlink_domain", "nic", "nics_per_node", "seq_len", "server", "sockets",
+                 "pcie_switches", "cpu", "p2p", "nvlink_bridge"):
         v = getattr(args, flag, None)
         if v is not None:
             out.append(f"--{flag.replace('_', '-')} {shlex.quote(str(v))}")

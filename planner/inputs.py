@@ -34,6 +34,19 @@ def add_cluster_args(p: argparse.ArgumentParser, *, required: bool = True) -> No
                    "NVLink domains larger than a node (block: the same whole number of nodes from each, so "
                    "equal groups stay inside one domain; packed: fill each domain in turn)")
     g.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default 2048)")
+    pc = p.add_argument_group("PCIe server (PCIe cards only; docs/pcie.md)")
+    pc.add_argument("--server", default=None, help="a PCIe server design of catalogs/servers.yaml (its GPU slots "
+                    "set the node size); default: the design for the node size, else one described by the flags below")
+    pc.add_argument("--sockets", type=int, default=None, help="describe your own server: CPU sockets (1-2; default "
+                    "1 up to 4 GPUs per node, else 2), GPUs split evenly over them")
+    pc.add_argument("--pcie-switches", type=int, default=None, help="describe your own server: PCIe switches "
+                    "(default 0: every GPU on a CPU root port), split evenly over the sockets, GPUs evenly over them")
+    pc.add_argument("--cpu", default=None, help="host CPU of catalogs/hosts.yaml (memory and socket-link bandwidth); "
+                    "default: the design's")
+    pc.add_argument("--p2p", default=None, choices=("pcie", "none"), help="peer-to-peer over PCIe: pcie (peer DMA) "
+                    "or none (staged through host memory); default: the card's (GeForce: none with the stock driver)")
+    pc.add_argument("--nvlink-bridge", type=int, default=None, metavar="N", help="GPUs per NVLink/Infinity Fabric "
+                    "bridge (0 = no bridges); default: the card's (A100/H100 PCIe, H100 NVL: 2; MI210: 4)")
 
 
 def _gpu_and_nic_from_args(args: argparse.Namespace):
@@ -58,8 +71,13 @@ def cluster_from_args(args: argparse.Namespace) -> Cluster:
     cluster = cluster_from_catalog(gpu, args.num_gpus, gpus_per_node=args.gpus_per_node,
                                    nvlink_domain=args.nvlink_domain, nic=nic, nics_per_node=args.nics_per_node,
                                    topology=args.topology, oversubscription=args.oversubscription,
-                                   tree_levels=args.tree_levels, placement=args.placement)
+                                   tree_levels=args.tree_levels, placement=args.placement, **server_args(args))
     return cluster if host_bandwidth is None else replace(cluster, host_bandwidth=host_bandwidth)
+
+
+def server_args(args: argparse.Namespace) -> dict[str, object]:
+    """The PCIe server flags as ``cluster_from_catalog`` keywords (absent flags: None)."""
+    return {k: getattr(args, k, None) for k in ("server", "sockets", "pcie_switches", "cpu", "p2p", "nvlink_bridge")}
 
 
 def model_from_args(args: argparse.Namespace) -> Model:

@@ -251,7 +251,8 @@ def cluster_with_gpus(cluster: Cluster, num_gpus: int) -> Cluster:
     if num_gpus < gpn:
         gpn = num_gpus
         domain = min(domain, num_gpus)
-    return replace(cluster, num_gpus=num_gpus, gpus_per_node=gpn, nvlink_domain=domain)
+    server = cluster.server.with_slots(gpn) if cluster.server is not None else None  # PCIe: the first slots
+    return replace(cluster, num_gpus=num_gpus, gpus_per_node=gpn, nvlink_domain=domain, server=server)
 
 
 def gpu_counts(cluster: Cluster, min_gpus: int | None) -> list[int]:
@@ -586,7 +587,8 @@ def suggest_fixes(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, spa
         n = cluster.num_gpus * k
         tries.append(("num_gpus", f"more GPUs: {n}", {"cluster": lambda n=n: cluster_with_gpus(cluster, n)}))
         k *= 2
-    bigger = sorted((g for g in list_gpus() if g.hbm_bytes > cluster.gpu.hbm_bytes), key=lambda g: g.hbm_bytes)
+    bigger = sorted((g for g in list_gpus() if g.hbm_bytes > cluster.gpu.hbm_bytes
+                     and g.form_factor == cluster.gpu.form_factor), key=lambda g: g.hbm_bytes)
     for g in bigger[:2]:
         tries.append(("gpu", f"a GPU with more memory: {g.id} ({g.hbm_bytes / 2**30:.0f} GiB)",
                       {"cluster": lambda g=g: replace(cluster, gpu=g)}))

@@ -12,7 +12,9 @@ converted by the one record validator, ``sim.records.Record``.
 
 Public API: ``catalog_dir``, ``get_gpu``, ``get_link``, ``get_nic``, ``get_model``,
 ``has_model``, ``list_gpus``, ``list_links``, ``list_models``, ``cluster_from_catalog``, ``catalog_records``,
-``catalog_document``, ``load_yaml_records``, ``clear_cache``.
+``catalog_document``, ``load_yaml_records``, ``clear_cache``; the host side of PCIe servers
+(``hosts.yaml``, ``servers.yaml``): ``get_host_part``, ``get_cpu``, ``list_host_parts``,
+``get_server_design``, ``list_server_designs``, ``default_server_design``.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from typing import Any, Iterable, Mapping
 
 from sim.errors import InputError
 from sim.records import Record
-from sim.specs import PRECISIONS, TOPOLOGIES, Cluster, Gpu, Link, Model
+from sim.hostspecs import (HOST_PART_KINDS, P2P_MODES, HostCpu, NvmeDrive, PcieMeasurement, PcieSwitchPart,
+                           ServerDesign, SwitchSlot)
+from sim.specs import FORM_FACTORS, PRECISIONS, TOPOLOGIES, Cluster, Gpu, Link, Model
 
 ENV_VAR = "PLANNER_CATALOG_DIR"
 """Environment variable that points the loader at another catalogs/ folder."""
@@ -293,7 +297,8 @@ def _nic_index(links: _Index) -> _Index:
 
 def clear_cache() -> None:
     """Forget every loaded catalog (files are also re-read when their mtime or size changes)."""
-    for fn in (_records, _document, _gpu_index, _link_index, _model_index, _nic_index, _resolved_dir):
+    for fn in (_records, _document, _gpu_index, _link_index, _model_index, _nic_index, _host_index, _server_index,
+               _resolved_dir):
         fn.cache_clear()
 
 
@@ -313,7 +318,10 @@ def get_link(id: str) -> Link:
 def cluster_from_catalog(gpu: str | Gpu, num_gpus: int, *, gpus_per_node: int | None = None,
                          nvlink_domain: int | None = None, nic: str | Link | None = None,
                          nics_per_node: int | None = None, topology: str = "fat-tree",
-                         oversubscription: float = 1.0, tree_levels: int = 2, placement: str = "block") -> Cluster:
+                         oversubscription: float = 1.0, tree_levels: int = 2, placement: str = "block",
+                         server: str | None = None, sockets: int | None = None, pcie_switches: int | None = None,
+                         cpu: str | None = None, p2p: str | None = None,
+                         nvlink_bridge: int | None = None) -> Cluster:
     """A ``Cluster`` of catalog parts, with the defaults every entry point (CLI, app, published
     runs, tests) uses:
 
@@ -321,8 +329,21 @@ def cluster_from_catalog(gpu: str | Gpu, num_gpus: int, *, gpus_per_node: int | 
     * ``nvlink_domain``: ``gpus_per_node`` when that is given, else the larger of the GPU's
       usual domain and its node (a GB200 rack: 72);
     * fewer GPUs than a node: the node (and, unless given, the domain) shrinks to them.
+
+    PCIe cards (``form_factor: pcie``) get the inside of their server (``sim.server``): the
+    design ``server`` names (``servers.yaml``; its slots set the node size), one described by
+    ``sockets`` / ``pcie_switches`` / ``cpu``, or the default design for the node size;
+    ``p2p`` and ``nvlink_bridge`` override the card's; the NIC defaults to the design's.  The
+    node is then the scale-up domain (``nvlink_domain`` is refused).  Server flags with an
+    SXM/OAM part are bad input.
     """
     g = gpu if isinstance(gpu, Gpu) else get_gpu(gpu)
+    server_flags = dict(server=server, sockets=sockets, pcie_switches=pcie_switches, cpu=cpu, p2p=p2p,
+                        nvlink_bridge=nvlink_bridge)
+    if g.form_factor == "pcie" or any(v is not None for v in server_flags.values()):
+        return _pcie_cluster(g, num_gpus, gpus_per_node=gpus_per_node, nvlink_domain=nvlink_domain, nic=nic,
+                             nics_per_node=nics_per_node, topology=topology, oversubscription=oversubscription,
+                             tree_levels=tree_levels, placement=placement, **server_flags)
     gpn = gpus_per_node if gpus_per_node is not None else g.gpus_per_node
     if nvlink_domain is not None:
         domain = nvlink_domain
@@ -341,6 +362,33 @@ def cluster_from_catalog(gpu: str | Gpu, num_gpus: int, *, gpus_per_node: int | 
                    nics_per_node=nics_per_node if nics_per_node is not None else g.nics_per_node,
                    topology=topo, oversubscription=oversubscription, tree_levels=tree_levels,
                    placement=str(placement).lower())
+
+
+def _pcie_cluster(g: Gpu, num_gpus: int, *, gpus_per_node: int | None, nvlink_domain: int | None,
+                  nic: str | Link | None, nics_per_node: int | None, topology: str, oversubscription: float,
+                  tree_levels: int, placement: str, **server_flags: Any) -> Cluster:
+    from sim.server import resolve_server  # sim.server builds on this module's lookups
+
+    if g.form_factor != "pcie":
+        resolve_server(g, 1, **server_flags)  # raises: server flags describe PCIe cards
+    if nvlink_domain is not None:
+        raise InputError("nvlink-domain", nvlink_domain, f"{g.id} is a PCIe card: its node's fabric is the server's "
+                         "PCIe topology (--server, --sockets, --pcie-switches, --nvlink-bridge)")
+    design = server_flags.get("server")
+    gpn = gpus_per_node if gpus_per_node is not None else (
+        get_server_design(design).num_gpus if design is not None else g.gpus_per_node)
+    if isinstance(gpn, bool) or not isinstance(gpn, int) or gpn < 1:
+        raise InputError("gpus_per_node", gpn, "must be an integer >= 1")
+    if isinstance(num_gpus, int) and not isinstance(num_gpus, bool) and 1 <= num_gpus < gpn:
+        gpn = num_gpus  # a partial node: the first slots of the design
+    srv, design_nic = resolve_server(g, gpn, nics_per_node=nics_per_node, **server_flags)
+    link = nic if isinstance(nic, Link) else get_nic(nic if nic is not None else design_nic or g.default_nic)
+    topo = str(topology).lower()
+    if topo not in TOPOLOGIES:
+        raise InputError("topology", topology, f"must be one of {', '.join(TOPOLOGIES)}")
+    return Cluster(gpu=g, num_gpus=num_gpus, nic=link, gpus_per_node=gpn, nvlink_domain=gpn,
+                   nics_per_node=srv.num_nics, topology=topo, oversubscription=oversubscription,
+                   tree_levels=tree_levels, placement=str(placement).lower(), server=srv)
 
 
 def get_nic(id: str) -> Link:
@@ -387,6 +435,7 @@ _GPU_KEYS = frozenset({
     "nvlink_gb_per_s_per_direction", "nvlink_generation", "nvlink_domain_size", "pcie_generation",
     "tdp_w", "gpus_per_node", "nics_per_node", "default_nic", "price_usd", "price_usd_per_hour",
     "price_source", "matmul_efficiency", "hbm_efficiency", "architecture", "num_sms", "source", "notes",
+    "form_factor", "pcie_lanes", "p2p", "nvlink_bridge", "fp32_accumulate_halved",
 })
 _LINK_KEYS = frozenset({
     "id", "name", "aliases", "kind", "technology", "gbit_per_s_per_direction", "gb_per_s_per_direction",
@@ -425,10 +474,25 @@ def _gpu_from_record(rec: Mapping[str, Any], path: Path, links: _Index) -> Gpu:
     if nic_link is None or nic_link.kind != "nic":
         raise r.fail("default_nic", f"must name a NIC in links.yaml; known: "
                                     f"{', '.join(l.id for l in links.items if l.kind == 'nic')}")
-    gen = r.text("nvlink_generation")
-    gen_link = links.by_name.get(gen.lower())
-    if gen_link is None or gen_link.kind != "scale-up":
-        raise r.fail("nvlink_generation", "must name a scale-up link in links.yaml")
+    form = r.text("form_factor", default="sxm", choices=FORM_FACTORS)
+    pcie_only = form == "pcie" and not r.has("nvlink_generation")
+    if pcie_only:  # a PCIe card without NVLink: scale-up inside its server is PCIe (sim/server.py)
+        if r.has("nvlink_gb_per_s_per_direction"):
+            raise r.fail("nvlink_gb_per_s_per_direction", "needs an nvlink_generation (or null both)")
+        gen_id, nvlink_bw = "", 0.0
+    else:
+        gen = r.text("nvlink_generation")
+        gen_link = links.by_name.get(gen.lower())
+        if gen_link is None or gen_link.kind != "scale-up":
+            raise r.fail("nvlink_generation", "must name a scale-up link in links.yaml")
+        gen_id, nvlink_bw = gen_link.id, r.req("nvlink_gb_per_s_per_direction", positive=True) * _GIGA
+    bridge_gpus, bridge_bw = 0, 0.0
+    if r.has("nvlink_bridge"):
+        if form != "pcie":
+            raise r.fail("nvlink_bridge", "only PCIe cards have NVLink bridges")
+        b = r.mapping("nvlink_bridge", allowed=("gpus", "gb_per_s_per_direction"))
+        bridge_gpus = b.integer("gpus", minimum=2)
+        bridge_bw = b.req("gb_per_s_per_direction", positive=True) * _GIGA
     pcie = r.integer("pcie_generation")
     price_hour = r.number("price_usd_per_hour", optional=True, positive=True)
     return Gpu(
@@ -437,9 +501,9 @@ def _gpu_from_record(rec: Mapping[str, Any], path: Path, links: _Index) -> Gpu:
         dense_flops_per_s=FrozenDict({p: v * _TERA for p, v in peaks.items()}),
         hbm_bytes=r.req("hbm_gib", positive=True) * _GIB,
         hbm_bytes_per_s=r.req("hbm_tb_per_s", positive=True) * _TERA,
-        nvlink_bytes_per_s_per_direction=r.req("nvlink_gb_per_s_per_direction", positive=True) * _GIGA,
+        nvlink_bytes_per_s_per_direction=nvlink_bw,
         nvlink_domain_size=r.integer("nvlink_domain_size"),
-        nvlink_generation=gen_link.id,
+        nvlink_generation=gen_id,
         pcie_generation=pcie,
         tdp_w=r.req("tdp_w", positive=True),
         gpus_per_node=r.integer("gpus_per_node"),
@@ -452,6 +516,12 @@ def _gpu_from_record(rec: Mapping[str, Any], path: Path, links: _Index) -> Gpu:
         vendor=r.text("vendor", default="nvidia"),
         architecture=r.text("architecture", default=""),
         num_sms=r.integer("num_sms", optional=True),
+        form_factor=form,
+        pcie_lanes=r.integer("pcie_lanes", optional=True, default=16),
+        p2p=r.text("p2p", default="pcie", choices=P2P_MODES),
+        nvlink_bridge_gpus=bridge_gpus,
+        nvlink_bridge_bytes_per_s_per_direction=bridge_bw,
+        fp32_accumulate_halved=r.flag("fp32_accumulate_halved"),
         aliases=tuple(a.strip() for a in rec.get("aliases") or ()),
         source=r.text("source"),
         notes=notes,
@@ -485,3 +555,245 @@ def _link_from_record(rec: Mapping[str, Any], path: Path) -> Link:
         source=r.text("source"),
         notes=r.text("notes", default=""),
     )
+
+
+# --------------------------------------------------------------------------- hosts and servers
+
+_HOST_KEYS: dict[str, frozenset[str]] = {
+    "cpu": frozenset({"cores", "base_ghz", "boost_ghz", "sockets_max", "pcie_generation", "pcie_lanes",
+                      "memory_channels", "memory_type", "dram_gb_per_s", "stream_triad_gb_per_s", "fp32_tflops",
+                      "socket_link", "socket_links", "socket_link_gb_per_s_per_direction", "tdp_w", "price_usd"}),
+    "pcie-switch": frozenset({"generation", "lanes", "ports", "latency_ns", "power_w"}),
+    "nvme": frozenset({"pcie_generation", "pcie_lanes", "seq_read_gb_per_s", "seq_write_gb_per_s"}),
+    "pcie-link": frozenset({"pcie_generation", "lanes", "tool", "host_memory", "system", "p2p_enabled",
+                            "allreduce_gpus", "allreduce_bytes"}),
+}
+_HOST_COMMON = frozenset({"id", "name", "aliases", "kind", "source", "notes"})
+# measured quantities of a pcie-link record: GB/s (one direction unless *_bidirectional_*) and us
+_MEASURED_RATES = ("h2d", "d2h", "p2p_unidirectional", "p2p_bidirectional", "p2p_unidirectional_p2p_disabled",
+                   "p2p_bidirectional_p2p_disabled", "p2p_unidirectional_cross_socket", "allreduce_busbw",
+                   "allreduce_busbw_4gpu")
+_MEASURED_KEYS = frozenset({f"{m}_gb_per_s" for m in _MEASURED_RATES} | {f"{m}_range_gb_per_s" for m in _MEASURED_RATES}
+                           | {"p2p_latency_us", "p2p_latency_p2p_disabled_us"})
+
+
+def _host_from_record(rec: Mapping[str, Any], path: Path) -> Any:
+    kind = rec.get("kind")
+    if kind not in HOST_PART_KINDS:
+        raise InputError(f"host[{rec['id']}].kind", kind, f"{path.name}: must be one of {', '.join(HOST_PART_KINDS)}")
+    allowed = _HOST_COMMON | _HOST_KEYS[kind] | (_MEASURED_KEYS if kind == "pcie-link" else frozenset())
+    r = Record(rec, where=f"{kind}[{rec['id']}]", file=path.name, allowed=allowed)
+    common = dict(id=r.text("id"), name=r.text("name"), source=r.text("source"), notes=r.text("notes", default=""))
+    if kind == "cpu":
+        link_bw = r.number("socket_link_gb_per_s_per_direction", optional=True, positive=True)
+        price = r.number("price_usd", optional=True, positive=True)
+        stream = r.number("stream_triad_gb_per_s", optional=True, positive=True)
+        dram = r.req("dram_gb_per_s", positive=True)
+        if stream is not None and stream > dram:
+            raise r.fail("stream_triad_gb_per_s", f"exceeds the theoretical dram_gb_per_s={dram}")
+        return HostCpu(**common, cores=r.integer("cores"), sockets_max=r.integer("sockets_max"),
+                       pcie_generation=r.integer("pcie_generation"), pcie_lanes=r.integer("pcie_lanes"),
+                       dram_bytes_per_s=dram * _GIGA, stream_bytes_per_s=None if stream is None else stream * _GIGA,
+                       fp32_flops_per_s=r.req("fp32_tflops", positive=True) * _TERA,
+                       socket_link=r.text("socket_link", default="", choices=("", "upi", "xgmi")),
+                       socket_links=r.integer("socket_links", minimum=0, optional=True, default=0),
+                       socket_link_bytes_per_s_per_direction=None if link_bw is None else link_bw * _GIGA,
+                       tdp_w=r.number("tdp_w", optional=True, positive=True), price_usd=price)
+    if kind == "pcie-switch":
+        lat = r.number("latency_ns", optional=True, positive=True)
+        return PcieSwitchPart(**common, generation=r.integer("generation"), lanes=r.integer("lanes"),
+                              ports=r.integer("ports", optional=True), latency_s=None if lat is None else lat * 1e-9,
+                              power_w=r.number("power_w", optional=True, positive=True))
+    if kind == "nvme":
+        return NvmeDrive(**common, pcie_generation=r.integer("pcie_generation"), pcie_lanes=r.integer("pcie_lanes"),
+                         read_bytes_per_s=r.req("seq_read_gb_per_s", positive=True) * _GIGA,
+                         write_bytes_per_s=r.req("seq_write_gb_per_s", positive=True) * _GIGA)
+    values: dict[str, float] = {}
+    for m in _MEASURED_RATES:
+        point = r.number(f"{m}_gb_per_s", optional=True, positive=True)
+        key = f"{m}_range_gb_per_s"
+        if rec.get(key) is not None:
+            lo_hi = rec[key]
+            if (not isinstance(lo_hi, list) or len(lo_hi) != 2 or not all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in lo_hi)
+                    or lo_hi[0] > lo_hi[1]):
+                raise r.fail(key, "must be [low, high] in GB/s")
+            if point is not None and not lo_hi[0] <= point <= lo_hi[1] * 1.01:
+                raise r.fail(key, f"does not bracket {m}_gb_per_s={point}")
+            values[f"{m}_low_bytes_per_s"], values[f"{m}_high_bytes_per_s"] = lo_hi[0] * _GIGA, lo_hi[1] * _GIGA
+        if point is not None:
+            values[f"{m}_bytes_per_s"] = point * _GIGA
+    for key in ("p2p_latency_us", "p2p_latency_p2p_disabled_us"):
+        if r.has(key):
+            values[key[:-3] + "_s"] = r.req(key, positive=True) * 1e-6
+    for key in ("allreduce_gpus", "allreduce_bytes"):
+        if r.has(key):
+            values[key] = float(r.integer(key))
+    if not values:
+        raise r.fail("kind", "a pcie-link record needs at least one measured rate")
+    enabled = rec.get("p2p_enabled")
+    if enabled is not None and not isinstance(enabled, bool):
+        raise r.fail("p2p_enabled", "must be true, false or null")
+    if rec.get("host_memory") is not None:
+        r.text("host_memory", choices=("pinned", "pageable"))
+    return PcieMeasurement(**common, pcie_generation=r.integer("pcie_generation"), lanes=r.integer("lanes"),
+                           values=FrozenDict(values), p2p_enabled=enabled, system=r.text("system", default=""),
+                           tool=r.text("tool", default=""))
+
+
+def _hosts(folder: str) -> _Index:
+    return _host_index(folder, _stamp(str(Path(folder) / "hosts.yaml")))
+
+
+@functools.cache
+def _host_index(folder: str, *_stamps: tuple[int, int]) -> _Index:
+    path = Path(folder) / "hosts.yaml"
+    return _index((r["id"], tuple(r.get("aliases") or ()), _host_from_record(r, path))
+                  for r in _raw(folder, "hosts.yaml"))
+
+
+_HOST_TYPES = {"cpu": HostCpu, "pcie-switch": PcieSwitchPart, "nvme": NvmeDrive, "pcie-link": PcieMeasurement}
+
+
+def get_host_part(id: str, kind: str | None = None) -> Any:
+    """A ``catalogs/hosts.yaml`` record (``HostCpu``, ``PcieSwitchPart``, ``NvmeDrive`` or
+    ``PcieMeasurement``) by id or alias; ``kind`` restricts the lookup (``cpu``, ...)."""
+    if kind is not None and kind not in HOST_PART_KINDS:
+        raise InputError("kind", kind, f"must be one of {', '.join(HOST_PART_KINDS)}")
+    index = _hosts(str(catalog_dir()))
+    if kind is not None:
+        index = _index((i, (), p) for i, p in zip(index.ids, index.items) if isinstance(p, _HOST_TYPES[kind]))
+    return _lookup(index, kind or "host", kind or "host part", id)
+
+
+def get_cpu(id: str) -> HostCpu:
+    """A CPU of ``catalogs/hosts.yaml``; ``InputError('cpu', ...)`` if unknown."""
+    return get_host_part(id, "cpu")
+
+
+def list_host_parts(kind: str | None = None) -> list[Any]:
+    """Every ``hosts.yaml`` record, or those of one kind (cpu, pcie-switch, nvme, pcie-link)."""
+    if kind is not None and kind not in HOST_PART_KINDS:
+        raise InputError("kind", kind, f"must be one of {', '.join(HOST_PART_KINDS)}")
+    return [p for p in _hosts(str(catalog_dir())).items if kind is None or isinstance(p, _HOST_TYPES[kind])]
+
+
+_SERVER_KEYS = frozenset({
+    "id", "name", "aliases", "sockets", "cpu", "num_gpus", "gpu", "pcie_switches", "gpus_on_root_ports",
+    "gpu_link", "nics", "nics_on_root_ports", "nvlink_pairs", "host_dram_gib", "nvme_count", "power_w",
+    "default_for", "source", "notes",
+})
+
+
+def _socket_map(r: Record, key: str, sockets: int, limit: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    value = r.rec.get(key) or {}
+    if not isinstance(value, Mapping):
+        raise r.fail(key, "must be a mapping {socket: [indices]}")
+    out = []
+    for socket, items in value.items():
+        if isinstance(socket, bool) or not isinstance(socket, int) or not 0 <= socket < sockets:
+            raise r.fail(key, f"socket {socket!r} must be an integer in [0, {sockets})")
+        out.append((socket, _indices(r, key, items, limit)))
+    return tuple(out)
+
+
+def _indices(r: Record, key: str, items: object, limit: int) -> tuple[int, ...]:
+    if not isinstance(items, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < limit
+                                              for i in items):
+        raise r.fail(key, f"must list indices in [0, {limit})")
+    return tuple(items)
+
+
+def _server_design_from_record(rec: Mapping[str, Any], path: Path) -> ServerDesign:
+    r = Record(rec, where=f"server[{rec['id']}]", file=path.name, allowed=_SERVER_KEYS)
+    sockets, n = r.integer("sockets"), r.integer("num_gpus")
+    cpu = get_cpu(r.text("cpu"))
+    if sockets > cpu.sockets_max:
+        raise r.fail("sockets", f"{cpu.id} supports {cpu.sockets_max} socket(s)")
+    get_gpu(r.text("gpu"))
+    nics = r.mapping("nics", allowed=("count", "ports", "link", "east_west", "north_south"))
+    nic_count = nics.integer("count", minimum=0, optional=True)
+    ports = nics.integer("ports", optional=True, default=nic_count)
+    nic_link = nics.rec.get("link")
+    if nic_link is not None:
+        nic_link = get_nic(nics.text("link")).id
+    nic_limit = max(nic_count or 0, 1)
+    raw_switches = rec.get("pcie_switches") or []
+    if not isinstance(raw_switches, list):
+        raise r.fail("pcie_switches", "must be a list")
+    switches = []
+    for j, sw in enumerate(raw_switches):
+        s = Record(sw, where=f"server[{rec['id']}].pcie_switches[{j}]", file=path.name,
+                   allowed=("id", "model", "socket", "gpus", "nics", "uplink_lanes"))
+        socket = s.integer("socket", minimum=0)
+        if socket >= sockets:
+            raise s.fail("socket", f"must be < sockets={sockets}")
+        model = s.rec.get("model")
+        if model is not None:
+            model = get_host_part(s.text("model"), "pcie-switch").id
+        switches.append(SwitchSlot(id=s.text("id", default=f"sw{j}"), model=model, socket=socket,
+                                   gpus=_indices(s, "gpus", sw.get("gpus") or [], n),
+                                   nics=_indices(s, "nics", sw.get("nics") or [], nic_limit),
+                                   uplink_lanes=s.integer("uplink_lanes")))
+    roots = _socket_map(r, "gpus_on_root_ports", sockets, n)
+    wired = [g for sw in switches for g in sw.gpus] + [g for _, gs in roots for g in gs]
+    if sorted(wired) != list(range(n)):
+        raise r.fail("gpus_on_root_ports", f"every GPU slot 0..{n - 1} must hang off exactly one switch or root port")
+    nic_roots = _socket_map(r, "nics_on_root_ports", sockets, nic_limit)
+    sites = [k for sw in switches for k in sw.nics] + [k for _, ks in nic_roots for k in ks]
+    if len(set(sites)) != len(sites):
+        raise r.fail("nics_on_root_ports", "a NIC is wired twice")
+    link = r.mapping("gpu_link", allowed=("generation", "lanes", "cabling"))
+    gen = link.integer("generation")
+    get_link(f"pcie{gen}")
+    pairs = tuple(_indices(r, "nvlink_pairs", p, n) for p in (rec.get("nvlink_pairs") or []))
+    if any(len(p) < 2 for p in pairs) or len({g for p in pairs for g in p}) != sum(len(p) for p in pairs):
+        raise r.fail("nvlink_pairs", "groups of >= 2 distinct GPU slots, each slot in one group")
+    dram = r.number("host_dram_gib", optional=True, positive=True)
+    default_for = rec.get("default_for") or []
+    if not isinstance(default_for, list) or not all(isinstance(k, int) and 1 <= k <= n for k in default_for):
+        raise r.fail("default_for", f"must list GPUs-per-node counts in [1, {n}]")
+    return ServerDesign(id=r.text("id"), name=r.text("name"), sockets=sockets, cpu=cpu.id, num_gpus=n,
+                        gpu=r.text("gpu"), switches=tuple(switches), gpus_on_root_ports=roots,
+                        gpu_link_generation=gen, gpu_link_lanes=link.integer("lanes"), nic_count=nic_count,
+                        nic_ports=ports or None,
+                        nic_link=nic_link, nics_on_root_ports=nic_roots, nvlink_pairs=pairs,
+                        host_dram_bytes=None if dram is None else dram * _GIB,
+                        nvme_count=r.integer("nvme_count", minimum=0, optional=True),
+                        power_w=r.number("power_w", optional=True, positive=True), default_for=tuple(default_for),
+                        aliases=tuple(a.strip() for a in rec.get("aliases") or ()),
+                        source=r.text("source"), notes=r.text("notes", default=""))
+
+
+def _servers(folder: str) -> _Index:
+    stamps = tuple(_stamp(str(Path(folder) / f)) for f in ("servers.yaml", "hosts.yaml", "gpus.yaml", "links.yaml"))
+    return _server_index(folder, *stamps)
+
+
+@functools.cache
+def _server_index(folder: str, *_stamps: tuple[int, int]) -> _Index:
+    path = Path(folder) / "servers.yaml"
+    index = _index((r["id"], tuple(r.get("aliases") or ()), _server_design_from_record(r, path))
+                   for r in _raw(folder, "servers.yaml"))
+    owners: dict[int, str] = {}
+    for design in index.items:
+        for k in design.default_for:
+            if k in owners:
+                raise InputError(f"server[{design.id}].default_for", k,
+                                 f"servers.yaml: {owners[k]} is already the default for {k} GPUs")
+            owners[k] = design.id
+    return index
+
+
+def get_server_design(id: str) -> ServerDesign:
+    """A named PCIe server design of ``catalogs/servers.yaml``; ``InputError('server', ...)``."""
+    return _lookup(_servers(str(catalog_dir())), "server", "server design", id)
+
+
+def list_server_designs() -> list[ServerDesign]:
+    return list(_servers(str(catalog_dir())).items)
+
+
+def default_server_design(gpus_per_node: int) -> ServerDesign | None:
+    """The design ``servers.yaml`` names (``default_for``) for PCIe cards at this node size."""
+    return next((d for d in list_server_designs() if gpus_per_node in d.default_for), None)

@@ -4,7 +4,8 @@ Every cost is ``alpha`` (a per-step latency, ``latency_s``) times a step count p
 a bandwidth (``bytes_per_s``, per rank and per direction).  ``message_bytes`` (``S``) is, per
 rank: the buffer for all-reduce; the full *output* for all-gather; the full *input* for
 reduce-scatter; the whole send buffer (``S/n`` to each rank) for all-to-all; the payload for
-point-to-point.
+point-to-point; the buffer for broadcast and reduce; the root's whole output (gather) or input
+(scatter), ``S/n`` per rank.
 
 References and equations:
 
@@ -19,8 +20,11 @@ References and equations:
 * Sanders, Speck & Traeff, "Two-tree algorithms for full bandwidth broadcast, reduction and
   scan", Parallel Computing 35(12), 2009: the double binary tree NCCL uses (NCCL >= 2.4).
 * NCCL ``doc/PERFORMANCE.md`` (nccl-tests): bus bandwidth = algorithm bandwidth times
-  ``2(n-1)/n`` (all-reduce) or ``(n-1)/n`` (all-gather, reduce-scatter, all-to-all); the factors
-  here are the same, so a measured busbw is directly a ``bytes_per_s`` for these formulas.
+  ``2(n-1)/n`` (all-reduce) or ``(n-1)/n`` (all-gather, reduce-scatter, all-to-all), ``1``
+  (broadcast, reduce); the factors here are the same, so a measured busbw is directly a
+  ``bytes_per_s`` for these formulas.  Broadcast and reduce (``torch.nn.DataParallel``'s
+  replication and gradient reduction) are NCCL's pipelined ring from / to the root; gather and
+  scatter its root copying every part at once.
 
 Known error.  The reduction arithmetic (TRG05's ``gamma`` term) is ignored: on GPUs it runs
 at HBM speed inside the copy kernels.  Pipelining start-up (chunk size over bandwidth per
@@ -42,13 +46,18 @@ import numpy as np
 
 from sim.errors import InputError
 
-OPS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
+OPS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p",
+                        "broadcast", "reduce", "gather", "scatter")
 ALGORITHMS: dict[str, tuple[str, ...]] = {
     "all_reduce": ("ring", "tree", "hierarchical"),
     "all_gather": ("ring", "hierarchical"),
     "reduce_scatter": ("ring", "hierarchical"),
     "all_to_all": ("pairwise",),
     "p2p": ("direct",),
+    "broadcast": ("ring",),  # pipelined along the ring from the root (NCCL)
+    "reduce": ("ring",),
+    "gather": ("direct",),  # every rank copies its part straight to the root, all at once
+    "scatter": ("direct",),
 }
 """Algorithms per op; ``"auto"`` (the cheapest, as NCCL's tuner roughly picks) is always allowed."""
 
@@ -166,6 +175,27 @@ def all_to_all_coeffs(num_ranks: int, bytes_per_s: float, latency_s: float) -> C
     return ring_all_gather_coeffs(num_ranks, bytes_per_s, latency_s)
 
 
+def chain_coeffs(num_ranks: int, bytes_per_s: float, latency_s: float) -> Coeffs:
+    """Pipelined chain broadcast (from the root) or reduce (to it) of ``S``: every link of the
+    chain carries all of ``S`` in small chunks, so ``S/B + (n-1) * alpha`` (NCCL's ring
+    broadcast/reduce; nccl-tests PERFORMANCE.md: their bus bandwidth equals the algorithm
+    bandwidth ``S/t``).  Pipeline fill of the chunks is ignored."""
+    _check(num_ranks, bytes_per_s, latency_s)
+    if num_ranks == 1:
+        return 0.0, 0.0
+    return _per_byte(bytes_per_s), (num_ranks - 1) * latency_s
+
+
+def fan_coeffs(num_ranks: int, bytes_per_s: float, latency_s: float) -> Coeffs:
+    """Gather to (scatter from) a root of ``S`` in ``n`` parts, every part copied at once:
+    ``(1/n) * S/B + alpha`` with ``B`` the rate each copy keeps while the root's link is shared
+    by all ``n - 1`` (``torch.nn.parallel`` scatter/gather: one copy per device)."""
+    _check(num_ranks, bytes_per_s, latency_s)
+    if num_ranks == 1:
+        return 0.0, 0.0
+    return _per_byte(bytes_per_s) / num_ranks, latency_s
+
+
 def p2p_coeffs(bytes_per_s: float, latency_s: float) -> Coeffs:
     """Point-to-point send: ``S/B + alpha``."""
     _check(1, bytes_per_s, latency_s)
@@ -219,9 +249,9 @@ def bus_bandwidth_factor(op: str, num_ranks: int) -> float:
     n = num_ranks
     if op == "all_reduce":
         return 2.0 * (n - 1) / n
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+    if op in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
         return (n - 1) / n
-    if op == "p2p":
+    if op in ("p2p", "broadcast", "reduce"):
         return 1.0
     raise InputError("op", op, f"must be one of {', '.join(OPS)}")
 
@@ -254,6 +284,10 @@ def bytes_sent_per_rank(op: str, algorithm: str, num_ranks: int, message_bytes: 
     elif algorithm in ("ring", "pairwise", "direct", "auto"):
         if op == "p2p":
             return s
+        if op in ("broadcast", "reduce"):  # every rank but the chain's end forwards S
+            return (n - 1) / n * s
+        if op in ("gather", "scatter"):  # n - 1 parts of S/n, over n ranks
+            return (n - 1) / n * s / n
         return bus_bandwidth_factor(op, n) * s
     raise InputError("algorithm", algorithm, f"not one of {', '.join(ALGORITHMS.get(op, ()))} for {op}")
 

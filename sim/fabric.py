@@ -6,7 +6,9 @@ collectives from its arrays without a graph, ``sim.topology`` draws the same fab
 networkx graph and counts its parts, ``sim.routing`` routes flows on that graph for checks.
 The modelling choices (aggregated switch layers, sizing from the radix, mesh/torus grids,
 host edges at PCIe x16, latencies) are listed in ``sim.topology``'s docstring; numbers the
-records leave out come from ``catalogs/fabric.yaml``.
+records leave out come from ``catalogs/fabric.yaml``.  For PCIe cards (``Cluster.server``) the
+node is the scale-up domain, its inside comes from ``sim.server`` and each GPU stripes its
+cross-node traffic over the NIC ports nearest it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 from sim.catalog import catalog_document, file_version, get_link
 from sim.errors import InputError
 from sim.records import Record
+from sim.server import ServerTables, server_tables
 from sim.specs import Cluster
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -125,6 +128,8 @@ class Fabric:
     grid_rows: int = 1
     grid_cols: int = 1
     grid_link_bytes_per_s: tuple[float, float] = (0.0, 0.0)  # (along cols/x, along rows/y)
+    # PCIe cards: the links and paths inside each node (sim.server); the node is the domain
+    server: ServerTables | None = None
 
     @property
     def switched(self) -> bool:
@@ -170,16 +175,31 @@ def layout_fabric(cluster: Cluster) -> Fabric:
     gpus = np.arange(G)
     domain = c.scale_up_block  # the job's GPUs per NVLink domain (Cluster.placement)
     gpu_domain = gpus // domain
-    attach = _attachments(gpn, nics)
-    span = min(gpn, domain)
-    gpu_pool = gpus // span
-    num_pools = (G + span - 1) // span
+    srv = server_tables(c.server) if c.server is not None else None
     pools: list[list[int]] = []
-    for p in range(num_pools):
-        first = p * span
-        node = first // gpn
-        locs = sorted({k for g in range(first, min(first + span, G)) for k in attach[g % gpn]})
-        pools.append([node * nics + k for k in locs])
+    if srv is not None:
+        # a PCIe server: each GPU stripes over the NIC ports nearest it (sim.server affinity);
+        # a pool is the GPUs of one node that share that set
+        attach = srv.affinity
+        gpu_pool = np.empty(G, dtype=np.int64)
+        for node in range(num_nodes):
+            first: dict[tuple[int, ...], int] = {}
+            for g in range(node * gpn, min((node + 1) * gpn, G)):
+                aff = attach[g % gpn]
+                if aff not in first:
+                    first[aff] = len(pools)
+                    pools.append([node * nics + k for k in aff])
+                gpu_pool[g] = first[aff]
+    else:
+        attach = _attachments(gpn, nics)
+        span = min(gpn, domain)
+        gpu_pool = gpus // span
+        num_pools = (G + span - 1) // span
+        for p in range(num_pools):
+            first_gpu = p * span
+            node = first_gpu // gpn
+            locs = sorted({k for g in range(first_gpu, min(first_gpu + span, G)) for k in attach[g % gpn]})
+            pools.append([node * nics + k for k in locs])
     stripes = max(len(p) for p in pools)
     pool_nics = np.array([[p[j % len(p)] for j in range(stripes)] for p in pools], dtype=np.int64)
 
@@ -210,7 +230,7 @@ def layout_fabric(cluster: Cluster) -> Fabric:
         nic_link=c.nic.id, nic_bytes_per_s=c.nic.bytes_per_s_per_direction,
         nic_latency_s=c.nic.latency_s, switch_latency_s=defaults.switch_hop_latency_s,
         gpu_domain=gpu_domain, gpu_pool=gpu_pool, pool_nics=pool_nics, nic_present=nic_present,
-        nic_owner=nic_owner, gpu_nics=attach)
+        nic_owner=nic_owner, gpu_nics=attach, server=srv)
 
     if c.topology in ("mesh", "torus"):
         rows, cols = grid_shape(num_nodes)

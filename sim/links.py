@@ -2,8 +2,11 @@
 
 ``Links(fabric, bandwidth_efficiency)`` lays every link of ``sim.fabric.Fabric`` out as an
 integer id in flat numpy arrays, by tier: each GPU's scale-up port (up and down), host edges
-(GPU or NIC side of PCIe), NIC uplinks and downlinks, switch-block uplinks per level, and the
-mesh/torus grid ports.  A flow's path is split into a sender-side piece (precomputed per GPU
+(GPU or NIC side of PCIe), for PCIe cards each node's server links (``sim.server.server_tables``:
+GPU slots, switch uplinks, socket link, host memory, NIC slots, bridges), NIC uplinks and
+downlinks, switch-block uplinks per level, and the mesh/torus grid ports; ``tier`` says each
+link's tier.  Inside a node of PCIe cards a flow follows the server's path table instead of the
+two NVSwitch ports, and a cross-node flow reaches its NIC over the server's PCIe tree.  A flow's path is split into a sender-side piece (precomputed per GPU
 and stripe), a fabric piece (computed per pair of NIC pools) and a receiver-side piece, so that
 routing every flow of 10^4 GPUs is a few ``bincount``s.  ``sim.network.Network`` prices
 collectives from these loads; the event engine's ``LinkTable`` shares the same ids.
@@ -30,19 +33,30 @@ class Links:
         G, gpn, nics = f.num_gpus, f.gpus_per_node, f.nics_per_node
         total_nics = f.num_nodes * nics
         H = G if f.gpu_per_nic_host_edge else total_nics
+        srv = self.srv = f.server
+        E_srv = srv.num_links if srv is not None else 0
         self.su_up, self.su_down = 0, G
         self.host_up, self.host_down = 2 * G, 2 * G + H
-        self.nic_up, self.nic_down = 2 * G + 2 * H, 2 * G + 2 * H + total_nics
+        self.srv_base, self.srv_links = 2 * G + 2 * H, E_srv  # PCIe servers: E_srv links per node
+        self.nic_up = self.srv_base + f.num_nodes * E_srv
+        self.nic_down = self.nic_up + total_nics
         base = self.nic_down + total_nics
         cap: list[np.ndarray] = []
         lat: list[np.ndarray] = []
+        tiers: list[np.ndarray] = []
 
-        def add(n: int, bytes_per_s: float | np.ndarray, latency_s: float, t: int) -> None:
-            cap.append(np.broadcast_to(np.asarray(bytes_per_s, dtype=float) * eff[TIERS[t]], (n,)))
-            lat.append(np.full(n, latency_s))
+        def add(n: int, bytes_per_s: float | np.ndarray, latency_s: float | np.ndarray, t: int | np.ndarray) -> None:
+            t = np.broadcast_to(np.asarray(t, dtype=np.int8), (n,))
+            scale = np.array([eff[tier] for tier in TIERS])[t]
+            cap.append(np.broadcast_to(np.asarray(bytes_per_s, dtype=float), (n,)) * scale)
+            lat.append(np.broadcast_to(np.asarray(latency_s, dtype=float), (n,)))
+            tiers.append(t)
 
         add(2 * G, f.scale_up_bytes_per_s, f.scale_up_latency_s / 2, 0)
         add(2 * H, f.host_bytes_per_s, 0.0, 1)
+        if srv is not None:
+            nodes = f.num_nodes
+            add(nodes * E_srv, np.tile(srv.cap, nodes), np.tile(srv.lat, nodes), np.tile(srv.tier, nodes))
         add(2 * total_nics, f.nic_bytes_per_s, f.nic_latency_s / 2 if f.switched else 0.0, 2)
         self.blk_up: list[int] = []
         self.blk_down: list[int] = []
@@ -71,6 +85,10 @@ class Links:
         self.num_links = base
         self.cap = np.concatenate(cap)
         self.lat = np.concatenate(lat)
+        self.tier = np.concatenate(tiers)  # per link: index into sim.fabric.TIERS
+        if srv is not None:
+            self._server_sides()
+            return
 
         # Sender / receiver pieces of a cross-domain flow, per GPU and stripe (3 links at most).
         gpus = np.arange(G)
@@ -95,6 +113,55 @@ class Links:
         self.in_lat_j = self.path_latency(inn)
         self.out_lat = self.out_lat_j.max(axis=1)
         self.in_lat = self.in_lat_j.max(axis=1)
+
+    def _server_sides(self) -> None:
+        """Sender / receiver pieces of cross-node flows on a PCIe server: GPU -> its stripe's NIC
+        port and NIC -> GPU over the node's PCIe tree (``sim.server`` paths, per node)."""
+        f, srv = self.fabric, self.srv
+        G, gpn, nics = f.num_gpus, f.gpus_per_node, f.nics_per_node
+        gpus = np.arange(G)
+        a = f.pool_nics[f.gpu_pool]  # (G, m) NIC of each stripe
+        local, k = gpus % gpn, a % nics
+        offset = (self.srv_base + (gpus // gpn) * self.srv_links)[:, None, None]
+        out = srv.gn[local[:, None], k]  # (G, m, L)
+        inn = srv.ng[local[:, None], k]
+        self.out_path = np.where(out >= 0, out + offset, -1)
+        self.in_path = np.where(inn >= 0, inn + offset, -1)
+        self.out_lat_j = self.path_latency(self.out_path)
+        self.in_lat_j = self.path_latency(self.in_path)
+        self.out_lat = self.out_lat_j.max(axis=1)
+        self.in_lat = self.in_lat_j.max(axis=1)
+
+    def same_paths(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """Link ids ``(flows, L)`` (-1 padded) of flows inside one node of a PCIe server."""
+        gpn = self.fabric.gpus_per_node
+        p = self.srv.gg[src % gpn, dst % gpn]
+        return np.where(p >= 0, p + (self.srv_base + (src // gpn) * self.srv_links)[:, None], -1)
+
+    def gpu_slot_links(self, gpu: int) -> np.ndarray:
+        """A GPU's own links: its NVLink ports, or on a PCIe server its slot (up and down)."""
+        if self.srv is None:
+            return np.array([self.su_up + gpu, self.su_down + gpu], dtype=np.int64)
+        gpn = self.fabric.gpus_per_node
+        return self.srv.gpu_links[gpu % gpn] + self.srv_base + (gpu // gpn) * self.srv_links
+
+    def label(self, link: int) -> str:
+        """What link id ``link`` is, in words (bottleneck reports)."""
+        f = self.fabric
+        if link < self.host_up:
+            return f"gpu{link % f.num_gpus} scale-up port {'out' if link < self.su_down else 'in'}"
+        if link < self.srv_base:
+            return f"host edge {(link - self.host_up) % (self.host_down - self.host_up or 1)}"
+        if link < self.nic_up:
+            node, local = divmod(link - self.srv_base, self.srv_links)
+            return f"node{node} {self.srv.label[local]}"
+        if link < self.nic_down + f.num_nodes * f.nics_per_node:
+            up = link < self.nic_down
+            return f"nic{link - (self.nic_up if up else self.nic_down)} {'uplink' if up else 'downlink'}"
+        for k, (u, d) in enumerate(zip(self.blk_up, self.blk_down)):
+            if u <= link < d + (d - u):
+                return f"level-{k + 1} block {(link - u) % (d - u)} {'uplink' if link < d else 'downlink'}"
+        return f"grid link {link - self.grid}"
 
     def path_latency(self, paths: np.ndarray) -> np.ndarray:
         return np.where(paths >= 0, self.lat[np.maximum(paths, 0)], 0.0).sum(axis=-1)
@@ -158,7 +225,10 @@ class Links:
             same = np.zeros(len(src), dtype=bool)
         loads = np.zeros(E)
         ss, sd = src[same], dst[same]
-        if ss.size:
+        if ss.size and self.srv is not None:
+            p = self.same_paths(ss, sd)
+            loads += np.bincount(p[p >= 0], minlength=E)
+        elif ss.size:
             loads += np.bincount(ss + self.su_up, minlength=E)
             loads += np.bincount(sd + self.su_down, minlength=E)
         xs, xd = src[~same], dst[~same]

@@ -58,6 +58,33 @@ class GroupLink:
 
 _Classes = list[np.ndarray]  # groups, one 2-D array (num_groups, size) per group size
 
+PATTERNS: tuple[str, ...] = ("ring", "p2p", "all_to_all", "chain", "chain_in", "fan_out", "fan_in")
+"""Flows of a group ``g``: ``ring`` g[i] -> g[i+1] closing the ring; ``p2p`` g[0] -> g[1];
+``all_to_all`` every ordered pair; ``chain`` g[i] -> g[i+1] (a pipelined broadcast from g[0]
+along the ring, the closing edge idle) and ``chain_in`` g[i+1] -> g[i] (a reduce to g[0]);
+``fan_out`` g[0] -> every other (scatter from a root); ``fan_in`` every other -> g[0] (gather)."""
+
+
+def _pattern_flows(arr: np.ndarray, pattern: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(src, dst)`` arrays ``(groups, flows per group)`` of ``pattern`` over groups ``arr``."""
+    g, n = arr.shape
+    if n < 2:
+        return np.zeros((g, 0), dtype=np.int64), np.zeros((g, 0), dtype=np.int64)
+    if pattern == "ring":
+        return arr, np.roll(arr, -1, axis=1)
+    if pattern == "p2p":
+        return arr[:, :1], arr[:, 1:2]
+    if pattern == "chain":
+        return arr[:, :-1], arr[:, 1:]
+    if pattern == "chain_in":
+        return arr[:, 1:], arr[:, :-1]
+    if pattern == "fan_out":
+        return np.repeat(arr[:, :1], n - 1, axis=1), arr[:, 1:]
+    if pattern == "fan_in":
+        return arr[:, 1:], np.repeat(arr[:, :1], n - 1, axis=1)
+    i, j = np.nonzero(~np.eye(n, dtype=bool))  # all_to_all: every ordered pair
+    return arr[:, i], arr[:, j]
+
 
 class _GroupsKey:
     """A tuple of groups with its hash computed once (cache keys for ``concurrent_groups``)."""
@@ -128,7 +155,13 @@ class Network:
         rate = np.empty(n)
         lat = np.empty(n)
         tier = np.empty(n, dtype=np.int8)
-        if ss.size:
+        if ss.size and self.links.srv is not None:  # inside a PCIe server: the node's own paths
+            p = self.links.same_paths(ss, sd)
+            ok, q = p >= 0, np.maximum(p, 0)
+            rate[same] = np.where(ok, share[q], np.inf).min(axis=-1)
+            lat[same] = self.links.path_latency(p)
+            tier[same] = np.where(ok, self.links.tier[q], -1).max(axis=-1)
+        elif ss.size:
             rate[same] = np.minimum(share[ss + self.links.su_up], share[sd + self.links.su_down])
             lat[same] = self.links.lat[ss + self.links.su_up] + self.links.lat[sd + self.links.su_down]
             tier[same] = 0
@@ -249,7 +282,7 @@ class Network:
         """GroupLink of the worst group among ``targets`` (global group indices; None = all)."""
         size = np.concatenate([np.full(a.shape[0], a.shape[1]) for a in classes])
         sel = np.arange(len(size)) if targets is None else targets
-        if pattern == "all_to_all":
+        if pattern == "all_to_all" and self.links.srv is None:
             if (size[sel] < 2).all():
                 return GroupLink(math.inf, 0.0, "local", int(size[sel].max()))
             rate, lat, tier = self._evaluate_a2a(classes)
@@ -258,17 +291,11 @@ class Network:
                              int(size[sel].max()))
         srcs, dsts, counts = [], [], []
         for arr in classes:
-            g, n = arr.shape
-            if n < 2:
-                counts.append(np.zeros(g, dtype=np.int64))
-                continue
-            if pattern == "ring":
-                s, d = arr, np.roll(arr, -1, axis=1)
-            else:  # p2p
-                s, d = arr[:, :1], arr[:, 1:2]
-            srcs.append(s.ravel())
-            dsts.append(d.ravel())
-            counts.append(np.full(g, s.shape[1], dtype=np.int64))
+            s, d = _pattern_flows(arr, pattern)
+            counts.append(np.full(arr.shape[0], s.shape[1], dtype=np.int64))
+            if s.shape[1]:
+                srcs.append(s.ravel())
+                dsts.append(d.ravel())
         count = np.concatenate(counts)
         if not count[sel].any():
             return GroupLink(math.inf, 0.0, "local", int(size[sel].max()))
@@ -277,8 +304,54 @@ class Network:
         rate, lat, tier = self._evaluate(np.concatenate(srcs), np.concatenate(dsts), starts)
         idx = np.cumsum(has) - 1  # group -> row of the per-group results
         mine = idx[sel[has[sel]]]
+        if pattern == "all_to_all":  # pairs routed one by one (PCIe servers): the rank's send rate
+            rate = rate * (size[has] - 1)
         return GroupLink(float(rate[mine].min()), float(lat[mine].max()), TIERS[int(tier[mine].max())],
                          int(size[sel].max()))
+
+    def bottleneck(self, classes: _Classes, targets: np.ndarray | None, pattern: str = "ring"
+                   ) -> tuple[str, float] | None:
+        """The link that bounds the worst of ``targets``' groups (all groups running at once):
+        ``(label, bytes_per_s per flow)``; None for groups without traffic."""
+        pairs = [_pattern_flows(arr, pattern) for arr in classes]
+        src = np.concatenate([s.ravel() for s, _ in pairs])
+        dst = np.concatenate([d.ravel() for _, d in pairs])
+        if not src.size:
+            return None
+        loads = self.links.link_loads(src, dst)
+        share = self.links.share(loads)
+        sizes = np.concatenate([np.full(a.shape[0], s.shape[1]) for a, (s, _) in zip(classes, pairs)])
+        group_of = np.repeat(np.arange(len(sizes)), sizes)
+        mask = np.ones(len(src), dtype=bool) if targets is None else np.isin(group_of, targets)
+        mine = self.links.link_loads(src[mask], dst[mask]) > 0
+        if not mine.any():
+            return None
+        rate = np.where(mine, share, np.inf)
+        tied = rate <= rate.min() * (1 + 1e-9)  # of equal rates, name the most shared link
+        link = int(np.argmax(np.where(tied, loads, -1.0)))
+        return self.links.label(link), float(share[link])
+
+    def bottlenecks(self, strategy: Strategy) -> dict[str, dict[str, object]]:
+        """Per parallel dimension of ``strategy`` with groups of more than one GPU: the link its
+        collective (all groups at once) is bound by and the rate per flow there
+        (``{"tp": {"link": ..., "bytes_per_s": ...}, ...}``; ``dp`` is the dp x cp gradient group,
+        ``pp`` the pipeline sends, ``ep`` the expert all-to-all)."""
+        dims = (("tp", strategy.tp, "ring"), ("cp", strategy.cp, "ring"), ("ep", strategy.ep, "all_to_all"),
+                ("dp", strategy.dp * strategy.cp, "ring"), ("pp", strategy.pp, "p2p"))
+        out: dict[str, dict[str, object]] = {}
+        for name, size, pattern in dims:
+            if size > 1:
+                found = self.dim_bottleneck(strategy, "dp_cp" if name == "dp" else name, pattern=pattern)
+                if found is not None:
+                    out[name] = {"link": found[0], "bytes_per_s": found[1]}
+        return out
+
+    def dim_bottleneck(self, strategy: Strategy, dim: str, *, pattern: str = "ring") -> tuple[str, float] | None:
+        """``bottleneck`` of the ``dim`` groups of ``strategy`` (the link a ring over each
+        group, all at once, is bound by; ``pattern="p2p"`` with ``dim="pp"``: the pipeline sends)."""
+        _, spec = self._dim_spec(strategy, dim, pattern_pp=(pattern == "p2p"))
+        classes, targets = spec()
+        return self.bottleneck(classes, targets, pattern)
 
     # ------------------------------------------------------------------ group specifications
 
@@ -379,6 +452,15 @@ class Network:
         if op == "p2p":
             link = self._cached_link(link_key + ("p2p",), spec, "p2p")
             return {"direct": (*cf.p2p_coeffs(link.bytes_per_s, link.latency_s), 1.0, link.tier)}
+        if op in ("broadcast", "reduce"):  # pipelined along the chain from / to the root
+            pattern = "chain" if op == "broadcast" else "chain_in"
+            link = self._cached_link(link_key + (pattern,), spec, pattern)
+            return {"ring": (*cf.chain_coeffs(link.num_ranks, link.bytes_per_s, link.latency_s), 1.0, link.tier)}
+        if op in ("gather", "scatter"):  # every part straight to / from the root at once
+            pattern = "fan_in" if op == "gather" else "fan_out"
+            link = self._cached_link(link_key + (pattern,), spec, pattern)
+            return {"direct": (*cf.fan_coeffs(link.num_ranks, link.bytes_per_s, link.latency_s),
+                               float(max(1, link.num_ranks)), link.tier)}
         if op == "all_to_all":
             link = self._cached_link(link_key + ("all_to_all",), spec, "all_to_all")
             return {"pairwise": (*cf.all_to_all_coeffs(link.num_ranks, link.bytes_per_s, link.latency_s),
@@ -469,8 +551,8 @@ class Network:
         ``ranks[0] -> ranks[1]`` (``"p2p"``) or of all ordered pairs (``"all_to_all"``), with
         every group in ``concurrent_groups`` running at the same time (``ranks`` is added if
         it is not among them)."""
-        if pattern not in ("ring", "p2p", "all_to_all"):
-            raise InputError("pattern", pattern, "must be ring, p2p or all_to_all")
+        if pattern not in PATTERNS:
+            raise InputError("pattern", pattern, f"must be one of {', '.join(PATTERNS)}")
         gkey = self._group_key(ranks, concurrent_groups)
         spec = self._group_spec(gkey)
         return self._cached_link(("g",) + gkey + (pattern,), spec, pattern)
@@ -537,8 +619,8 @@ class Network:
         """``group_link`` of the worst ``dim`` group of ``strategy`` (``sim.placement``) with all
         ``dim`` groups running at once; ``pattern="p2p"`` with ``dim="pp"`` prices every forward
         pipeline send at once.  Cached by the groups' shape: microseconds once warm."""
-        if pattern not in ("ring", "p2p", "all_to_all"):
-            raise InputError("pattern", pattern, "must be ring, p2p or all_to_all")
+        if pattern not in PATTERNS:
+            raise InputError("pattern", pattern, f"must be one of {', '.join(PATTERNS)}")
         lkey, spec = self._dim_spec(strategy, dim, pattern_pp=(pattern == "p2p"))
         return self._cached_link(lkey + (pattern,), spec, pattern)
 

@@ -17,7 +17,7 @@ LOSS_IMPLS: tuple[str, ...] = ("upcast", "inplace", "fused")
 
 _INT_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "mbs", "gbs", "zero", "seq_len", "dp_shard")
 _BOOL_KEYS = ("sp", "tp_overlap", "dp_overlap", "ep_overlap", "pp_overlap", "cuda_graphs")
-_STR_KEYS = ("recompute", "precision", "schedule", "fp8_recipe", "order")
+_STR_KEYS = ("recompute", "precision", "schedule", "fp8_recipe", "order", "dp_impl")
 _ALIASES = {"seq": "seq_len", "micro_batch": "mbs", "global_batch": "gbs", "zero_stage": "zero",
             "sequence_parallel": "sp", "interleave": "vp"}
 
@@ -215,6 +215,10 @@ def check_feasible(model: Model, cluster: Cluster, s: Strategy, *, uneven_vp: bo
         if s.tp > 1 and not s.sp and s.expert_tp != s.tp:
             raise InfeasibleError("unsupported", "etp", s.expert_tp,
                                   "expert tensor parallelism other than tp needs sequence parallelism (sp=1)")
+    if s.dp_impl == "dataparallel" and s.num_gpus > cluster.gpus_per_node:
+        raise InfeasibleError("unsupported", "dp_impl", s.dp_impl,
+                              f"torch.nn.DataParallel is one process on one node: {s.num_gpus} GPUs exceed "
+                              f"gpus_per_node={cluster.gpus_per_node} (use dp_impl=ddp)")
     if s.precision == "fp8" and "fp8" not in cluster.gpu.dense_flops_per_s:
         raise InfeasibleError("unsupported", "precision", s.precision, f"{cluster.gpu.id} has no fp8 tensor cores")
     if s.precision == "fp8":

@@ -4,7 +4,9 @@
   reduction, bf16 parameter gathers), of the optimizer step's memory-bound passes, of gradient
   accumulation outside the GEMM per framework mode, and of FSDP2's packing around its
   collectives (each with its source in the catalog);
-* ``MemoryRuntime``: workspaces and caching-allocator slack added to every GPU's peak.
+* ``MemoryRuntime``: workspaces and caching-allocator slack added to every GPU's peak;
+* ``DataParallelRuntime``: what single-process ``torch.nn.DataParallel`` moves and how much of
+  its threads' dispatch the GIL serialises.
 """
 
 from __future__ import annotations
@@ -114,3 +116,26 @@ def default_runtime() -> MemoryRuntime:
                          fragmentation_fraction=m.fraction("fragmentation_fraction"),
                          loss_bytes_per_logit={k: loss.req(k, positive=True) for k in loss.rec},
                          source=m.text("source"))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DataParallelRuntime:
+    """Single-process ``torch.nn.DataParallel`` (``catalogs/runtime.yaml`` ``dataparallel``):
+    bytes per parameter it broadcasts every forward and reduces onto GPU 0 every backward,
+    bytes per logit of the outputs it gathers, and the fraction of an op's host dispatch that
+    holds the GIL (an assumption, stated in the catalog)."""
+
+    broadcast_bytes_per_param: float
+    reduce_bytes_per_param: float
+    output_bytes_per_logit: float
+    gil_held_fraction: float
+    source: str = ""
+
+
+@functools.cache
+def dataparallel_runtime() -> DataParallelRuntime:
+    d = _doc().mapping("dataparallel")
+    return DataParallelRuntime(broadcast_bytes_per_param=d.req("broadcast_bytes_per_param", positive=True),
+                               reduce_bytes_per_param=d.req("reduce_bytes_per_param", positive=True),
+                               output_bytes_per_logit=d.req("output_bytes_per_logit", positive=True),
+                               gil_held_fraction=d.fraction("gil_held_fraction"), source=d.text("source"))

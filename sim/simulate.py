@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from sim.analytic import simulate_analytic
 from sim.calibration import load_calibration
 from sim.compute import default_efficiency, network_kwargs
+from sim.dataparallel import simulate_dataparallel
 from sim.errors import InputError
 from sim.event.engine import simulate_event
 from sim.event.whatif import WhatIf
@@ -22,7 +25,8 @@ def simulate(plan: Plan, *, engine: str = "analytic", trace_path: str | None = N
     (``sim.event``), which alone takes ``whatif`` (stragglers, slow links, uneven stages),
     ``explicit_ranks`` (every data-parallel replica simulated) and ``trace_path``.
     ``calibration`` (a profile file or name, ``sim.calibration``) replaces the catalog's
-    hardware and efficiency with a measured machine's."""
+    hardware and efficiency with a measured machine's.  ``dp_impl=dataparallel`` is priced by
+    ``sim.dataparallel`` (closed form, next to the DDP step) under either engine."""
     if engine not in ENGINES:
         raise InputError("engine", engine, f"must be one of {', '.join(ENGINES)}")
     if engine != "event" and (explicit_ranks or (whatif is not None and not whatif.empty)):
@@ -39,7 +43,25 @@ def simulate(plan: Plan, *, engine: str = "analytic", trace_path: str | None = N
     if not net_kwargs:
         net_kwargs = network_kwargs(plan.cluster.gpu.nvlink_generation)
     net = Network(plan.cluster, **net_kwargs)  # type: ignore[arg-type]
+    if plan.strategy.dp_impl == "dataparallel":  # single-process DataParallel: closed form, either engine
+        if explicit_ranks or trace_path is not None or (whatif is not None and not whatif.empty):
+            raise InputError("dp_impl", "dataparallel", "what-ifs, --trace and --explicit-ranks need the event "
+                             "engine, which does not schedule torch.nn.DataParallel")
+        return with_server_report(simulate_dataparallel(plan, net=net, eff=eff), plan, net)
     if engine == "event":
-        return simulate_event(plan, net=net, eff=eff, trace_path=trace_path, whatif=whatif,
-                              explicit_ranks=explicit_ranks)
-    return simulate_analytic(plan, net=net, eff=eff)
+        result = simulate_event(plan, net=net, eff=eff, trace_path=trace_path, whatif=whatif,
+                                explicit_ranks=explicit_ranks)
+    else:
+        result = simulate_analytic(plan, net=net, eff=eff)
+    return with_server_report(result, plan, net)
+
+
+def with_server_report(result: StepResult, plan: Plan, net: Network) -> StepResult:
+    """PCIe cards: ``server`` in the result (the design, its P2P mode and, per parallel
+    dimension, the link its collectives are bound by: a GPU slot, a switch uplink, the socket
+    link, host memory, a bridge or the scale-out network)."""
+    srv = plan.cluster.server
+    if srv is None:
+        return result
+    report = {**srv.describe(), "bottlenecks": net.bottlenecks(plan.strategy)}
+    return replace(result, extra={**result.extra, "server": report})

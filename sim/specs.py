@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Literal, Mapping
 
 from sim.errors import InputError
+from sim.hostspecs import Server
 
 Precision = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 FfnType = Literal["gelu", "swiglu"]
@@ -31,8 +32,10 @@ DEFAULT_ORDER = "tp-cp-dp-pp"
 # every order of the four dimensions, the default first
 ORDERS: tuple[str, ...] = (DEFAULT_ORDER,) + tuple(
     "-".join(p) for p in itertools.permutations(ORDER_DIMS) if "-".join(p) != DEFAULT_ORDER)
+DP_IMPLS: tuple[str, ...] = ("ddp", "dataparallel")
 TOPOLOGIES: tuple[str, ...] = ("fat-tree", "rail-optimized", "star", "tree", "mesh", "torus")
 PLACEMENTS: tuple[str, ...] = ("block", "packed")
+FORM_FACTORS: tuple[str, ...] = ("sxm", "pcie")
 
 # Limits that catch typos and overflow, not hardware: far above anything built today.
 MAX_GPUS = 1 << 22
@@ -90,6 +93,16 @@ class Gpu:
     vendor: str = "nvidia"
     architecture: str = ""  # volta | ampere | hopper | blackwell | cdna2 | cdna3 (kernel families)
     num_sms: int | None = None  # streaming multiprocessors / compute units per package
+    # PCIe cards (catalogs/README.md): ``form_factor`` pcie puts the GPU in a server whose
+    # inside is its PCIe/host topology (sim/server.py); ``p2p`` none = the driver gives no peer
+    # access (GeForce), transfers are staged through host memory; an NVLink bridge joins
+    # ``nvlink_bridge_gpus`` cards with ``nvlink_bridge_bytes_per_s_per_direction`` per GPU.
+    form_factor: str = "sxm"  # sxm (SXM/OAM module or superchip on a scale-up baseboard) | pcie
+    pcie_lanes: int = 16
+    p2p: str = "pcie"
+    nvlink_bridge_gpus: int = 0
+    nvlink_bridge_bytes_per_s_per_direction: float = 0.0
+    fp32_accumulate_halved: bool = False  # GeForce: dense_flops_per_s are the FP32-accumulate rates
     aliases: tuple[str, ...] = ()
     source: str = ""
     notes: str = ""
@@ -100,7 +113,19 @@ class Gpu:
         for p, v in self.dense_flops_per_s.items():
             _choice(f"gpu[{self.id}].dense_flops_per_s", p, PRECISIONS)
             _positive_float(f"gpu[{self.id}].dense_flops_per_s.{p}", v)
-        for n in ("hbm_bytes", "hbm_bytes_per_s", "nvlink_bytes_per_s_per_direction", "tdp_w"):
+        _choice(f"gpu[{self.id}].form_factor", self.form_factor, FORM_FACTORS)
+        _choice(f"gpu[{self.id}].p2p", self.p2p, ("pcie", "none"))
+        _positive_int(f"gpu[{self.id}].pcie_lanes", self.pcie_lanes, limit=32)
+        pcie_only = self.form_factor == "pcie"  # a PCIe card may have no NVLink at all
+        _positive_float(f"gpu[{self.id}].nvlink_bytes_per_s_per_direction", self.nvlink_bytes_per_s_per_direction,
+                        allow_zero=pcie_only)
+        if self.nvlink_bridge_gpus:
+            if self.nvlink_bridge_gpus < 2 or not pcie_only:
+                raise InputError(f"gpu[{self.id}].nvlink_bridge.gpus", self.nvlink_bridge_gpus,
+                                 "a bridge joins >= 2 PCIe cards")
+            _positive_float(f"gpu[{self.id}].nvlink_bridge.gb_per_s_per_direction",
+                            self.nvlink_bridge_bytes_per_s_per_direction)
+        for n in ("hbm_bytes", "hbm_bytes_per_s", "tdp_w"):
             _positive_float(f"gpu[{self.id}].{n}", getattr(self, n))
         for n in ("nvlink_domain_size", "gpus_per_node", "nics_per_node"):
             _positive_int(f"gpu[{self.id}].{n}", getattr(self, n))
@@ -473,6 +498,10 @@ class Cluster:
     # from the profile's ``host`` block; sim.calibration): host memory bandwidth and the
     # host<->device copies, for models of offloading.  None: nothing measured.
     host_bandwidth: HostCalibration | None = None
+    # The inside of one node of PCIe cards (sim.hostspecs.Server, built by sim.server): its
+    # GPUs talk over that PCIe/host topology (and NVLink bridges) instead of an NVLink domain,
+    # which is then the node (``nvlink_domain == gpus_per_node``).  None for SXM/OAM parts.
+    server: Server | None = None
 
     def __post_init__(self) -> None:
         _positive_int("num_gpus", self.num_gpus, limit=MAX_GPUS)
@@ -491,6 +520,16 @@ class Cluster:
         if self.num_gpus > self.gpus_per_node and self.num_gpus % self.gpus_per_node:
             raise InputError("num_gpus", self.num_gpus,
                              f"must be a multiple of gpus_per_node={self.gpus_per_node}")
+        if self.server is not None:
+            if self.server.num_gpus != self.gpus_per_node:
+                raise InputError("server", self.server.design, f"has {self.server.num_gpus} GPU slots in use, "
+                                 f"gpus_per_node={self.gpus_per_node}")
+            if self.nvlink_domain != self.gpus_per_node:
+                raise InputError("nvlink_domain", self.nvlink_domain,
+                                 "a PCIe server's GPUs share the node's PCIe fabric: nvlink_domain must be gpus_per_node")
+            if self.server.num_nics != self.nics_per_node:
+                raise InputError("nics_per_node", self.nics_per_node,
+                                 f"the server places {self.server.num_nics} NIC ports")
 
     @property
     def num_nodes(self) -> int:
@@ -579,6 +618,11 @@ class Strategy:
     # rank order, innermost first (Megatron-Core RankGenerator order; torchtitan's device mesh is
     # tp-cp-dp-pp): which dimension's groups are consecutive ranks and so share a node
     order: str = DEFAULT_ORDER
+    # How data parallelism runs: ``ddp`` one process per GPU (DistributedDataParallel, FSDP,
+    # Megatron: everything above); ``dataparallel`` single-process torch.nn.DataParallel
+    # (sim/dataparallel.py: replicate every forward, outputs gathered to and gradients reduced
+    # onto GPU 0, one GIL-bound Python thread per GPU).
+    dp_impl: str = "ddp"
 
     def __post_init__(self) -> None:
         for n in ("tp", "pp", "dp", "cp", "ep", "vp"):
@@ -594,6 +638,16 @@ class Strategy:
         _choice("precision", self.precision, TRAIN_PRECISIONS)
         _choice("schedule", self.schedule, SCHEDULES)
         _choice("fp8_recipe", self.fp8_recipe, FP8_RECIPES)
+        _choice("dp_impl", self.dp_impl, DP_IMPLS)
+        if self.dp_impl == "dataparallel":
+            other = [f"{k}={getattr(self, k)}" for k in ("tp", "pp", "cp", "ep") if getattr(self, k) > 1]
+            if self.zero:
+                other.append(f"zero={self.zero}")
+            if self.dp_shard is not None and self.dp_shard != self.dp:
+                other.append(f"dp_shard={self.dp_shard}")
+            if other:
+                raise InputError("dp_impl", self.dp_impl, "torch.nn.DataParallel replicates the whole module on "
+                                 f"every GPU: needs tp=pp=cp=ep=1 and zero=0 (got {', '.join(other)})")
         if self.dp_shard is not None:
             _positive_int("dp_shard", self.dp_shard, limit=MAX_GPUS)
             if self.dp % self.dp_shard:
@@ -676,6 +730,8 @@ class Strategy:
             parts.append(f"order={self.order}")
         if self.dp_shard is not None and self.dp_shard != self.dp:
             parts.append(f"dp_shard={self.dp_shard}")
+        if self.dp_impl != "ddp":
+            parts.append(f"dp_impl={self.dp_impl}")
         return ",".join(parts)
 
     def with_(self, **changes: object) -> "Strategy":

@@ -38,6 +38,10 @@ Modelling choices (each is an approximation; ``sim.network`` follows the same on
   mesh boundary ports are unused.  Routing is dimension-order (columns first).
 * **Host edges** (GPU-NIC) carry the GPU generation's PCIe x16 bandwidth, which binds only
   where a NIC is faster than the slot (e.g. NDR-400 behind an A100's PCIe 4).
+* **PCIe cards** (``Cluster.server``): no NVSwitch; each node is drawn as its server
+  (``sim.server.server_graph``: GPUs on PCIe switches or CPU root ports, root complexes
+  joined by the socket link, host memory, NICs on switches or root ports, NVLink bridges),
+  node-qualified: ``("pcie-switch", node, j)``, ``("root", node, s)``, ``("dram", node, s)``.
 * **Latency.**  NIC-leaf edges take half the NIC's latency (so one switch hop costs the NIC's
   quoted host-to-host latency), every further switch traversal ``catalogs/fabric.yaml`` ``switch_hop_latency_us``, a
   grid hop the NIC's latency, NVLink edges half the scale-up latency.
@@ -54,6 +58,7 @@ import networkx as nx
 import numpy as np
 
 from sim.fabric import Fabric, layout_fabric, level_name
+from sim.server import server_graph
 from sim.specs import Cluster
 
 
@@ -88,11 +93,30 @@ def build_topology(cluster: Cluster, *, aggregate: bool | None = None) -> nx.Gra
     return g
 
 
+def _add_servers(g: nx.Graph, f: Fabric) -> None:
+    """PCIe cards: each node's inside (``sim.server.server_graph``) with node-qualified names
+    (``("gpu", i)`` global; ``("pcie-switch", node, j)``, ``("root", node, s)``,
+    ``("dram", node, s)``, ``("nic", node, k)``)."""
+    gpn, one = f.gpus_per_node, server_graph(f.server.server)
+
+    def name(node: int, v: tuple) -> tuple:
+        return ("gpu", node * gpn + v[1]) if v[0] == "gpu" else (v[0], node, v[1])
+
+    for node in range(f.num_nodes):
+        for v, attrs in one.nodes(data=True):
+            extra = {"node": node, "domain": node} if v[0] == "gpu" else {}
+            g.add_node(name(node, v), **attrs, **extra)
+        g.add_edges_from((name(node, u), name(node, v), dict(a)) for u, v, a in one.edges(data=True))
+
+
 def _add_gpus_and_nics(g: nx.Graph, f: Fabric) -> None:
     G, gpn, nics = f.num_gpus, f.gpus_per_node, f.nics_per_node
+    if f.server is not None:
+        _add_servers(g, f)
+        g.remove_nodes_from([("nic", n // nics, n % nics) for n in np.nonzero(~f.nic_present)[0]])
     g.add_nodes_from((("gpu", i), {"kind": "gpu", "node": i // gpn, "domain": int(f.gpu_domain[i])})
                      for i in range(G))
-    if f.has_scale_up:
+    if f.has_scale_up and f.server is None:
         su = {"tier": "scale-up", "link": f.scale_up_link, "bytes_per_s": f.scale_up_bytes_per_s,
               "latency_s": f.scale_up_latency_s / 2}
         for d in range(int(f.gpu_domain[-1]) + 1):
@@ -101,7 +125,9 @@ def _add_gpus_and_nics(g: nx.Graph, f: Fabric) -> None:
     host = {"tier": "host", "link": f.host_link, "bytes_per_s": f.host_bytes_per_s, "latency_s": 0.0}
     for n in np.nonzero(f.nic_present)[0]:
         g.add_node(("nic", int(n) // nics, int(n) % nics), kind="nic")
-    g.add_edges_from((("gpu", i), ("nic", i // gpn, k), dict(host)) for i in range(G) for k in f.gpu_nics[i % gpn])
+    if f.server is None:
+        g.add_edges_from((("gpu", i), ("nic", i // gpn, k), dict(host)) for i in range(G)
+                         for k in f.gpu_nics[i % gpn])
     present = [int(n) for n in np.nonzero(f.nic_present)[0]]
     if f.switched:
         leaf_of = _leaf_of(f)

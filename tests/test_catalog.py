@@ -200,14 +200,20 @@ def test_matmul_efficiency_matches_mamf_table(gpu_id, precision, fraction):
     assert catalog.get_gpu(gpu_id).matmul_efficiency[precision] == pytest.approx(fraction, abs=0.0015)
 
 
+# Data sheets whose printed peaks are not exactly 1:2:4 (the record keeps what is printed and
+# says so in its notes): the tolerance for these is the sheet's own inconsistency.
+RATIO_EXCEPTIONS = {"l40s-48gb": 0.03}  # BF16 362.05 dense, yet FP8 733 (= 2 x 366.5) and TF32 183
+
+
 def test_dense_peaks_are_consistent():
     for g in catalog.list_gpus():
         p = g.dense_flops_per_s
+        rel = RATIO_EXCEPTIONS.get(g.id, 1e-3)
         assert p["bf16"] > p["fp32"], g.id
         if "fp8" in p:
-            assert p["fp8"] == pytest.approx(2 * p["bf16"], rel=1e-3), g.id
+            assert p["fp8"] == pytest.approx(2 * p["bf16"], rel=rel), g.id
         if "tf32" in p:
-            assert p["tf32"] == pytest.approx(p["bf16"] / 2, rel=1e-3), g.id
+            assert p["tf32"] == pytest.approx(p["bf16"] / 2, rel=rel), g.id
         assert set(g.matmul_efficiency) <= set(p), g.id
         assert 0.5 <= g.hbm_efficiency <= 0.95, g.id
 
@@ -248,6 +254,8 @@ PARAM_COUNTS = [
     ("gpt3-175b", 174.6, 0.005, "Brown et al. 2020: 175B label; exact weight count 174.6B"),
     ("gpt-175b", 175.0, 0.01, "Korthikanti Table 3 label"),
     ("llama2-70b", 68.98, 0.005, "released weights (label 70B)"),
+    ("llama2-7b", 6.738, 0.001, "released weights (label 7B)"),
+    ("llama2-13b", 13.016, 0.001, "released weights (label 13B)"),
     ("llama3-8b", 8.03, 0.005, "released weights"),
     ("llama3-70b", 70.6, 0.005, "released weights"),
     ("llama3.1-405b", 405.8, 0.005, "released weights"),

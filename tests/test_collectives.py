@@ -194,7 +194,7 @@ def test_pipeline_sends_and_all_to_all_dimensions() -> None:
 def test_network_input_errors() -> None:
     net = Network(make_cluster(16))
     with pytest.raises(InputError):
-        net.collective_time_s("broadcast", (0, 1), S)
+        net.collective_time_s("barrier", (0, 1), S)
     with pytest.raises(InputError):
         net.collective_time_s("all_gather", (0, 1), S, algorithm="tree")
     with pytest.raises(InputError):

@@ -178,13 +178,15 @@ def test_unknown_gpu_keeps_measured_peaks_and_pcie_never_maps_to_sxm():
     assert guess("NVIDIA H100 80GB HBM3", 79.2) == "h100-80gb"
     assert guess("NVIDIA A100-SXM4-80GB", 79.2) == "a100-80gb"
     assert guess("NVIDIA A100-SXM4-40GB", 39.4) == "a100-40gb"
-    assert guess("NVIDIA H100 PCIe", 79.2) is None
-    assert guess("NVIDIA H100 NVL", 93.0) is None
-    assert guess("NVIDIA A100 80GB PCIe", 79.2) is None
+    # PCIe cards map to their own PCIe records, never to the SXM part of the same name
+    assert guess("NVIDIA H100 PCIe", 79.2) == "h100-pcie-80gb"
+    assert guess("NVIDIA H100 NVL", 93.0) == "h100-nvl-94gb"
+    assert guess("NVIDIA A100 80GB PCIe", 79.2) == "a100-pcie-80gb"
+    assert guess("NVIDIA A100 40GB PCIe", 39.4) is None  # no 40 GB PCIe record, and never the SXM one
     assert guess("NVIDIA GH200 480GB", 94.5) is None
     assert guess_base_gpu({"device_type": "cpu", "device_name": "AMD EPYC"}) is None
     recs = S.records(TRUTH, 1, 1)
-    prof = fit_profile(recs, S.environment(1, 1, device_name="NVIDIA H100 PCIe", memory_bytes=85e9))
+    prof = fit_profile(recs, S.environment(1, 1, device_name="NVIDIA GH200 480GB", memory_bytes=101e9))
     assert prof["host"]["base_gpu"] is None
     assert prof["device"]["dense_tflops"]["bf16"] == pytest.approx(
         TRUTH.matmul_fraction * TRUTH.gpu().peak_flops_per_s("bf16") / 1e12, rel=REL)

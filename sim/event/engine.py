@@ -366,6 +366,9 @@ def simulate_event(plan: Plan, *, net: Network | None = None, eff: KernelEfficie
     if s.zero_shard < s.dp * s.cp:
         raise InputError("dp_shard", s.dp_shard, "HSDP (dp_shard < dp) is modelled by the analytic engine only; "
                          "use --engine analytic")
+    if s.dp_impl != "ddp":
+        raise InputError("dp_impl", s.dp_impl, "the event engine schedules one process per GPU; "
+                         "sim.simulate prices torch.nn.DataParallel with sim.dataparallel")
     if trace_path is not None:
         folder = os.path.dirname(os.path.abspath(trace_path))
         if not os.path.isdir(folder) or os.path.isdir(trace_path):

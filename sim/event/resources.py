@@ -62,9 +62,8 @@ class LinkTable:
         self._su_up, self._su_down = links.su_up, links.su_down
         self._host_up, self._host_down = links.host_up, links.host_down
         self._nic_up, self._nic_down = links.nic_up, links.nic_down
-        # Link ids are laid out by tier: scale-up ports, host edges, then scale-out.
-        ids = np.arange(self.num_links)
-        self.tier = np.where(ids < self._host_up, 0, np.where(ids < self._nic_up, 1, 2)).astype(np.int8)
+        self.tier = np.asarray(links.tier, dtype=np.int8)  # per link: index into sim.fabric.TIERS
+        self._links = links
         self._blk_up, self._blk_down = list(links.blk_up), list(links.blk_down)
         assert self.cap.shape == (self.num_links,)
 
@@ -106,8 +105,8 @@ class LinkTable:
         total_nics = f.num_nodes * f.nics_per_node
         if kind == "gpu":
             _bound("gpu", k, f.num_gpus, target)
-            ids = [self._su_up + k, self._su_down + k]
-            if f.gpu_per_nic_host_edge:
+            ids = list(self._links.gpu_slot_links(k))
+            if f.gpu_per_nic_host_edge and f.server is None:
                 ids += [self._host_up + k, self._host_down + k]
             return np.array(ids, dtype=np.int64)
         if kind == "nic":

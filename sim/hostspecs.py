@@ -1,0 +1,262 @@
+"""Frozen data model of the host side of a GPU server: CPUs, PCIe switches, NVMe drives, measured
+PCIe links (``catalogs/hosts.yaml``), server designs (``catalogs/servers.yaml``) and the
+resolved ``Server`` a ``sim.specs.Cluster`` of PCIe cards carries.
+
+Every number is SI with its unit in its name (bytes, bytes/s, seconds, FLOP/s, watts);
+``sim.catalog`` converts the data-sheet units of the YAML once.  Construction validates and
+raises ``InputError`` naming the field and the value.  ``sim.server`` turns a ``Server`` into
+the networkx graph of one node and the link/path tables ``sim.links`` routes flows on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from sim.errors import InputError
+
+P2P_MODES: tuple[str, ...] = ("pcie", "none")
+"""``pcie``: GPUs DMA into each other over PCIe (CUDA/HIP peer access); ``none``: the driver
+refuses peer access and every GPU-GPU (and GPU-NIC) transfer is staged through host memory."""
+
+HOST_PART_KINDS: tuple[str, ...] = ("cpu", "pcie-switch", "nvme", "pcie-link")
+
+
+def _positive(name: str, value: object, *, allow_zero: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise InputError(name, value, "must be a number")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise InputError(name, value, "must be >= 0" if allow_zero else "must be > 0")
+
+
+def _count(name: str, value: object, *, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InputError(name, value, f"must be an integer >= {minimum}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HostCpu:
+    """One CPU socket: PCIe lanes, memory and the link to the other socket."""
+
+    id: str
+    name: str
+    cores: int
+    sockets_max: int
+    pcie_generation: int
+    pcie_lanes: int
+    dram_bytes_per_s: float  # theoretical, per socket (channels x MT/s x 8 B)
+    stream_bytes_per_s: float | None = None  # measured STREAM triad per socket
+    fp32_flops_per_s: float = 0.0  # vector FMA peak per socket at base clock
+    socket_link: str = ""  # upi | xgmi | "" (single-socket part)
+    socket_links: int = 0
+    socket_link_bytes_per_s_per_direction: float | None = None  # all links summed, one direction
+    tdp_w: float | None = None
+    price_usd: float | None = None
+    source: str = ""
+    notes: str = ""
+
+    def __post_init__(self) -> None:
+        for n in ("cores", "sockets_max", "pcie_generation", "pcie_lanes"):
+            _count(f"cpu[{self.id}].{n}", getattr(self, n))
+        _positive(f"cpu[{self.id}].dram_bytes_per_s", self.dram_bytes_per_s)
+        if self.sockets_max > 1 and not self.socket_link_bytes_per_s_per_direction:
+            raise InputError(f"cpu[{self.id}].socket_link_gb_per_s_per_direction",
+                             self.socket_link_bytes_per_s_per_direction, "a multi-socket part needs its socket link")
+
+    def sustained_dram_bytes_per_s(self, stream_fraction: float) -> float:
+        """Sustained memory bandwidth of one socket: the measured STREAM triad, else the
+        theoretical rate times ``stream_fraction`` (``catalogs/fabric.yaml`` pcie)."""
+        if self.stream_bytes_per_s:
+            return self.stream_bytes_per_s
+        return self.dram_bytes_per_s * stream_fraction
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PcieSwitchPart:
+    id: str
+    name: str
+    generation: int
+    lanes: int
+    ports: int | None = None
+    latency_s: float | None = None  # port-to-port cut-through
+    power_w: float | None = None
+    source: str = ""
+    notes: str = ""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NvmeDrive:
+    id: str
+    name: str
+    pcie_generation: int
+    pcie_lanes: int
+    read_bytes_per_s: float
+    write_bytes_per_s: float
+    source: str = ""
+    notes: str = ""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PcieMeasurement:
+    """One published PCIe / P2P / NCCL measurement on one public system (``kind: pcie-link``):
+    ``values`` maps the record's keys to SI (``*_gb_per_s`` -> ``*_bytes_per_s``, ``*_us`` ->
+    ``*_s``; counts and byte sizes as they are)."""
+
+    id: str
+    name: str
+    pcie_generation: int
+    lanes: int
+    values: Mapping[str, float]
+    p2p_enabled: bool | None = None
+    system: str = ""
+    tool: str = ""
+    source: str = ""
+    notes: str = ""
+
+    def value(self, key: str) -> float:
+        if key not in self.values:
+            raise InputError(f"pcie-link[{self.id}]", key, f"not measured; has {', '.join(sorted(self.values))}")
+        return self.values[key]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SwitchSlot:
+    """One PCIe switch of a design: its socket, the GPUs and NIC sites below it, its uplink."""
+
+    id: str
+    model: str | None  # a pcie-switch id in hosts.yaml, or None
+    socket: int
+    gpus: tuple[int, ...]
+    nics: tuple[int, ...]
+    uplink_lanes: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ServerDesign:
+    """A named chassis (``catalogs/servers.yaml``): sockets, CPU, where each GPU slot and NIC
+    site hangs, NVLink-bridged pairs; GPU and NIC indices are 0-based within the node."""
+
+    id: str
+    name: str
+    sockets: int
+    cpu: str
+    num_gpus: int
+    gpu: str  # the usual card (a gpus.yaml id)
+    switches: tuple[SwitchSlot, ...]
+    gpus_on_root_ports: tuple[tuple[int, tuple[int, ...]], ...]  # (socket, gpu slots)
+    gpu_link_generation: int
+    gpu_link_lanes: int
+    nic_count: int | None  # adapters
+    nic_link: str | None
+    nic_ports: int | None = None  # scale-out ports training uses (default: nic_count)
+    nics_on_root_ports: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    nvlink_pairs: tuple[tuple[int, ...], ...] = ()
+    host_dram_bytes: float | None = None
+    nvme_count: int | None = None
+    power_w: float | None = None
+    default_for: tuple[int, ...] = ()
+    aliases: tuple[str, ...] = ()
+    source: str = ""
+    notes: str = ""
+
+    def slot_socket(self, slot: int) -> int:
+        for sw in self.switches:
+            if slot in sw.gpus:
+                return sw.socket
+        for socket, gpus in self.gpus_on_root_ports:
+            if slot in gpus:
+                return socket
+        raise InputError(f"server[{self.id}]", slot, "GPU slot not wired")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Server:
+    """The resolved inside of one node of PCIe cards (``sim.server.resolve_server``): per GPU
+    slot its socket and switch (-1: a CPU root port), per switch its socket and uplink, per
+    NIC port its socket and switch, the socket link, each socket's sustained memory bandwidth,
+    the P2P mode, NVLink-bridged groups, and every rate already in bytes/s (nominal; the
+    collective efficiency is applied by ``sim.server.server_tables``)."""
+
+    design: str  # a servers.yaml id, or "custom"
+    name: str
+    sockets: int
+    cpu: HostCpu
+    gpu_socket: tuple[int, ...]
+    gpu_switch: tuple[int, ...]
+    switch_socket: tuple[int, ...]
+    switch_uplink_bytes_per_s: tuple[float, ...]
+    switch_latency_s: tuple[float, ...]
+    switch_model: tuple[str, ...]
+    gpu_link_bytes_per_s: float  # card <-> slot, per direction (min of card and slot generation/lanes)
+    gpu_link_label: str
+    nic_socket: tuple[int, ...]
+    nic_switch: tuple[int, ...]
+    nic_link_bytes_per_s: float  # NIC adapter <-> its slot, per direction
+    socket_link_bytes_per_s: float  # per direction, all links; 0 with one socket
+    dram_bytes_per_s: float  # sustained, per socket
+    host_dram_bytes: float | None
+    p2p: str
+    bridges: tuple[tuple[int, ...], ...]  # NVLink/Infinity Fabric bridged GPU groups
+    bridge_bytes_per_s: float  # per bridged pair, per direction
+    bridge_latency_s: float
+    pcie_latency_s: float  # one GPU-to-GPU P2P transfer through the PCIe fabric
+    host_staged_latency_s: float  # extra for a transfer staged through host memory
+    pcie_efficiency: float  # collective fraction of nominal PCIe/socket-link bandwidth
+    source: str = ""
+    notes: str = ""
+
+    def __post_init__(self) -> None:
+        n = len(self.gpu_socket)
+        _count("server.sockets", self.sockets)
+        if self.p2p not in P2P_MODES:
+            raise InputError("p2p", self.p2p, f"must be one of {', '.join(P2P_MODES)}")
+        if len(self.gpu_switch) != n or n < 1:
+            raise InputError("server.gpu_switch", self.gpu_switch, f"needs one entry per GPU slot ({n})")
+        for s in self.gpu_socket + self.nic_socket + self.switch_socket:
+            if not 0 <= s < self.sockets:
+                raise InputError("server.socket", s, f"must be in [0, {self.sockets})")
+        for k in self.gpu_switch + self.nic_switch:
+            if not -1 <= k < len(self.switch_socket):
+                raise InputError("server.switch", k, f"must be -1 or in [0, {len(self.switch_socket)})")
+        for name in ("gpu_link_bytes_per_s", "nic_link_bytes_per_s", "dram_bytes_per_s"):
+            _positive(f"server.{name}", getattr(self, name))
+        if self.sockets > 1:
+            _positive("server.socket_link_bytes_per_s", self.socket_link_bytes_per_s)
+        if not 0 < self.pcie_efficiency <= 1:
+            raise InputError("server.pcie_efficiency", self.pcie_efficiency, "must be in (0, 1]")
+        for group in self.bridges:
+            if len(group) < 2 or any(not 0 <= g < n for g in group):
+                raise InputError("server.bridges", group, f"a bridged group needs >= 2 GPU slots in [0, {n})")
+
+    @property
+    def num_gpus(self) -> int:
+        return len(self.gpu_socket)
+
+    @property
+    def num_nics(self) -> int:
+        return len(self.nic_socket)
+
+    def with_slots(self, num_gpus: int) -> "Server":
+        """The same server with only its first ``num_gpus`` GPU slots in use (a partial node)."""
+        from dataclasses import replace
+
+        if not 1 <= num_gpus <= self.num_gpus:
+            raise InputError("num_gpus", num_gpus, f"the server has {self.num_gpus} GPU slots in use")
+        bridges = tuple(b for b in (tuple(g for g in grp if g < num_gpus) for grp in self.bridges) if len(b) >= 2)
+        return replace(self, gpu_socket=self.gpu_socket[:num_gpus], gpu_switch=self.gpu_switch[:num_gpus],
+                       bridges=bridges)
+
+    def bridge_of(self, slot: int) -> tuple[int, ...] | None:
+        for group in self.bridges:
+            if slot in group:
+                return group
+        return None
+
+    def describe(self) -> dict[str, object]:
+        """The design as ``planner simulate --json`` reports it (``server``)."""
+        return {"design": self.design, "name": self.name, "sockets": self.sockets, "cpu": self.cpu.id,
+                "p2p": self.p2p, "pcie_switches": len(self.switch_socket),
+                "gpu_link": self.gpu_link_label, "gpu_switch": list(self.gpu_switch),
+                "gpu_socket": list(self.gpu_socket), "nvlink_bridges": [list(b) for b in self.bridges],
+                "host_memory_bytes_per_s_per_socket": self.dram_bytes_per_s,
+                "socket_link_bytes_per_s": self.socket_link_bytes_per_s}
