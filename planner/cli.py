@@ -167,7 +167,7 @@ def _framework_records() -> list[dict]:
 def cmd_catalog(args: argparse.Namespace) -> int:
     from sim.catalog import catalog_records
 
-    kinds = ("gpus", "links", "models", "frameworks") if args.kind == "all" else (args.kind,)
+    kinds = ("gpus", "links", "models", "frameworks", "hosts", "servers") if args.kind == "all" else (args.kind,)
     data = {k: (_framework_records() if k == "frameworks" else catalog_records(k)) for k in kinds}
     if args.json:
         print(json.dumps(data, indent=2, default=str))
@@ -218,7 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("catalog", help="list catalog ids")
-    p.add_argument("kind", nargs="?", default="all", choices=("all", "gpus", "links", "models", "frameworks"))
+    p.add_argument("kind", nargs="?", default="all",
+                   choices=("all", "gpus", "links", "models", "frameworks", "hosts", "servers"))
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_catalog)
 

@@ -522,3 +522,13 @@ def test_export_files_cover_every_format_and_zip():
         assert arg in megatron  # the chosen plan and the token budget's steps reach the config
     with zipfile.ZipFile(io.BytesIO(engines.zip_bytes(files))) as zf:
         assert sorted(zf.namelist()) == sorted(files)
+
+
+def test_pcie_card_gets_its_server_in_the_app():
+    at = fresh(gpu="rtx4090-24gb", num_gpus=8)
+    assert not _by_key(at, "server").disabled
+    set_inputs(at, server="srv-8gpu-1root-gen5-switch", p2p="pcie")
+    d = design(gpu="rtx4090-24gb", num_gpus=8, server="srv-8gpu-1root-gen5-switch", p2p="pcie")
+    c = cluster_of(d)
+    assert c.server.design == "srv-8gpu-1root-gen5-switch" and c.server.p2p == "pcie"
+    assert _by_key(fresh(), "server").disabled  # the SXM default keeps the PCIe widgets disabled
