@@ -141,6 +141,8 @@ def plan_kwargs_from_framework(args: argparse.Namespace, **plan: object) -> dict
         kw["attention"] = args.attention
     if args.recompute_policy is not None:
         kw["selective_policy"] = args.recompute_policy
+    if args.moe_imbalance is not None:
+        kw["moe_imbalance"] = args.moe_imbalance
     return kw
 
 
@@ -202,6 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what recompute=selective recomputes (default: the framework profile's; attention: "
                         "Korthikanti et al. 2022; op: torchtitan; mlp_up/mlp/moe_act/mla_up_proj: Megatron-Core "
                         "--recompute-modules)")
+    p.add_argument("--moe-imbalance", type=float, default=None,
+                   help="routed tokens of the busiest expert-parallel rank / the mean (default 1: balanced routing)")
     p.add_argument("--trace", default=None, help="write a Chrome trace-event JSON of the step (event engine)")
     w = p.add_argument_group("what-ifs (event engine)")
     w.add_argument("--explicit-ranks", action="store_true",

@@ -50,6 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="relative objective difference treated as a tie; the simpler plan wins (default 0.001)")
     o.add_argument("--framework", default=None, help="framework profile (catalogs/frameworks.yaml); default: default")
     o.add_argument("--attention", default=None, help="attention kernel (sim.plan.ATTENTION_IMPLS)")
+    o.add_argument("--moe-imbalance", type=float, default=None,
+                   help="routed tokens of the busiest expert-parallel rank / the mean (default 1: balanced)")
     o.add_argument("--export", default=None,
                    help="write the best plan as megatron, torchtitan, deepspeed, torchrun, slurm, k8s (comma list or all)")
     o.add_argument("--out", default=None, help="directory for --export (default: print the files)")
@@ -127,7 +129,7 @@ def settings_from_args(args: argparse.Namespace, formats: list[str] | None = Non
     from planner.recommend import Settings
 
     framework = args.framework if args.framework is not None else (framework_of_formats(formats) if formats else None)
-    return Settings.from_framework(framework, attention=args.attention)
+    return Settings.from_framework(framework, attention=args.attention, moe_imbalance=args.moe_imbalance)
 
 
 def gbs_from_args(args: argparse.Namespace, seq_len: int) -> tuple[int, str | None]:

@@ -60,12 +60,15 @@ class Settings:
         return str(self.kwargs.get("attention", "flash"))
 
     @classmethod
-    def from_framework(cls, name: str | None, *, attention: str | None = None) -> "Settings":
+    def from_framework(cls, name: str | None, *, attention: str | None = None,
+                       moe_imbalance: float | None = None) -> "Settings":
         # no framework: the profile ``planner simulate`` assumes without one (``default``)
         fw = get_framework(name or "default")
         kw, overlap, fw_id = apply_framework({}, fw), fw.dp_overlap, (fw.id if name is not None else None)
         if attention is not None:
             kw["attention"] = attention
+        if moe_imbalance is not None:
+            kw["moe_imbalance"] = moe_imbalance
         return cls(plan_kwargs=tuple(sorted(kw.items())), dp_overlap=overlap, framework=fw_id)
 
 

@@ -309,7 +309,8 @@ def plan_layer_ops(plan: Plan, strategy: Strategy, eff: KernelEfficiency, *, moe
     """``sim.ops.layer_ops`` with the plan's framework settings and the fp8 recipe's fitted
     quantization cost."""
     q = eff.fp8_recipe(strategy.fp8_recipe).quantize_bytes_per_element if strategy.precision == "fp8" else 0.0
-    return layer_ops(plan.model, strategy, moe=moe, attention=plan.attention, fp8_quantize_bytes_per_element=q)
+    return layer_ops(plan.model, strategy, moe=moe, attention=plan.attention, fp8_quantize_bytes_per_element=q,
+                     moe_imbalance=plan.moe_imbalance)
 
 
 def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | None = None) -> StepCosts:

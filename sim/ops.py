@@ -12,7 +12,8 @@ weight gradients).  Attention scores cost 2*b*s*s*d per head for QK^T and the sa
 *model* FLOPs count the full square as Narayanan et al. and PaLM (Chowdhery et al. 2022,
 App. B) do.  Known approximations: biases, softmax and norm FLOPs are not counted as FLOPs
 (they are timed as memory-bound ops instead); router and top-k selection are a GEMM plus one
-memory pass; expert load is assumed balanced.
+memory pass; expert load is balanced unless ``moe_imbalance`` says how much the busiest rank
+gets above the mean.
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def _mem(name: str, hbm_bytes: float, **kw: object) -> Op:
 
 
 def layer_ops(model: Model, strategy: Strategy, *, moe: bool, attention: str = "flash",
-              fp8_quantize_bytes_per_element: float = 0.0) -> LayerOps:
+              fp8_quantize_bytes_per_element: float = 0.0, moe_imbalance: float = 1.0) -> LayerOps:
     """Forward ops of one layer on one GPU for one micro-batch.
 
     ``attention`` is ``"flash"`` / ``"flash2"`` (fused, causal blocks skipped, no s^2 tensor
@@ -111,7 +112,10 @@ def layer_ops(model: Model, strategy: Strategy, *, moe: bool, attention: str = "
     Megatron-LM did before FlashAttention).  With ``precision=fp8`` every linear layer pays its
     recipe's quantization of activations and gradients (``fp8_quantize_bytes_per_element``,
     ``catalogs/efficiency.yaml`` ``fp8_recipes``); the weights' share is per-parameter work
-    (``sim.compute.fp8_weight_cast_bytes_per_param``).
+    (``sim.compute.fp8_weight_cast_bytes_per_param``).  ``moe_imbalance`` is the busiest
+    expert-parallel rank's routed tokens over the mean (1: balanced routing, as benchmarks that
+    force load balancing run, e.g. Megatron-Core ``--moe-router-force-load-balancing``): that
+    rank's expert GEMMs and the tokens it receives set the pace of the layer.
     """
     tp, cp = strategy.tp, strategy.cp
     b, s = strategy.mbs, strategy.seq_len
@@ -190,7 +194,7 @@ def layer_ops(model: Model, strategy: Strategy, *, moe: bool, attention: str = "
         fe_loc = spec.expert_ffn_hidden_size // etp
         local_experts = max(1, spec.num_experts // ep)
         sent_tokens = tokens * spec.top_k / (tp if strategy.sp else 1)  # copies this rank dispatches
-        routed_tokens = tokens * spec.top_k * etp / tp  # copies this rank's experts compute
+        routed_tokens = tokens * spec.top_k * etp / tp * moe_imbalance  # copies the busiest rank's experts compute
         per_expert = max(1, round(routed_tokens / local_experts))
         up = (m_ffn - 1) * fe_loc
         ops.append(_gemm("expert_up", per_expert, up, h, batch=local_experts))
@@ -202,7 +206,7 @@ def layer_ops(model: Model, strategy: Strategy, *, moe: bool, attention: str = "
             ops.append(_mem("shared_activation", act * tokens * m_ffn * fs))
             ops.append(_gemm("shared_down", tokens, h, fs))
         if ep > 1:
-            ep_bytes = act * sent_tokens * h
+            ep_bytes = act * sent_tokens * h * moe_imbalance  # the busiest rank receives this much
             ep_count = 2  # dispatch + combine
         if etp > 1 and etp != tp:
             # the etp group gathers its tokens before the experts and reduce-scatters after:

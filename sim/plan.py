@@ -51,6 +51,8 @@ class Plan:
     fp8_weight_cache: bool = False
     # model chunks of unequal layer counts (PyTorch pipelining); Megatron-Core needs equal ones
     uneven_vp: bool = False
+    # routed tokens of the busiest expert-parallel rank over the mean (1.0: balanced routing)
+    moe_imbalance: float = 1.0
 
     def __post_init__(self) -> None:
         if self.grad_accumulation not in GRAD_ACCUMULATION:
@@ -63,6 +65,9 @@ class Plan:
         if self.selective_policy not in SELECTIVE_POLICIES:
             raise InputError("selective_policy", self.selective_policy,
                              f"must be one of {', '.join(SELECTIVE_POLICIES)}")
+        if isinstance(self.moe_imbalance, bool) or not isinstance(self.moe_imbalance, (int, float)) \
+                or not 1.0 <= self.moe_imbalance <= 64.0:
+            raise InputError("moe-imbalance", self.moe_imbalance, "must be a number in [1, 64] (busiest rank / mean)")
         check_feasible(self.model, self.cluster, self.strategy, uneven_vp=self.uneven_vp)
 
 

@@ -48,3 +48,27 @@ def test_framework_without_expert_tp_searches_tp_only():
     tt = framework_space(SearchSpace(), "torchtitan", cluster("h100-80gb", 64))
     assert tt.fp8_recipe == "tensorwise" and tt.zero == (0, 3)
     assert Settings.from_framework("torchtitan").kwargs["uneven_vp"] is True
+
+
+def test_token_imbalance_slows_the_busiest_rank_not_the_model_flops():
+    from sim.ops import layer_ops, model_flops_per_step
+    from sim.plan import Plan, parse_strategy
+
+    model, cl = get_model("mixtral-8x7b"), cluster("h100-80gb", 64)
+    s = parse_strategy("tp=1,pp=1,ep=8,mbs=1,gbs=64,zero=1", num_gpus=64)
+    flat, skew = layer_ops(model, s, moe=True), layer_ops(model, s, moe=True, moe_imbalance=1.5)
+    gemm = {op.name: op.flops for op in flat.ops}
+    assert {op.name: op.flops for op in skew.ops}["expert_up"] == pytest.approx(1.5 * gemm["expert_up"], rel=0.02)
+    assert skew.ep_a2a_bytes == pytest.approx(1.5 * flat.ep_a2a_bytes)
+    a = simulate_analytic(Plan(model=model, cluster=cl, strategy=s))
+    b = simulate_analytic(Plan(model=model, cluster=cl, strategy=s, moe_imbalance=1.5))
+    assert b.step_time_s > a.step_time_s and b.model_flops_per_step == a.model_flops_per_step
+    with pytest.raises(InputError, match="moe-imbalance"):
+        Plan(model=model, cluster=cl, strategy=s, moe_imbalance=0.9)
+    # the search prices it as simulate does
+    r = search(model, cl, gbs=64, seq_len=2048, plan_kwargs={"moe_imbalance": 1.5},
+               space=SearchSpace(tp=(1,), pp=(1,), cp=(1,), ep=(8,), precision=("bf16",), zero=(1,)))
+    i = 0
+    assert r.candidates.step_time_s[i] == pytest.approx(simulate_analytic(r.fastmodel.plan(r.strategy(i))).step_time_s,
+                                                        rel=1e-9)
+    assert model_flops_per_step  # imported: model FLOPs count routed experts without imbalance
