@@ -8,7 +8,7 @@ import sys
 from typing import Sequence
 
 from sim.errors import InputError
-from sim.plan import SELECTIVE_POLICIES
+from sim.plan import MOE_DISPATCHERS, SELECTIVE_POLICIES
 
 from planner import cmd_check, cmd_economics, cmd_recommend, cmd_validate
 
@@ -143,6 +143,8 @@ def plan_kwargs_from_framework(args: argparse.Namespace, **plan: object) -> dict
         kw["selective_policy"] = args.recompute_policy
     if args.moe_imbalance is not None:
         kw["moe_imbalance"] = args.moe_imbalance
+    if args.moe_dispatcher is not None:
+        kw["moe_dispatcher"] = args.moe_dispatcher
     return kw
 
 
@@ -204,6 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what recompute=selective recomputes (default: the framework profile's; attention: "
                         "Korthikanti et al. 2022; op: torchtitan; mlp_up/mlp/moe_act/mla_up_proj: Megatron-Core "
                         "--recompute-modules)")
+    p.add_argument("--moe-dispatcher", choices=MOE_DISPATCHERS, default=None,
+                   help="MoE token dispatch: alltoall (NCCL), allgather, deepep (fused kernels); default: the profile's")
     p.add_argument("--moe-imbalance", type=float, default=None,
                    help="routed tokens of the busiest expert-parallel rank / the mean (default 1: balanced routing)")
     p.add_argument("--trace", default=None, help="write a Chrome trace-event JSON of the step (event engine)")

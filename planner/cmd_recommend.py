@@ -8,6 +8,7 @@ import math
 
 from sim.conventions import conventions, default_global_batch
 from sim.errors import InputError
+from sim.plan import MOE_DISPATCHERS
 from sim.specs import RECOMPUTES, SCHEDULES, TRAIN_PRECISIONS
 
 GIB = 2**30
@@ -50,6 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="relative objective difference treated as a tie; the simpler plan wins (default 0.001)")
     o.add_argument("--framework", default=None, help="framework profile (catalogs/frameworks.yaml); default: default")
     o.add_argument("--attention", default=None, help="attention kernel (sim.plan.ATTENTION_IMPLS)")
+    o.add_argument("--moe-dispatcher", default=None, choices=MOE_DISPATCHERS,
+                   help="MoE token dispatch (default: the framework profile's)")
     o.add_argument("--moe-imbalance", type=float, default=None,
                    help="routed tokens of the busiest expert-parallel rank / the mean (default 1: balanced)")
     o.add_argument("--export", default=None,
@@ -129,7 +132,8 @@ def settings_from_args(args: argparse.Namespace, formats: list[str] | None = Non
     from planner.recommend import Settings
 
     framework = args.framework if args.framework is not None else (framework_of_formats(formats) if formats else None)
-    return Settings.from_framework(framework, attention=args.attention, moe_imbalance=args.moe_imbalance)
+    return Settings.from_framework(framework, attention=args.attention, moe_imbalance=args.moe_imbalance,
+                                   moe_dispatcher=args.moe_dispatcher)
 
 
 def gbs_from_args(args: argparse.Namespace, seq_len: int) -> tuple[int, str | None]:

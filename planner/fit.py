@@ -34,7 +34,7 @@ from sim.compute import KernelEfficiency, kernel_efficiency, network_kwargs
 from sim.fitting import fit_ring_all_reduce, fit_scalar, parse_size
 from sim.network import Network, SizeCurve
 
-from planner.fit_kernels import fit_attention_curves, fit_fp8_recipes, fit_gemm_per_architecture
+from planner.fit_kernels import fit_attention_curves, fit_deepep_dispatch, fit_fp8_recipes, fit_gemm_per_architecture
 from planner.vtrain import load_vtrain
 
 # Source keys of the training-run data the fit reads (planner.reference.source_of names the same).
@@ -268,6 +268,7 @@ def fit_all(exclude: frozenset[str] | set[str] = frozenset()) -> dict:
     out["size_curves"] = fit_size_curves(mb, out)
     out["fp8_recipes"] = fit_fp8_recipes()
     out["attention_curves"] = fit_attention_curves()
+    out["deepep_dispatch"] = fit_deepep_dispatch()
     per_arch = fit_gemm_per_architecture()
     # The GEMM shape factor and the host floor interact (a floored op hides its shape), so
     # they are fitted alternately from the catalog defaults until both stop moving.

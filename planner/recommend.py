@@ -61,7 +61,7 @@ class Settings:
 
     @classmethod
     def from_framework(cls, name: str | None, *, attention: str | None = None,
-                       moe_imbalance: float | None = None) -> "Settings":
+                       moe_imbalance: float | None = None, moe_dispatcher: str | None = None) -> "Settings":
         # no framework: the profile ``planner simulate`` assumes without one (``default``)
         fw = get_framework(name or "default")
         kw, overlap, fw_id = apply_framework({}, fw), fw.dp_overlap, (fw.id if name is not None else None)
@@ -69,6 +69,8 @@ class Settings:
             kw["attention"] = attention
         if moe_imbalance is not None:
             kw["moe_imbalance"] = moe_imbalance
+        if moe_dispatcher is not None:
+            kw["moe_dispatcher"] = moe_dispatcher
         return cls(plan_kwargs=tuple(sorted(kw.items())), dp_overlap=overlap, framework=fw_id)
 
 

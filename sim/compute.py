@@ -80,6 +80,9 @@ class KernelEfficiency:
     # Relative slowdown of compute that runs while a collective is in flight (the
     # communication kernels take SMs, L2 and HBM bandwidth); charged on the overlapped time.
     overlap_compute_slowdown: float = 0.0
+    # Fused MoE dispatch/combine kernels (DeepEP normal kernels): achieved fraction of the
+    # nominal per-direction link rate per tier (planner.fit_kernels.fit_deepep_dispatch).
+    deepep_dispatch: Mapping[str, float] = field(default_factory=dict)
     # architecture -> kernel -> (fwd, bwd) fraction of dense bf16 peak (catalogs/efficiency.yaml)
     attention_fractions: Mapping[str, Mapping[str, tuple[float, float]]] = field(default_factory=dict)
     # architecture -> kernel -> (fwd, bwd) fraction vs per-kernel sequence length, fitted from
@@ -176,6 +179,9 @@ def kernel_efficiency(fitted: Mapping | None) -> KernelEfficiency:
                 for arch in ac.rec}
         if f.has("fp8_recipes"):
             fitted_recipes = f.rec["fp8_recipes"]
+        if f.has("deepep_dispatch"):
+            dd = f.mapping("deepep_dispatch")
+            d["deepep_dispatch"] = {tier: dd.fraction(tier) for tier in dd.rec}
     out = {}
     for name in recipes.rec:
         r = recipes.mapping(name, allowed=("architectures", "source", "notes"))

@@ -10,6 +10,7 @@ schedules the same pieces as events, so the two agree where both apply.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from sim.conventions import conventions
@@ -222,8 +223,7 @@ def layer_cost(plan: Plan, net: Network, lops: LayerOps, eff: KernelEfficiency, 
 
     ep_f = ep_b = 0.0
     if s.ep > 1 and lops.ep_a2a_bytes:
-        one = net.dim_collective_time_s("all_to_all", s, "ep", lops.ep_a2a_bytes) + eff.collective_overhead_s
-        ep_f = lops.ep_a2a_per_pass * one
+        ep_f = moe_dispatch_s(plan, net, eff, lops.ep_a2a_bytes) * lops.ep_a2a_per_pass
         ep_b = ep_f * (2 if s.recompute == "full" else 1)
     if s.ep_overlap:  # hidden behind another micro-batch's compute of the same layer
         ex_ep_f, ex_ep_b = max(0.0, ep_f - fwd), max(0.0, ep_b - bwd - recompute_s)
@@ -303,6 +303,29 @@ def stage_pieces_for(plan: Plan, net: Network, eff: KernelEfficiency, params: St
                         fp16=s.precision == "fp16", fsdp_copies=plan.fsdp_copies,
                         weight_cast_bytes_per_param=fp8_weight_cast_bytes_per_param(
                             eff, s.precision, s.fp8_recipe, plan.fp8_weight_cache, s.num_microbatches))
+
+
+def moe_dispatch_s(plan: Plan, net: Network, eff: KernelEfficiency, nbytes: float) -> float:
+    """One token dispatch (or combine) of an MoE layer: ``nbytes`` is what one rank sends
+    (routed copies, ``sim.ops``).  ``alltoall``: NCCL all-to-all on the fabric (size curves of
+    its per-peer chunks); ``allgather``: Megatron's all-gather dispatcher gathers every rank's
+    unique tokens (``nbytes / top_k`` each) over the ep group, and reduce-scatters them back
+    on combine (the mean of the two per pass); ``deepep``: fused kernels at DeepEP's achieved
+    fraction of the nominal link rate of the tier the group crosses
+    (``KernelEfficiency.deepep_dispatch``), no per-chunk size penalty."""
+    s = plan.strategy
+    if plan.moe_dispatcher == "allgather":
+        assert plan.model.moe is not None
+        gathered = nbytes / plan.model.moe.top_k * s.ep
+        return 0.5 * (net.dim_collective_time_s("all_gather", s, "ep", gathered)
+                      + net.dim_collective_time_s("reduce_scatter", s, "ep", gathered)) + eff.collective_overhead_s
+    if plan.moe_dispatcher == "deepep":
+        link = net.dim_link(s, "ep", pattern="all_to_all")
+        if link.tier == "local" or not math.isfinite(link.bytes_per_s):
+            return 0.0
+        rate = link.bytes_per_s / net.bandwidth_efficiency[link.tier] * eff.deepep_dispatch.get(link.tier, 1.0)
+        return link.latency_s + nbytes * (s.ep - 1) / s.ep / rate + eff.collective_overhead_s
+    return net.dim_collective_time_s("all_to_all", s, "ep", nbytes) + eff.collective_overhead_s
 
 
 def plan_layer_ops(plan: Plan, strategy: Strategy, eff: KernelEfficiency, *, moe: bool) -> LayerOps:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from sim.catalog import catalog_document
 from sim.errors import InfeasibleError, InputError
-from sim.plan import ATTENTION_IMPLS, GRAD_ACCUMULATION, LOSS_IMPLS, SELECTIVE_POLICIES
+from sim.plan import ATTENTION_IMPLS, GRAD_ACCUMULATION, LOSS_IMPLS, MOE_DISPATCHERS, SELECTIVE_POLICIES
 from sim.specs import DEFAULT_ORDER, FP8_RECIPES, ORDERS, SCHEDULES, TRAIN_PRECISIONS, Strategy
 from sim.records import Record
 
@@ -131,13 +131,14 @@ class Framework:
     fp8_weight_cache: bool = False  # fp8 weights cast once per step, not per micro-batch
     family: str = "megatron"  # megatron | fsdp | xla: the class uncertainty bands are kept by
     capabilities: Capabilities = Capabilities()
+    moe_dispatcher: str = "alltoall"  # how MoE tokens are dispatched (sim.costs.moe_dispatch_s)
     aliases: tuple[str, ...] = ()
     source: str = ""
     notes: str = ""
 
 
 _KEYS = ("id", "name", "aliases", "attention", "dp_overlap", "elementwise", "selective_recompute",
-         "grad_accumulation", "fsdp_copies", "loss", "sequence_parallel_default", "tp_overlap_default", "zero_default", "fp8_weight_cache", "family", "capabilities", "source", "notes")
+         "grad_accumulation", "fsdp_copies", "loss", "sequence_parallel_default", "tp_overlap_default", "zero_default", "fp8_weight_cache", "family", "capabilities", "moe_dispatcher", "source", "notes")
 
 
 @functools.cache
@@ -157,6 +158,7 @@ def _frameworks() -> dict[str, Framework]:
                        zero_default=r.integer("zero_default", minimum=0, optional=True, default=0),
                        fp8_weight_cache=r.flag("fp8_weight_cache"),
                        family=r.text("family", choices=FAMILIES), capabilities=_capabilities(r),
+                       moe_dispatcher=r.text("moe_dispatcher", default="alltoall", choices=MOE_DISPATCHERS),
                        aliases=r.strings("aliases", lower=False),
                        source=r.text("source"), notes=r.text("notes", default=""))
         for key in (fw.id, *fw.aliases):
@@ -178,7 +180,7 @@ def apply_framework(plan_kwargs: dict, fw: Framework) -> dict:
     return {**plan_kwargs, "attention": fw.attention, "eager_elementwise": fw.eager_elementwise,
             "selective_policy": fw.selective_recompute, "grad_accumulation": fw.grad_accumulation,
             "fsdp_copies": fw.fsdp_copies, "loss": fw.loss, "fp8_weight_cache": fw.fp8_weight_cache,
-            "uneven_vp": fw.capabilities.uneven_vp}
+            "uneven_vp": fw.capabilities.uneven_vp, "moe_dispatcher": fw.moe_dispatcher}
 
 
 def list_frameworks() -> list[Framework]:

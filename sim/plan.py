@@ -14,6 +14,8 @@ ATTENTION_IMPLS: tuple[str, ...] = ("flash", "flash2", "unfused")
 SELECTIVE_POLICIES: tuple[str, ...] = ("attention", "op", "mla_up_proj", "moe_act", "mlp_up", "mlp")
 GRAD_ACCUMULATION: tuple[str, ...] = ("fused", "fp32_main_grad", "autograd")
 LOSS_IMPLS: tuple[str, ...] = ("upcast", "inplace", "fused")
+# MoE token dispatch (Megatron-Core --moe-token-dispatcher-type alltoall|allgather|flex with DeepEP)
+MOE_DISPATCHERS: tuple[str, ...] = ("alltoall", "allgather", "deepep")
 
 _INT_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "mbs", "gbs", "zero", "seq_len", "dp_shard")
 _BOOL_KEYS = ("sp", "tp_overlap", "dp_overlap", "ep_overlap", "pp_overlap", "cuda_graphs")
@@ -53,6 +55,7 @@ class Plan:
     uneven_vp: bool = False
     # routed tokens of the busiest expert-parallel rank over the mean (1.0: balanced routing)
     moe_imbalance: float = 1.0
+    moe_dispatcher: str = "alltoall"  # MOE_DISPATCHERS
 
     def __post_init__(self) -> None:
         if self.grad_accumulation not in GRAD_ACCUMULATION:
@@ -65,6 +68,8 @@ class Plan:
         if self.selective_policy not in SELECTIVE_POLICIES:
             raise InputError("selective_policy", self.selective_policy,
                              f"must be one of {', '.join(SELECTIVE_POLICIES)}")
+        if self.moe_dispatcher not in MOE_DISPATCHERS:
+            raise InputError("moe-dispatcher", self.moe_dispatcher, f"must be one of {', '.join(MOE_DISPATCHERS)}")
         if isinstance(self.moe_imbalance, bool) or not isinstance(self.moe_imbalance, (int, float)) \
                 or not 1.0 <= self.moe_imbalance <= 64.0:
             raise InputError("moe-imbalance", self.moe_imbalance, "must be a number in [1, 64] (busiest rank / mean)")
