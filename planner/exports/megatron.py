@@ -14,7 +14,12 @@ Mapping of the plan:
   ``--recompute-method uniform --recompute-num-layers 1``;
 * precision: ``--bf16``, ``--fp16``, fp8 as ``--bf16 --fp8-format hybrid`` (Transformer Engine);
 * overlap: ``--overlap-grad-reduce``/``--overlap-param-gather`` (data parallel),
-  ``--tp-comm-overlap``.
+  ``--tp-comm-overlap``;
+* offload: ``optimizer`` with ZeRO-1 (the distributed optimizer) as Megatron-Core's CPU
+  optimizer (``--optimizer-cpu-offload --optimizer-offload-fraction 1.0
+  --use-precision-aware-optimizer``, megatron/core/optimizer/cpu_offloading/README.md, without
+  ``--overlap-cpu-optimizer-d2h-h2d``: the plan's copies are not overlapped); any other offload
+  is refused (``InputError``): Megatron-LM cannot express it.
 
 Megatron-LM has no GPipe or zero-bubble schedule in ``pretrain_gpt.py``: those plans are
 written with its 1F1B (interleaved when ``vp > 1``) schedule and a warning.
@@ -24,12 +29,18 @@ from __future__ import annotations
 
 import shlex
 
+from sim.errors import InputError
+
 from planner.exports import LaunchSpec, Rendered
 
 
 def megatron_args(spec: LaunchSpec) -> tuple[list[str], list[str]]:
     """(argument tokens, warnings)."""
     m, s = spec.model, spec.strategy
+    if s.offload != "none" and not (s.offload == "optimizer" and s.zero == 1 and s.offload_device == "cpu"):
+        raise InputError("export", "megatron", f"offload={s.offload} (zero={s.zero}, {s.offload_device}) cannot be "
+                         "expressed: Megatron-LM offloads only the distributed optimizer (offload=optimizer, zero=1, "
+                         "cpu); use --export deepspeed or torchtitan")
     warn: list[str] = []
     a: list[str] = []
 
@@ -128,6 +139,10 @@ def megatron_args(spec: LaunchSpec) -> tuple[list[str], list[str]]:
         opt("--data-parallel-sharding-strategy", "optim_grads" if s.zero == 2 else "optim_grads_params")
         opt("--no-gradient-accumulation-fusion")
         opt("--ckpt-format", "fsdp_dtensor")
+    if s.offload_optimizer:
+        opt("--optimizer-cpu-offload")
+        opt("--optimizer-offload-fraction", "1.0")
+        opt("--use-precision-aware-optimizer")
     if s.dp_overlap:
         opt("--overlap-grad-reduce")
         if s.zero >= 1:
