@@ -261,3 +261,17 @@ def test_strategy_validates_offload_fields():
         Strategy(offload="gpu")
     with pytest.raises(InputError, match="offload_device"):
         Strategy(offload="none", offload_device="nvme")
+
+
+def test_trace_shows_the_host_link(tmp_path):
+    import json
+
+    model, cl = get_model("gpt-7.5b"), cluster_from_catalog("a100-80gb", 8)
+    p = plan(model, cl, "tp=2,pp=2,zero=1,mbs=2,gbs=64,offload=optimizer")
+    out = tmp_path / "trace.json"
+    simulate(p, engine="event", trace_path=str(out))
+    events = json.loads(out.read_text())["traceEvents"]
+    names = {e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "thread_name"}
+    assert "host" in names
+    assert any(e.get("ph") == "X" and e["name"].startswith("gradients to host") for e in events)
+    assert any(e.get("ph") == "X" and e["name"] == "weights to GPU" for e in events)
