@@ -307,15 +307,15 @@ def _evaluate_layouts(fm: FastModel, space: SearchSpace, work: list[tuple[int, L
         n_valid = int(ev.valid.sum())
         n_fit = int(ev.fits.sum())
         unfit = ev.valid & ~ev.fits
+        n_dom = n_host = 0
         if ev.dominated is not None:
             n_dom = int((ev.valid & ev.dominated).sum())
-            rejected[REASON_OFFLOAD_UNNEEDED] += n_dom
             unfit = unfit & ~ev.dominated
             n_host = int((unfit & ev.fits_gpu).sum())
-            rejected[REASON_HOST_OOM] += n_host
-            rejected[REASON_OOM] += n_valid - n_fit - n_dom - n_host
-        else:
-            rejected[REASON_OOM] += n_valid - n_fit
+        for reason, n in ((REASON_OFFLOAD_UNNEEDED, n_dom), (REASON_HOST_OOM, n_host),
+                          (REASON_OOM, n_valid - n_fit - n_dom - n_host)):
+            if n:
+                rejected[reason] += n
         if unfit.any():
             over = np.where(unfit, ev.memory_peak_bytes, np.inf).ravel()
             j = int(np.argmin(over))
