@@ -22,6 +22,7 @@ BREAKDOWN_PARTS: tuple[tuple[str, str, str], ...] = (
     ("exposed_ep_s", "exposed EP comm", "#e45756"),
     ("exposed_pp_s", "exposed PP comm", "#ff9d98"),
     ("exposed_dp_s", "exposed DP comm", "#b279a2"),
+    ("exposed_offload_s", "exposed offload copies", "#d6616b"),
     ("bubble_s", "pipeline bubble", "#bab0ac"),
     ("optimizer_s", "optimizer", "#54a24b"),
     ("overhead_s", "overhead", "#72b7b2"),
@@ -47,7 +48,8 @@ def breakdown_parts(result: Mapping[str, Any]) -> dict[str, float]:
     for key, _, _ in BREAKDOWN_PARTS[2:]:
         out[key] = float(b.get(key, 0.0))
     # exposed_comm_s may hold parts the engine does not split: keep them visible
-    split = sum(out[k] for k in ("exposed_tp_s", "exposed_cp_s", "exposed_ep_s", "exposed_pp_s", "exposed_dp_s"))
+    split = sum(out[k] for k in ("exposed_tp_s", "exposed_cp_s", "exposed_ep_s", "exposed_pp_s", "exposed_dp_s",
+                                 "exposed_offload_s"))
     rest = float(b.get("exposed_comm_s", split)) - split
     if rest > 1e-12:
         out["exposed_dp_s"] += rest

@@ -63,11 +63,19 @@ def print_step_summary(out: dict, *, model: str, gpu: str, num_gpus: int) -> Non
         f"   weights {_fmt_bytes(mem['weights_bytes'])}, grads {_fmt_bytes(mem['gradients_bytes'])}, "
         f"optimizer {_fmt_bytes(mem['optimizer_bytes'])}, activations {_fmt_bytes(mem['activations_bytes'])}, "
         f"reserve {_fmt_bytes(mem['reserve_bytes'])}",
-        "where the time goes:",
     ]
+    off = out.get("offload")
+    if off:
+        lines.append(f"offload            {off['mode']} to {off['device']}: host memory {_fmt_bytes(out['host_memory_bytes'])} "
+                     f"of {_fmt_bytes(out['host_memory_capacity_bytes'])} per node"
+                     + (f", NVMe {_fmt_bytes(mem['nvme_bytes'])}" if mem.get("nvme_bytes") else ""))
+        lines.append(f"   per GPU per step: {off['h2d_bytes_per_step'] / 2**30:.1f} GiB to the GPU ({_fmt_s(off['h2d_s'])}), "
+                     f"{off['d2h_bytes_per_step'] / 2**30:.1f} GiB to the host ({_fmt_s(off['d2h_s'])}) "
+                     f"at {off['host_link_bytes_per_s'] / 1e9:.1f} GB/s each way")
+    lines.append("where the time goes:")
     total = out["step_time_s"]
     for key in ("compute_s", "exposed_tp_s", "exposed_cp_s", "exposed_ep_s", "exposed_pp_s", "exposed_dp_s",
-                "bubble_s", "optimizer_s", "overhead_s"):
+                "exposed_offload_s", "bubble_s", "optimizer_s", "overhead_s"):
         v = b.get(key, 0.0)
         if v > 0 or key in ("compute_s", "bubble_s"):
             label = key[:-2].replace("exposed_", "exposed ").replace("_", " ")

@@ -9,7 +9,7 @@ import math
 from sim.conventions import conventions, default_global_batch
 from sim.errors import InputError
 from sim.plan import MOE_DISPATCHERS
-from sim.specs import RECOMPUTES, SCHEDULES, TRAIN_PRECISIONS
+from sim.specs import OFFLOAD_DEVICES, RECOMPUTES, SCHEDULES, TRAIN_PRECISIONS
 
 GIB = 2**30
 
@@ -35,6 +35,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--sp", default=None, help="sequence parallelism: 0, 1 or 0,1")
     s.add_argument("--recompute", default=None, help="|".join(RECOMPUTES))
     s.add_argument("--schedule", default=None, help="|".join(SCHEDULES))
+    s.add_argument("--offload", default=None,
+                   help="allowed offload modes, comma-separated: none, optimizer, params, activations or a + of them "
+                        "(default: none,optimizer,params; offload is timed only where the plan does not fit without it)")
+    s.add_argument("--offload-device", default=None, help="allowed offload devices: cpu, nvme (default cpu)")
     s.add_argument("--precision", default=None, help="|".join(TRAIN_PRECISIONS) + " (default: bf16 and fp8 where the GPU has it)")
     s.add_argument("--max-tp", type=int, default=64)
     s.add_argument("--max-cp", type=int, default=16)
@@ -117,6 +121,16 @@ def space_from_args(args: argparse.Namespace):
         v = _str_list(name, getattr(args, name), choices)
         if v is not None:
             kw[name] = v
+    if args.offload is not None:
+        from sim.plan import normalize_offload
+
+        modes = tuple(dict.fromkeys(normalize_offload(t) for t in str(args.offload).split(",") if t.strip()))
+        if not modes:
+            raise InputError("offload", args.offload, "needs at least one value")
+        kw["offload"] = modes
+    v = _str_list("offload-device", args.offload_device, OFFLOAD_DEVICES)
+    if v is not None:
+        kw["offload_device"] = v
     for name in ("max_tp", "max_cp", "max_vp", "max_mbs"):
         v = getattr(args, name)
         if v < 1 or v > 1 << 16:

@@ -23,14 +23,16 @@ if TYPE_CHECKING:
 
 GIB = 2**30
 PARTS = ("compute_s", "exposed_tp_s", "exposed_cp_s", "exposed_ep_s", "exposed_pp_s", "exposed_dp_s",
-         "bubble_s", "optimizer_s", "overhead_s")
+         "exposed_offload_s", "bubble_s", "optimizer_s", "overhead_s")
 LABELS = {"compute_s": "compute", "exposed_tp_s": "exposed TP comm", "exposed_cp_s": "exposed CP comm",
           "exposed_ep_s": "exposed EP comm", "exposed_pp_s": "exposed PP comm", "exposed_dp_s": "exposed DP comm",
-          "bubble_s": "pipeline bubble", "optimizer_s": "optimizer step", "overhead_s": "overhead"}
+          "exposed_offload_s": "exposed offload copies", "bubble_s": "pipeline bubble", "optimizer_s": "optimizer step", "overhead_s": "overhead"}
 REASONS = {"oom": "does not fit in GPU memory", "batch": "global batch not divisible by mbs*dp",
            "heads": "tp does not divide the attention heads", "layers": "too many pipeline stages/chunks for the layers",
            "indivisible": "degrees or micro-batches do not divide", "experts": "ep does not divide the experts",
-           "unsupported": "precision not supported by the GPU", "gpu_count": "degrees do not multiply to the GPU count"}
+           "unsupported": "precision not supported by the GPU", "gpu_count": "degrees do not multiply to the GPU count",
+           "host_oom": "offloaded bytes exceed the node's host memory",
+           "offload_unneeded": "offload where the plan fits without it"}
 
 
 def _pct(x: float) -> str:

@@ -14,6 +14,12 @@ functions with arrays of the grid's broadcast shape:
   cached per layout and shape;
 * the step: ``sim.step.compose`` (pipeline closed forms and the end-of-step tail).
 
+The ZeRO axis of the grid is a list of (ZeRO stage, offload, offload device) entries
+(``Grid.offload``): offload modes ride on the stages they run with.  An offload entry whose
+twin without offload (same ZeRO stage) fits is *dominated* (``LayoutEval.dominated``):
+offloading only adds host-link copies and moves the optimizer step to the slower host, so it
+can only pay where the plan does not fit without it; dominated points are not timed.
+
 Nothing here composes a step of its own: ``tests/test_recommend_fastmodel.py`` checks that the
 two ways of calling agree (search values == ``simulate_analytic`` on random candidates).  The
 only difference is that the search sums ``n`` identical layers as ``n * x`` (~1e-15 relative).
@@ -29,8 +35,9 @@ import numpy as np
 from sim.compute import KernelEfficiency, default_efficiency, fp8_weight_cast_bytes_per_param
 from sim.costs import (LayerCost, default_network, dp_collectives, end_costs, plan_layer_ops,
                        layer_cost, p2p_bytes, p2p_time_s)
-from sim.memory import activation_bytes_per_layer, inflight, stage_memory
+from sim.memory import activation_bytes_per_layer, inflight, stage_activation_bytes, stage_memory
 from sim.network import Network
+from sim.offload import OffloadRates, host_spec, offload_constants, offload_rates
 from sim.plan import Plan
 from sim.runtime import default_comm_runtime, default_runtime
 from sim.specs import Cluster, Model, Strategy
@@ -65,7 +72,8 @@ class Grid:
 
     ``pipes`` are ``(vp, schedule)`` pairs.  ``pipe_ok[i][k]`` says whether pipe ``k`` is
     feasible with micro-batch ``mbs[i]`` (the interleaved schedule needs the micro-batch count
-    divisible by ``pp``).
+    divisible by ``pp``).  ``offload`` / ``offload_device`` (empty: ``none`` / ``cpu``) pair
+    with ``zero`` entry by entry: the Z axis is (ZeRO stage, offload, device) entries.
     """
 
     mbs: tuple[int, ...]
@@ -74,28 +82,39 @@ class Grid:
     zero: tuple[int, ...]
     pipes: tuple[tuple[int, str], ...]
     pipe_ok: tuple[tuple[bool, ...], ...]
+    offload: tuple[str, ...] = ()
+    offload_device: tuple[str, ...] = ()
 
     @property
     def shape(self) -> tuple[int, int, int, int, int]:
         return (len(self.mbs), len(self.sp), len(self.recompute), len(self.zero), len(self.pipes))
 
+    def offload_of(self, z: int) -> tuple[str, str]:
+        return (self.offload[z] if self.offload else "none", self.offload_device[z] if self.offload_device else "cpu")
+
     def strategy(self, layout: Layout, flat_index: int, *, gbs: int, seq_len: int) -> Strategy:
         i, j, k, z, q = np.unravel_index(int(flat_index), self.shape)
         vp, schedule = self.pipes[q]
+        off, dev = self.offload_of(int(z))
         return Strategy(tp=layout.tp, pp=layout.pp, dp=layout.dp, cp=layout.cp, ep=layout.ep, etp=layout.etp, vp=vp,
                         mbs=self.mbs[i], gbs=gbs, seq_len=seq_len, zero=self.zero[z], sp=self.sp[j],
-                        recompute=self.recompute[k], precision=layout.precision, schedule=schedule)
+                        recompute=self.recompute[k], precision=layout.precision, schedule=schedule,
+                        offload=off, offload_device=dev)
 
 
 @dataclass(frozen=True, slots=True)
 class LayoutEval:
     """Arrays of ``Grid.shape``: ``valid`` (feasible), ``memory_peak_bytes`` (NaN where not
-    valid), ``fits``; ``step_time_s`` is None when nothing fits (timing skipped)."""
+    valid), ``fits`` (GPU and host memory), ``fits_gpu``, ``dominated`` (offload points whose
+    twin without offload fits: never timed, module docstring); ``step_time_s`` is None when
+    nothing fits (timing skipped), NaN where not timed."""
 
     valid: np.ndarray
     memory_peak_bytes: np.ndarray
     fits: np.ndarray
     step_time_s: np.ndarray | None
+    fits_gpu: np.ndarray | None = None
+    dominated: np.ndarray | None = None
 
 
 # The per-micro-batch numbers the grid needs, one vector per (tp, cp, ep, mbs, sp, recompute,
@@ -140,6 +159,7 @@ class FastModel:
         self._micro: dict[tuple, np.ndarray] = {}
         self._coll: dict[tuple, DpCollectives] = {}
         self._p2p: dict[tuple, float] = {}
+        self._offload: tuple | None = None  # (constants, host, {device: rates}), on first use
 
     @property
     def net(self) -> Network:
@@ -231,6 +251,16 @@ class FastModel:
             return table[:, _COLUMN[name]].reshape(M, S, R, 1, 1)
 
         zero = np.array(grid.zero, dtype=int).reshape(1, 1, 1, Z, 1)
+        modes = [grid.offload_of(z) for z in range(Z)]
+        any_offload = any(o != "none" for o, _ in modes)
+
+        def zvec(values: list) -> np.ndarray:
+            return np.array(values).reshape(1, 1, 1, Z, 1)
+
+        off_opt = zvec([o.split("+")[0] in ("optimizer", "params") for o, _ in modes])
+        off_par = zvec([o.split("+")[0] == "params" for o, _ in modes])
+        off_act = zvec([o.endswith("activations") for o, _ in modes])
+        on_nvme = zvec([d == "nvme" for _, d in modes])
         vp = np.array([v for v, _ in grid.pipes], dtype=float).reshape(1, 1, 1, 1, K)
         gpipe = np.array([sch == "gpipe" for _, sch in grid.pipes], dtype=bool).reshape(1, 1, 1, 1, K)
         zero_bubble = np.array([sch == "zero-bubble" for _, sch in grid.pipes], dtype=bool).reshape(1, 1, 1, 1, K)
@@ -242,19 +272,46 @@ class FastModel:
         # ---- memory: sim.memory.stage_memory per stage shape -----------------------------
         tokens = np.array([mbs * self.seq_len // layout.cp for mbs in grid.mbs], dtype=float).reshape(M, 1, 1, 1, 1)
         dense_act, moe_act, recomputed = (msr(n) for n in _ACTS)
-        peak = None
-        for sh in shapes:
-            mem = stage_memory(model, sh, zero=zero, shard=dpcp, expert_shard=layout.expert_dp, tp=layout.tp,
-                               loss=probe.loss,
-                               dense_act_bytes=dense_act,
-                               moe_act_bytes=moe_act, full_recompute=full, recomputed_layer_bytes=recomputed,
-                               inflight_mb=inflight(p, m, vp, gpipe, sh.index), tokens=tokens, rt=self.mem_rt)
-            peak = mem.total_bytes if peak is None else np.maximum(peak, mem.total_bytes)
-        assert peak is not None
-        peak = np.where(valid, np.broadcast_to(peak, shape5), np.nan)
-        fits = valid & (peak <= cl.gpu.hbm_bytes)
+        oc, hs, _ = self._host() if any_offload else (None, None, None)
+
+        def memory(zs: np.ndarray) -> tuple[np.ndarray, np.ndarray | float, np.ndarray | float]:
+            """(peak, host, nvme) bytes of the Z entries ``zs`` (per GPU; arrays over M,S,R,len(zs),K)."""
+            pick = (lambda a: a[:, :, :, zs, :]) if zs.size < Z else (lambda a: a)
+            peak = host = nvme = 0.0
+            for sh in shapes:
+                mem = stage_memory(model, sh, zero=pick(zero), shard=dpcp, expert_shard=layout.expert_dp, tp=layout.tp,
+                                   loss=probe.loss, dense_act_bytes=dense_act, moe_act_bytes=moe_act,
+                                   full_recompute=full, recomputed_layer_bytes=recomputed,
+                                   inflight_mb=inflight(p, m, vp, gpipe, sh.index), tokens=tokens, rt=self.mem_rt,
+                                   offload_optimizer=pick(off_opt), offload_params=pick(off_par),
+                                   offload_activations=pick(off_act), on_nvme=pick(on_nvme), oc=oc)
+                peak = np.maximum(peak, mem.total_bytes)
+                if any_offload:
+                    host, nvme = np.maximum(host, mem.host_bytes), np.maximum(nvme, mem.nvme_bytes)
+            return np.broadcast_to(peak, (M, S, R, zs.size, K)), host, nvme
+
+        pk, host, nvme = memory(np.arange(Z))
+        peak = np.where(valid, pk, np.nan)
+        fits_gpu = valid & (peak <= cl.gpu.hbm_bytes)
+        fits, dominated = fits_gpu, None
+        if any_offload:  # sim.memory.memory_breakdown: the node holds its GPUs' offloaded bytes
+            per_node = min(cl.gpus_per_node, cl.num_gpus)
+            fits = fits_gpu & np.broadcast_to((host * per_node <= hs.host_dram_bytes)
+                                              & (nvme * per_node <= hs.nvme_bytes), shape5)
+            dominated = np.zeros(shape5, dtype=bool)
+            for z, twin in enumerate(_twins(grid, dpcp)):
+                if twin is not None:
+                    dominated[:, :, :, z, :] = fits[:, :, :, twin, :]
+            fits = fits & ~dominated
         if not fits.any():
-            return LayoutEval(valid=valid, memory_peak_bytes=peak, fits=fits, step_time_s=None)
+            return LayoutEval(valid=valid, memory_peak_bytes=peak, fits=fits, step_time_s=None, fits_gpu=fits_gpu,
+                              dominated=dominated)
+        # time only the Z entries where something fits (offload entries are mostly dominated)
+        sel = np.flatnonzero(fits.any(axis=(0, 1, 2, 4)))
+        if sel.size < Z:
+            zero, off_opt, off_par, off_act = (a[:, :, :, sel, :] for a in (zero, off_opt, off_par, off_act))
+        timed_offload = any(modes[z][0] != "none" for z in sel)
+        rates = self._rates([modes[z][1] for z in sel]) if timed_offload else None
 
         # ---- time: sim.step.stage_pieces / stage_times / compose ------------------------
         def layer_sum(sh: StageShape, name: str) -> np.ndarray:
@@ -284,7 +341,10 @@ class FastModel:
                                   layer_bwd_s=lb + lr + eb, dp_overlap=self.dp_overlap, hbm_bytes_per_s=hbm,
                                   rt=self.comm, eff=self.eff, accum_bytes_per_param=accum,
                                   fp16=layout.precision == "fp16", fsdp_copies=probe.fsdp_copies,
-                                  weight_cast_bytes_per_param=cast)
+                                  weight_cast_bytes_per_param=cast, offload_optimizer=off_opt,
+                                  offload_params=off_par, offload_activations=off_act,
+                                  act_bytes=stage_activation_bytes(sh, dense_act, moe_act) if timed_offload else 0.0,
+                                  rates=rates)
             stages.append(stage_times(layer_fwd_s=lf, layer_bwd_s=lb, recompute_s=lr,
                                       layer_exposed_fwd_s=layer_sum(sh, "exposed_fwd_s"),
                                       layer_exposed_bwd_s=layer_sum(sh, "exposed_bwd_s"), extra_fwd_s=ef,
@@ -292,5 +352,48 @@ class FastModel:
                                       first=sh.first, last=sh.last, count=sh.count, before=sh.before))
         out = compose(stages, m=m, vp=vp, zero_bubble=zero_bubble, pp=p, zero=zero, dp_overlap=self.dp_overlap,
                       overlap_slowdown=self.eff.overlap_compute_slowdown)
-        step = np.where(valid, np.broadcast_to(out.step_time_s, shape5), np.nan)
-        return LayoutEval(valid=valid, memory_peak_bytes=peak, fits=fits, step_time_s=step)
+        sub = np.broadcast_to(out.step_time_s, (M, S, R, sel.size, K))
+        if sel.size < Z:
+            full_step = np.full(shape5, np.nan)
+            full_step[:, :, :, sel, :] = sub
+            sub = full_step
+        step = np.where(valid, sub, np.nan)
+        return LayoutEval(valid=valid, memory_peak_bytes=peak, fits=fits, step_time_s=step, fits_gpu=fits_gpu,
+                          dominated=dominated)
+
+    def _host(self) -> tuple:
+        """(``sim.offload`` constants, the cluster's host, rates per device), read once."""
+        if self._offload is None:
+            self._offload = (offload_constants(), host_spec(self.cluster),
+                             {d: offload_rates(self.cluster, d) for d in ("cpu", "nvme")})
+        return self._offload
+
+    def _rates(self, devices: list[str]) -> OffloadRates:
+        """``sim.offload.offload_rates`` per Z entry (arrays where devices differ)."""
+        table = self._host()[2]
+        per = [table[d] for d in devices]
+        if len(set(devices)) == 1:
+            return per[0]
+
+        def col(name: str) -> np.ndarray:
+            return np.array([getattr(r, name) for r in per], dtype=float).reshape(1, 1, 1, len(per), 1)
+
+        return OffloadRates(link_bytes_per_s=per[0].link_bytes_per_s, state_bytes_per_s=col("state_bytes_per_s"),
+                            cpu_optimizer_s_per_param=col("cpu_optimizer_s_per_param"),
+                            grad_bytes_per_param=per[0].grad_bytes_per_param,
+                            param_bytes_per_param=per[0].param_bytes_per_param)
+
+
+def _twins(grid: Grid, dpcp: int) -> list[int | None]:
+    """For each Z entry with offload, the entry without offload it is compared with: the same
+    ZeRO stage (any stage without data parallelism, where they hold the same), else None."""
+    plain = {grid.zero[z]: z for z in range(len(grid.zero)) if grid.offload_of(z)[0] == "none"}
+    out: list[int | None] = []
+    for z in range(len(grid.zero)):
+        if grid.offload_of(z)[0] == "none":
+            out.append(None)
+        elif grid.zero[z] in plain:
+            out.append(plain[grid.zero[z]])
+        else:
+            out.append(next(iter(plain.values())) if dpcp == 1 and plain else None)
+    return out

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import replace
 
 from sim.calibration import load_calibration
 from sim.catalog import cluster_from_catalog, get_gpu
 from sim.errors import InputError
 from sim.modelio import load_model
+from sim.offload import with_host
 from sim.specs import PLACEMENTS, TOPOLOGIES, Cluster, Model
 
 
@@ -34,6 +36,8 @@ def add_cluster_args(p: argparse.ArgumentParser, *, required: bool = True) -> No
                    "NVLink domains larger than a node (block: the same whole number of nodes from each, so "
                    "equal groups stay inside one domain; packed: fill each domain in turn)")
     g.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default 2048)")
+    g.add_argument("--host-dram-gib", type=float, default=None,
+                   help="host memory per node for offloading, GiB (default: catalogs/offload.yaml, 2 TB)")
     pc = p.add_argument_group("PCIe server (PCIe cards only; docs/pcie.md)")
     pc.add_argument("--server", default=None, help="a PCIe server design of catalogs/servers.yaml (its GPU slots "
                     "set the node size); default: the design for the node size, else one described by the flags below")
@@ -68,11 +72,16 @@ def cluster_from_args(args: argparse.Namespace) -> Cluster:
     (``Cluster.host_bandwidth``) and, unless ``--nic`` is given, its measured NIC."""
     gpu, measured_nic, host_bandwidth = _gpu_and_nic_from_args(args)
     nic = measured_nic if args.nic is None and measured_nic is not None else args.nic
-    cluster = cluster_from_catalog(gpu, args.num_gpus, gpus_per_node=args.gpus_per_node,
-                                   nvlink_domain=args.nvlink_domain, nic=nic, nics_per_node=args.nics_per_node,
-                                   topology=args.topology, oversubscription=args.oversubscription,
-                                   tree_levels=args.tree_levels, placement=args.placement, **server_args(args))
-    return cluster if host_bandwidth is None else replace(cluster, host_bandwidth=host_bandwidth)
+    cl = cluster_from_catalog(gpu, args.num_gpus, gpus_per_node=args.gpus_per_node,
+                              nvlink_domain=args.nvlink_domain, nic=nic, nics_per_node=args.nics_per_node,
+                              topology=args.topology, oversubscription=args.oversubscription,
+                              tree_levels=args.tree_levels, placement=args.placement, **server_args(args))
+    dram = getattr(args, "host_dram_gib", None)
+    if dram is not None:
+        if not math.isfinite(dram) or dram <= 0 or dram > 1 << 24:
+            raise InputError("host-dram-gib", dram, "must be a positive number of GiB")
+        cl = with_host(cl, host_dram_bytes=dram * 2**30)
+    return cl if host_bandwidth is None else replace(cl, host_bandwidth=host_bandwidth)
 
 
 def server_args(args: argparse.Namespace) -> dict[str, object]:

@@ -238,10 +238,13 @@ RECOMPUTE_COMPLEXITY = {"none": 0.0, "selective": 0.5, "full": 1.0}
 
 def complexity(s: Strategy, num_layers: int) -> float:
     """How many moving parts a plan has (lower is simpler): one per parallel dimension in use,
-    interleaving, ZeRO stage, recomputation, schedule, fp8, and uneven layer splits."""
+    interleaving, ZeRO stage, recomputation, schedule, fp8, offload (each offloaded kind, the
+    NVMe device), and uneven layer splits."""
     c = float((s.tp > 1) + (s.pp > 1) + (s.cp > 1) + (s.ep > 1) + (s.vp > 1))
     c += 0.25 * s.zero + 0.5 * s.sp + RECOMPUTE_COMPLEXITY[s.recompute] + SCHEDULE_COMPLEXITY[s.schedule]
     c += 1.0 * (s.precision == "fp8")
+    c += 1.0 * s.offload_optimizer + 0.5 * s.offload_params + 1.0 * s.offload_activations
+    c += 0.5 * (s.offload_device == "nvme")
     c += 0.5 * bool(num_layers % (s.pp * s.vp))
     return c
 
@@ -304,6 +307,8 @@ def framework_space(space: SearchSpace, fw_id: str, cluster: Cluster) -> SearchS
     if not caps.etp:
         ch["etp"] = ()  # experts split as the attention's tp only
     ch["zero"] = cut("zero", space.zero, caps.zero)
+    ch["offload"] = cut("offload", space.offload, caps.offloads)
+    ch["offload_device"] = cut("offload-device", space.offload_device, caps.offload_devices)
     if caps.pp and caps.schedules:
         ch["schedule"] = cut("schedule", space.schedule, caps.schedules)
     else:
@@ -559,6 +564,15 @@ def _rerank_event(plans: list[RankedPlan], k: int, tol: float, objective: Object
 # --------------------------------------------------------------------------- nothing fits
 
 
+def simplest_best(r: SearchResult, num_layers: int, tie_tolerance: float = 1e-3) -> int:
+    """The candidate of ``r`` that ``recommend`` would pick by throughput: the simplest of those
+    within ``tie_tolerance`` of the fastest."""
+    t = r.candidates.step_time_s
+    tied = np.flatnonzero(t <= float(t.min()) * (1 + tie_tolerance))
+    tied = tied[np.argsort(t[tied], kind="stable")[:5000]]
+    return int(min(tied, key=lambda i: (_tie_key(r.strategy(int(i)), num_layers), float(t[i]))))
+
+
 def suggest_fixes(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: SearchSpace,
                   settings: Settings, max_factor: int = 8, rejected_batch: bool = False) -> list[dict[str, object]]:
     """Changes that make some plan fit, each verified by re-running the search.  With
@@ -569,6 +583,10 @@ def suggest_fixes(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, spa
     if 3 not in space.zero:
         tries.append(("zero", "allow ZeRO-3 / FSDP (shard weights, gradients and optimizer states)",
                       {"space": space.replace(zero=(0, 1, 2, 3))}))
+    if not {"optimizer", "params"} <= set(space.offload):
+        tries.append(("offload", "allow offloading optimizer states (and parameters) to host memory",
+                      {"space": space.replace(offload=tuple(dict.fromkeys(space.offload + ("none", "optimizer",
+                                                                                            "params"))))}))
     if "full" not in space.recompute:
         tries.append(("recompute", "allow full activation recomputation",
                       {"space": space.replace(recompute=tuple(space.recompute) + ("full",))}))
@@ -612,7 +630,7 @@ def suggest_fixes(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, spa
         if not r.evaluated:
             continue
         done.add(kind)
-        j = int(np.argmin(r.candidates.step_time_s))
+        j = simplest_best(r, model.num_layers)
         out.append({"change": kind, "what": text, "verified": True,
                     "num_gpus": r.cluster.num_gpus, "gpu": r.cluster.gpu.id, "gbs": r.gbs,
                     "best_strategy": r.strategy(j).to_string(),

@@ -8,12 +8,17 @@ The space (``SearchSpace``) is every combination of
 * micro-batch size (powers of two), sequence parallelism (with ``tp > 1``), recomputation
   (``none|selective|full``), ZeRO stage (0-3; only 0 when there is no data parallelism to shard
   over) and a pipeline schedule with its ``vp`` (``1f1b``, ``gpipe``, ``zero-bubble`` with any
-  ``vp``, ``interleaved`` with ``vp >= 2``; just ``1f1b`` without pipelining).
+  ``vp``, ``interleaved`` with ``vp >= 2``; just ``1f1b`` without pipelining);
+* offload (``none``, ``optimizer``, ``params`` by default; ``activations`` and combinations when
+  asked), each with the ZeRO stages it runs with (``sim.plan.check_offload``: optimizer with
+  1-3, params with 3; without data parallelism the lowest such stage), on ``offload_device``.
 
 Pruning happens in this order, and every rejected combination is counted under the reason
 ``sim.plan.check_feasible`` gives (``heads``, ``indivisible``, ``layers``, ``experts``,
 ``unsupported``, ...), ``batch`` (the global batch is not divisible by ``mbs * dp``) or ``oom``
-(``sim.memory.memory_breakdown`` exceeds the GPU's memory).  A layout that fails a check
+(``sim.memory.memory_breakdown`` exceeds the GPU's memory), ``host_oom`` (the offloaded bytes
+exceed the node's host DRAM or NVMe) or ``offload_unneeded`` (an offload point whose plan
+without offload fits: offloading cannot make it faster, ``planner.fastmodel``).  A layout that fails a check
 rejects all its combinations at once under that reason (so a combination that would fail two
 checks is counted once, under the layout's).  Survivors are timed with
 ``planner.fastmodel.FastModel``, which equals ``sim.analytic.simulate_analytic``; a layout
@@ -22,6 +27,7 @@ where nothing fits in memory is never timed.
 
 from __future__ import annotations
 
+import functools
 import math
 import multiprocessing as mp
 import os
@@ -37,13 +43,15 @@ from sim.network import Network
 from sim.compute import KernelEfficiency
 from sim.errors import InfeasibleError, InputError
 from sim.placement import group_shape
-from sim.plan import check_feasible
-from sim.specs import RECOMPUTES, SCHEDULES, TRAIN_PRECISIONS, Cluster, Model, Strategy
+from sim.plan import check_feasible, check_offload
+from sim.specs import OFFLOAD_DEVICES, OFFLOADS, RECOMPUTES, SCHEDULES, TRAIN_PRECISIONS, Cluster, Model, Strategy
 
 from planner.fastmodel import FastModel, Grid, Layout
 
 REASON_BATCH = "batch"
 REASON_OOM = "oom"
+REASON_HOST_OOM = "host_oom"
+REASON_OFFLOAD_UNNEEDED = "offload_unneeded"
 
 
 def divisors(n: int) -> list[int]:
@@ -76,6 +84,8 @@ class SearchSpace:
     schedule: tuple[str, ...] = SCHEDULES
     precision: tuple[str, ...] | None = None
     fp8_recipe: str = "delayed"  # the recipe fp8 candidates use (sim.specs.FP8_RECIPES)
+    offload: tuple[str, ...] = ("none", "optimizer", "params")
+    offload_device: tuple[str, ...] = ("cpu",)
     max_tp: int = 64
     max_cp: int = 16
     max_vp: int = 8
@@ -96,7 +106,7 @@ class SearchSpace:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise InputError(name, v, "must be a positive integer")
         for name, choices in (("zero", (0, 1, 2, 3)), ("sp", (False, True)), ("recompute", RECOMPUTES),
-                              ("schedule", SCHEDULES)):
+                              ("schedule", SCHEDULES), ("offload", OFFLOADS), ("offload_device", OFFLOAD_DEVICES)):
             values = getattr(self, name)
             if not values:
                 raise InputError(name, values, "needs at least one value")
@@ -262,7 +272,9 @@ def _evaluate_layouts(fm: FastModel, space: SearchSpace, work: list[tuple[int, L
             sps = tuple(v for v in sps if v)
         if not sps:
             continue  # sp=1 only was asked for and tp=1 cannot use it: not a candidate
-        zeros = tuple(sorted(set(space.zero))) if lay.dp * lay.cp > 1 else (min(space.zero),)
+        zeros, offs, devs = _zero_entries(space, min(2, lay.dp * lay.cp))
+        if not zeros:
+            continue  # offload modes whose ZeRO stages the space leaves out: not candidates
         rcs = tuple(dict.fromkeys(space.recompute))
         pipes = _pipes(space, lay.pp)
         if not pipes:
@@ -309,13 +321,23 @@ def _evaluate_layouts(fm: FastModel, space: SearchSpace, work: list[tuple[int, L
             pipe_ok.append(tuple(row))
         if not any(any(r) for r in pipe_ok):
             continue
-        grid = Grid(mbs=tuple(mbs_ok), sp=sps, recompute=rcs, zero=zeros, pipes=tuple(pipes), pipe_ok=tuple(pipe_ok))
+        grid = Grid(mbs=tuple(mbs_ok), sp=sps, recompute=rcs, zero=zeros, pipes=tuple(pipes), pipe_ok=tuple(pipe_ok),
+                    offload=offs, offload_device=devs)
         ev = fm.evaluate(lay, grid)
         n_valid = int(ev.valid.sum())
         n_fit = int(ev.fits.sum())
-        rejected[REASON_OOM] += n_valid - n_fit
-        if n_valid > n_fit:
-            over = np.where(ev.valid & ~ev.fits, ev.memory_peak_bytes, np.inf).ravel()
+        unfit = ev.valid & ~ev.fits
+        n_dom = n_host = 0
+        if ev.dominated is not None:
+            n_dom = int((ev.valid & ev.dominated).sum())
+            unfit = unfit & ~ev.dominated
+            n_host = int((unfit & ev.fits_gpu).sum())
+        for reason, n in ((REASON_OFFLOAD_UNNEEDED, n_dom), (REASON_HOST_OOM, n_host),
+                          (REASON_OOM, n_valid - n_fit - n_dom - n_host)):
+            if n:
+                rejected[reason] += n
+        if unfit.any():
+            over = np.where(unfit, ev.memory_peak_bytes, np.inf).ravel()
             j = int(np.argmin(over))
             if closest is None or over[j] < closest[0]:
                 closest = (float(over[j]), grid.strategy(lay, j, gbs=gbs, seq_len=seq_len))
@@ -325,6 +347,36 @@ def _evaluate_layouts(fm: FastModel, space: SearchSpace, work: list[tuple[int, L
         timed.append((order, lay, grid, flat.astype(np.int64), ev.step_time_s.ravel()[flat],
                       ev.memory_peak_bytes.ravel()[flat]))
     return _Chunk(considered=considered, rejected=rejected, timed=timed, closest=closest)
+
+
+@functools.lru_cache(maxsize=64)
+def _zero_entries(space: SearchSpace, dpcp: int) -> tuple[tuple[int, ...], tuple[str, ...], tuple[str, ...]]:
+    """The grid's Z axis: (ZeRO stage, offload, device) entries, parallel tuples.  Without
+    offload every stage of the space (only the lowest without data parallelism: they hold the
+    same); each offload mode with the stages it runs with (``sim.plan.check_offload``; without
+    data parallelism the lowest such stage)."""
+    zeros: list[int] = []
+    offs: list[str] = []
+    devs: list[str] = []
+    stages = tuple(sorted(set(space.zero)))
+    for off in dict.fromkeys(space.offload):
+        for dev in (("cpu",) if off == "none" else tuple(dict.fromkeys(space.offload_device))):
+            ok = []
+            for z in stages:
+                try:
+                    check_offload(Strategy(dp=2, gbs=2, zero=z, offload=off, offload_device=dev))
+                except InputError:
+                    continue
+                ok.append(z)
+            if off == "none" and dev == "cpu" and "none" in space.offload:
+                ok = list(stages)
+            if dpcp == 1:
+                ok = ok[:1]
+            for z in ok:
+                zeros.append(z)
+                offs.append(off)
+                devs.append(dev)
+    return tuple(zeros), tuple(offs), tuple(devs)
 
 
 _FORKED: tuple[FastModel, SearchSpace] | None = None  # set before forking workers

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from sim.compute import KernelEfficiency, default_efficiency
-from sim.costs import StepCosts, default_network, step_costs
-from sim.memory import plan_memory
+from sim.costs import StepCosts, default_network, offload_report, step_costs
+from sim.memory import MemoryBreakdown, plan_memory
 from sim.network import Network
 from sim.ops import model_flops_per_step
 from sim.placement import all_groups
@@ -56,10 +56,11 @@ def simulate_analytic(plan: Plan, *, net: Network | None = None, eff: KernelEffi
     ex_ep = m * bott.exposed_ep_s
     ex_pp = m * v * bott.p2p_s * (times[b_idx].fwd_sends + times[b_idx].bwd_sends)
     ex_dp = dp_exposed + m * bott.exposed_zero3_s
-    exposed = ex_tp + ex_cp + ex_ep + ex_pp + ex_dp
+    ex_off = float(out.offload_exposed_s[k_end]) + m * bott.exposed_offload_s
+    exposed = ex_tp + ex_cp + ex_ep + ex_pp + ex_dp + ex_off
     breakdown = Breakdown(compute_s=comp, exposed_comm_s=exposed, bubble_s=bubble, optimizer_s=opt,
                           exposed_tp_s=ex_tp, exposed_cp_s=ex_cp, exposed_ep_s=ex_ep,
-                          exposed_pp_s=ex_pp, exposed_dp_s=ex_dp, recompute_s=recompute)
+                          exposed_pp_s=ex_pp, exposed_dp_s=ex_dp, exposed_offload_s=ex_off, recompute_s=recompute)
     # Reconcile: the parts must sum to the step (bubble absorbs rounding of the pipeline terms).
     gap = step - breakdown.total_s
     if abs(gap) > 1e-12:
@@ -78,7 +79,8 @@ def simulate_analytic(plan: Plan, *, net: Network | None = None, eff: KernelEffi
         hfu=(mf + recompute_flops) / denom, model_flops_per_step=mf,
         hardware_flops_per_step=mf + recompute_flops, memory=mem, breakdown=breakdown,
         strategy=s.to_string(), engine="analytic", num_gpus=cluster.num_gpus, peak_flops_per_s=peak,
-        warnings=tuple(plan_warnings(plan, mem.fits, bubble / step if step else 0.0)))
+        warnings=tuple(plan_warnings(plan, mem, bubble / step if step else 0.0)),
+        extra={"offload": offload_report(plan)} if s.offload != "none" else {})
 
 
 def _distinct(times: list[StageTimes]) -> tuple[list[StageTimes], list[int]]:
@@ -103,11 +105,20 @@ def _distinct(times: list[StageTimes]) -> tuple[list[StageTimes], list[int]]:
     return entries, entry_of
 
 
-def plan_warnings(plan: Plan, fits: bool, bubble_fraction: float) -> list[str]:
+def plan_warnings(plan: Plan, mem: MemoryBreakdown, bubble_fraction: float) -> list[str]:
     s, c = plan.strategy, plan.cluster
     out = []
-    if not fits:
-        out.append("does not fit in GPU memory: try recompute=selective/full, zero=1-3, a larger tp/pp or a smaller mbs")
+    if not mem.fits_gpu:
+        out.append("does not fit in GPU memory: try recompute=selective/full, zero=1-3, offload=optimizer|params "
+                   "(host memory), a larger tp/pp or a smaller mbs")
+    if not mem.fits_host:
+        gib = 2**30
+        if mem.host_bytes > mem.host_capacity_bytes:
+            out.append(f"offloaded bytes need {mem.host_bytes / gib:.1f} GiB of host memory per node, more than its "
+                       f"{mem.host_capacity_bytes / gib:.1f} GiB: offload less, shard over more GPUs, or nvme")
+        if mem.nvme_bytes > mem.nvme_capacity_bytes:
+            out.append(f"offloaded states need {mem.nvme_bytes / gib:.1f} GiB of NVMe per node, more than its "
+                       f"{mem.nvme_capacity_bytes / gib:.1f} GiB")
     block = c.scale_up_block
     if c.num_gpus > block and c.domain_size > 1:
         for dim, size in (("tp", s.tp), ("cp", s.cp), ("ep", s.ep), ("etp", s.expert_tp)):

@@ -16,13 +16,15 @@ from dataclasses import dataclass, replace
 from sim.conventions import conventions
 from sim.compute import (KernelEfficiency, default_efficiency, fp8_weight_cast_bytes_per_param, network_kwargs,
                           ops_time)
+from sim.memory import activation_bytes_per_layer, stage_activation_bytes
 from sim.network import Network
+from sim.offload import offload_bytes, strategy_rates
 from sim.ops import LayerOps, embedding_ops, head_ops, layer_ops
 from sim.plan import Plan
 from sim.runtime import CommRuntime, default_comm_runtime
 from sim.specs import Cluster, Model, Strategy
 from sim.stages import StageParams, layer_params, stage_layers, stage_shapes
-from sim.step import DpCollectives, StagePieces, StageTimes, stage_pieces, stage_times
+from sim.step import DpCollectives, StagePieces, StageTimes, local_params, stage_pieces, stage_times
 
 
 def default_network(cluster: Cluster) -> Network:
@@ -87,6 +89,10 @@ class StageCost:
     fsdp_copy_bwd_s: float = 0.0
     fp8_weight_cast_s: float = 0.0
     dp_replica_sync_s: float = 0.0
+    offload_fwd_s: float = 0.0  # exposed host-link copies per micro-batch (sim.offload)
+    offload_bwd_s: float = 0.0
+    offload_grad_s: float = 0.0  # per step
+    offload_param_s: float = 0.0
 
     @property
     def pieces(self) -> StagePieces:
@@ -136,6 +142,11 @@ class StageCost:
     @property
     def exposed_zero3_s(self) -> float:
         return self.zero3_exposed_fwd_s + self.zero3_exposed_bwd_s
+
+    @property
+    def exposed_offload_s(self) -> float:
+        """Exposed host-link copies of one micro-batch's forward and backward."""
+        return self.offload_fwd_s + self.offload_bwd_s
 
     @property
     def model_flops_per_microbatch(self) -> float:
@@ -291,8 +302,9 @@ def p2p_bytes(model: Model, s: Strategy) -> float:
 
 
 def stage_pieces_for(plan: Plan, net: Network, eff: KernelEfficiency, params: StageParams, num_layers: int,
-                     layer_fwd_s: float, layer_bwd_s: float) -> StagePieces:
-    """``stage_pieces`` of one stage of ``plan`` (floats)."""
+                     layer_fwd_s: float, layer_bwd_s: float, act_bytes: float = 0.0) -> StagePieces:
+    """``stage_pieces`` of one stage of ``plan`` (floats); ``act_bytes``: the stage's saved
+    activations of one micro-batch (what activation offload moves)."""
     s, gpu = plan.strategy, plan.cluster.gpu
     rt = default_comm_runtime()
     return stage_pieces(coll=dp_collectives(net, s, params, rt, eff), zero=s.zero,
@@ -302,7 +314,10 @@ def stage_pieces_for(plan: Plan, net: Network, eff: KernelEfficiency, params: St
                         accum_bytes_per_param=rt.grad_accumulation_bytes(plan.grad_accumulation, s.num_microbatches),
                         fp16=s.precision == "fp16", fsdp_copies=plan.fsdp_copies,
                         weight_cast_bytes_per_param=fp8_weight_cast_bytes_per_param(
-                            eff, s.precision, s.fp8_recipe, plan.fp8_weight_cache, s.num_microbatches))
+                            eff, s.precision, s.fp8_recipe, plan.fp8_weight_cache, s.num_microbatches),
+                        offload_optimizer=s.offload_optimizer, offload_params=s.offload_params,
+                        offload_activations=s.offload_activations, act_bytes=act_bytes,
+                        rates=strategy_rates(plan.cluster, s))
 
 
 def moe_dispatch_s(plan: Plan, net: Network, eff: KernelEfficiency, nbytes: float) -> float:
@@ -360,6 +375,7 @@ def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | N
         else [0] * len(layers_of)
     shape_of = [by_signature[(len(ls), moe_layers[i], i == 0, i == s.pp - 1)] for i, ls in enumerate(layers_of)]
     pieces_of: dict[int, StagePieces] = {}
+    act = _layer_act_bytes(plan) if s.offload_activations else (0.0, 0.0)
     stages = []
     for i, layers in enumerate(layers_of):
         first, last = i == 0, i == s.pp - 1
@@ -371,13 +387,50 @@ def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | N
         pieces = pieces_of.get(sh.index)
         if pieces is None:
             pieces = stage_pieces_for(plan, net, eff, sh.params, len(layers), sum(c.fwd_s for c in costs) + extra_f,
-                                      sum(c.bwd_s + c.recompute_s for c in costs) + extra_b)
+                                      sum(c.bwd_s + c.recompute_s for c in costs) + extra_b,
+                                      act_bytes=float(stage_activation_bytes(sh, *act)))
             pieces_of[sh.index] = pieces
         stages.append(StageCost(
             stage=i, layers=tuple(layers), layer_costs=costs, extra_fwd_s=extra_f, extra_bwd_s=extra_b,
             extra_model_flops=ends.head_flops if last else 0.0, p2p_s=p2p_s, params=sh.params.total,
             **{k: float(getattr(pieces, k)) for k in StagePieces.__slots__}))
     return StepCosts(stages=tuple(stages), p2p_bytes=nbytes)
+
+
+def _layer_act_bytes(plan: Plan) -> tuple[float, float]:
+    """Saved activations of a dense and of an MoE layer per micro-batch, as ``sim.memory``
+    counts them."""
+    model, s = plan.model, plan.strategy
+    kw = {"attention": plan.attention, "selective_policy": plan.selective_policy}
+    return (activation_bytes_per_layer(model, s, moe=False, **kw),
+            activation_bytes_per_layer(model, s, moe=True, **kw) if model.moe is not None else 0.0)
+
+
+def offload_report(plan: Plan) -> dict[str, object]:
+    """What ``plan``'s offload moves in one step on one GPU of its most loaded stage: bytes
+    host-to-device and device-to-host (``sim.offload.OffloadBytes``) and how long each
+    direction keeps the host link busy (full durations, not the exposed part)."""
+    s, cl = plan.strategy, plan.cluster
+    rates = strategy_rates(cl, s)
+    if rates is None:
+        return {"mode": "none"}
+    act = _layer_act_bytes(plan) if s.offload_activations else (0.0, 0.0)
+    best: tuple[float, float, float] | None = None
+    for sh in stage_shapes(plan.model, s):
+        vol = offload_bytes(local_params(sh.params, s.zero, s.zero_shard, s.expert_dp),
+                            stage_activation_bytes(sh, *act), zero=s.zero, offload_optimizer=s.offload_optimizer,
+                            offload_params=s.offload_params, offload_activations=s.offload_activations, rates=rates)
+        h2d, d2h = (float(x) for x in vol.per_step(s.num_microbatches))
+        weights = float(s.num_microbatches * 2 * vol.weights_in_per_pass + vol.weights_back_per_step)
+        if best is None or h2d + d2h > best[0] + best[1]:
+            best = (h2d, d2h, weights)
+    assert best is not None
+    h2d, d2h, weights = best
+    link = rates.link_bytes_per_s
+    # weights may stream from NVMe (slower than the link): their share of the H2D time
+    h2d_s = (h2d - weights) / link + weights / rates.state_bytes_per_s
+    return {"mode": s.offload, "device": s.offload_device, "h2d_bytes_per_step": h2d, "d2h_bytes_per_step": d2h,
+            "h2d_s": h2d_s, "d2h_s": d2h / link, "host_link_bytes_per_s": link}
 
 
 @dataclass(frozen=True, slots=True)

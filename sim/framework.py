@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from sim.catalog import catalog_document
 from sim.errors import InfeasibleError, InputError
 from sim.plan import ATTENTION_IMPLS, GRAD_ACCUMULATION, LOSS_IMPLS, MOE_DISPATCHERS, SELECTIVE_POLICIES
-from sim.specs import DEFAULT_ORDER, FP8_RECIPES, ORDERS, SCHEDULES, TRAIN_PRECISIONS, Strategy
+from sim.specs import (DEFAULT_ORDER, FP8_RECIPES, OFFLOAD_DEVICES, OFFLOADS, ORDERS, SCHEDULES, TRAIN_PRECISIONS,
+                       Strategy)
 from sim.records import Record
 
 
@@ -51,6 +52,9 @@ class Capabilities:
     sp_with_tp: bool = False  # tensor parallelism always shards the sequence too (torchtitan's TP plan)
     zero_bubble_min_vp: int = 1  # zero-bubble only interleaved (torchtitan InterleavedZeroBubble: 2)
     orders: tuple[str, ...] = ORDERS  # rank orders (Strategy.order) it can build
+    zero_with_pp: tuple[int, ...] = (0, 1, 2, 3)  # ZeRO stages it combines with pipelining
+    offloads: tuple[str, ...] = OFFLOADS  # Strategy.offload modes it can run
+    offload_devices: tuple[str, ...] = OFFLOAD_DEVICES
     source: str = ""
 
     def refusal(self, s: Strategy) -> tuple[str, object, str] | None:
@@ -71,6 +75,12 @@ class Capabilities:
             return "sp", 0, "tensor parallelism always shards the sequence (sp=1)"
         if s.zero not in self.zero:
             return "zero", s.zero, f"not supported (ZeRO/FSDP stages: {', '.join(map(str, self.zero))})"
+        if s.pp > 1 and s.zero not in self.zero_with_pp:
+            return "zero", s.zero, f"not supported with pipelining (stages: {', '.join(map(str, self.zero_with_pp))})"
+        if s.offload not in self.offloads:
+            return "offload", s.offload, f"not supported (offload: {', '.join(self.offloads)})"
+        if s.offload != "none" and s.offload_device not in self.offload_devices:
+            return "offload_device", s.offload_device, f"not supported (devices: {', '.join(self.offload_devices)})"
         if s.precision not in self.precisions:
             return "precision", s.precision, f"not supported (precisions: {', '.join(self.precisions)})"
         if s.precision == "fp8" and s.fp8_recipe not in self.fp8_recipes:
@@ -94,7 +104,8 @@ def _capabilities(r: Record) -> Capabilities:
     if not r.has("capabilities"):
         return Capabilities(source="runs everything the model prices")
     c = r.mapping("capabilities", allowed=("schedules", "zero", "precisions", "fp8_recipes", *_DIMS, *_SWITCHES,
-                                           "uneven_vp", "sp_with_tp", "zero_bubble_min_vp", "orders", "source"))
+                                           "uneven_vp", "sp_with_tp", "zero_bubble_min_vp", "orders", "zero_with_pp",
+                                           "offloads", "offload_devices", "source"))
     def choices(key: str, allowed: tuple, default: tuple) -> tuple:
         if not c.has(key):
             return default
@@ -110,6 +121,9 @@ def _capabilities(r: Record) -> Capabilities:
                         uneven_vp=c.flag("uneven_vp"), sp_with_tp=c.flag("sp_with_tp"),
                         zero_bubble_min_vp=c.integer("zero_bubble_min_vp", optional=True, default=1),
                         orders=choices("orders", ORDERS, (DEFAULT_ORDER,)),
+                        zero_with_pp=choices("zero_with_pp", (0, 1, 2, 3), choices("zero", (0, 1, 2, 3), (0, 1, 2, 3))),
+                        offloads=choices("offloads", OFFLOADS, ("none",)),
+                        offload_devices=choices("offload_devices", OFFLOAD_DEVICES, ("cpu",)),
                         source=c.text("source"))
 
 

@@ -17,17 +17,26 @@ same saved tensors:  per layer and token, with ``sbh`` bytes units,
 Pipeline in-flight micro-batches: 1F1B keeps ``min(pp - stage, m)`` on stage ``stage``
 (Narayanan et al. 2021, Sec. 2.2.1); interleaving multiplies the first stage by
 ``1 + (p - 1)/(p v)`` (Korthikanti et al. 2022, Sec. 4.2.3); GPipe keeps all ``m``.
+Offloading (``Strategy.offload``, ``sim.offload``, docs/offload.md) moves bytes to the host:
+``optimizer`` takes the shard's fp32 master weights and Adam moments off the GPU (and its
+gradients with ZeRO-2/3), ``params`` the weight shard too (only the gathered layers stay),
+``activations`` every saved layer activation but two layers' worth (the one being computed
+and the one in transfer); the host holds ``catalogs/offload.yaml``'s bytes per offloaded
+parameter and the activations, checked against the node's DRAM (``HostSpec``) like HBM.
+
 Known error: allocator fragmentation and framework buffers are a reserve estimate, typically
-good to 5-10% against ``torch.cuda.max_memory_allocated``.
+good to 5-10% against ``torch.cuda.max_memory_allocated``; pinned staging buffers of the
+offload are not counted on either side.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from sim.offload import OffloadConstants, host_spec, offload_constants
 from sim.runtime import MemoryRuntime, default_runtime
 from sim.specs import Cluster, Model, Strategy
 from sim.stages import StageParams, StageShape, stage_shapes
@@ -50,6 +59,12 @@ class MemoryBreakdown:
     reserve_bytes: float
     stage: int
     capacity_bytes: float
+    # Offloaded (per node: the most loaded stage's GPU times the node's GPUs); see the module docstring.
+    host_states_bytes: float = 0.0  # model states in host DRAM
+    host_activations_bytes: float = 0.0
+    nvme_bytes: float = 0.0  # model states on NVMe (offload_device=nvme)
+    host_capacity_bytes: float = float("inf")
+    nvme_capacity_bytes: float = float("inf")
 
     @property
     def total_bytes(self) -> float:
@@ -57,8 +72,21 @@ class MemoryBreakdown:
                 + self.activations_bytes + self.reserve_bytes)
 
     @property
-    def fits(self) -> bool:
+    def host_bytes(self) -> float:
+        """Offloaded bytes in one node's host DRAM."""
+        return self.host_states_bytes + self.host_activations_bytes
+
+    @property
+    def fits_gpu(self) -> bool:
         return self.total_bytes <= self.capacity_bytes
+
+    @property
+    def fits_host(self) -> bool:
+        return self.host_bytes <= self.host_capacity_bytes and self.nvme_bytes <= self.nvme_capacity_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.fits_gpu and self.fits_host
 
     def as_dict(self) -> dict[str, float]:
         return {
@@ -70,6 +98,12 @@ class MemoryBreakdown:
             "total_bytes": self.total_bytes,
             "capacity_bytes": self.capacity_bytes,
             "stage": self.stage,
+            "host_bytes": self.host_bytes,
+            "host_states_bytes": self.host_states_bytes,
+            "host_activations_bytes": self.host_activations_bytes,
+            "host_capacity_bytes": self.host_capacity_bytes,
+            "nvme_bytes": self.nvme_bytes,
+            "nvme_capacity_bytes": self.nvme_capacity_bytes,
         }
 
 
@@ -208,24 +242,58 @@ class StageMemory:
     optimizer_bytes: Num
     activations_bytes: Num
     reserve_bytes: Num
+    host_states_bytes: Num = 0.0  # per GPU, offloaded model states in host DRAM
+    host_activations_bytes: Num = 0.0
+    nvme_bytes: Num = 0.0
 
     @property
     def total_bytes(self) -> Num:
         return (self.weights_bytes + self.gradients_bytes + self.optimizer_bytes + self.activations_bytes
                 + self.reserve_bytes)
 
+    @property
+    def host_bytes(self) -> Num:
+        return self.host_states_bytes + self.host_activations_bytes
+
+
+def stage_activation_bytes(shape: StageShape, dense_act_bytes: Num, moe_act_bytes: Num) -> Num:
+    """Saved activations of one micro-batch through the stage's layers (what activation
+    offload moves each way per micro-batch)."""
+    return shape.num_dense_layers * dense_act_bytes + shape.num_moe_layers * moe_act_bytes
+
 
 def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expert_shard: int, tp: int, loss: str,
                  dense_act_bytes: Num, moe_act_bytes: Num, full_recompute: Num, recomputed_layer_bytes: Num,
-                 inflight_mb: Num, tokens: Num, rt: MemoryRuntime) -> StageMemory:
+                 inflight_mb: Num, tokens: Num, rt: MemoryRuntime, offload_optimizer: Num = False,
+                 offload_params: Num = False, offload_activations: Num = False, on_nvme: Num = False,
+                 oc: OffloadConstants | None = None) -> StageMemory:
     """Peak bytes of one GPU of a stage of ``shape`` (module docstring), for one plan or over
     arrays: ``zero`` (ZeRO stage), per-layer activations ``dense_act_bytes`` / ``moe_act_bytes``,
     ``full_recompute`` (bool), ``inflight_mb`` (``inflight``), ``tokens`` per micro-batch and
-    CP rank."""
+    CP rank; ``offload_*`` (bools) what leaves the GPU, ``on_nvme`` whether offloaded states
+    go to NVMe, ``oc`` the host bytes per parameter (``sim.offload``, needed with offload)."""
+    z = np.asarray(zero)
     w, g, o = state_bytes(shape.params, zero, shard, expert_shard)
+    off_opt, off_par, off_act = np.asarray(offload_optimizer), np.asarray(offload_params), np.asarray(offload_activations)
+    host_states = 0.0
+    if np.any(off_opt):
+        assert oc is not None
+        p = shape.params
+        local = p.dense_params / np.where(z >= 1, shard, 1) + p.expert_params / np.where(z >= 1, expert_shard, 1)
+        host_states = np.where(off_opt, local * oc.host_bytes_per_param, 0.0)
+        o = np.where(off_opt, 0.0, o)
+        g = np.where(off_opt & (z >= 2), 0.0, g)  # the gradient shard goes to the host (ZeRO-1 keeps it whole)
+        w = np.where(off_par, 0.0, w)  # the weight shard lives on the host
     # FSDP gathers one layer ahead: two unsharded layers live
-    w = w + np.where(np.asarray(zero) >= 3, 2 * 2 * shape.params.total / max(1, shape.num_layers), 0.0)
-    act = (shape.num_dense_layers * dense_act_bytes + shape.num_moe_layers * moe_act_bytes) * inflight_mb
+    w = w + np.where(z >= 3, 2 * 2 * shape.params.total / max(1, shape.num_layers), 0.0)
+    layers = stage_activation_bytes(shape, dense_act_bytes, moe_act_bytes) * inflight_mb
+    host_act = 0.0
+    if np.any(off_act):  # two layers' activations of one micro-batch stay (computed, in transfer)
+        one = np.maximum(dense_act_bytes if shape.num_dense_layers else 0.0,
+                         moe_act_bytes if shape.num_moe_layers else 0.0)
+        host_act = np.where(off_act, layers, 0.0)
+        layers = np.where(off_act, min(2, shape.num_layers) * one, layers)
+    act = layers
     if shape.num_layers:  # the layer being recomputed holds its full activations once
         act = act + np.where(full_recompute, recomputed_layer_bytes, 0.0)
     if shape.first and model_has_dropout(model):
@@ -233,8 +301,11 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
     if shape.last:  # loss peak, one micro-batch at a time (runtime.yaml loss, by implementation)
         act = act + tokens * model.vocab_size / tp * rt.loss_bytes_per_logit[loss]
     reserve = rt.workspace_bytes + rt.fragmentation_fraction * (w + g + o + act)
+    nvme = np.where(on_nvme, host_states, 0.0) if np.any(on_nvme) else 0.0
+    host_states = np.where(on_nvme, 0.0, host_states) if np.any(on_nvme) else host_states
     return StageMemory(weights_bytes=w, gradients_bytes=g, optimizer_bytes=o, activations_bytes=act,
-                       reserve_bytes=reserve)
+                       reserve_bytes=reserve, host_states_bytes=host_states, host_activations_bytes=host_act,
+                       nvme_bytes=nvme)
 
 
 def plan_memory(plan: "Plan") -> MemoryBreakdown:
@@ -256,12 +327,22 @@ def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
     recomputed = (activation_bytes_per_layer(model, s.with_(recompute="none"), attention=attention,
                                              moe=model.moe is not None) if s.recompute == "full" else 0.0)
     best: MemoryBreakdown | None = None
+    host = host_spec(cluster)
+    per_node = min(cluster.gpus_per_node, cluster.num_gpus)
+    oc = offload_constants() if s.offload != "none" else None
+    host_states = host_acts = nvme = 0.0
     for shape in stage_shapes(model, s):
         mem = stage_memory(model, shape, zero=s.zero, shard=s.zero_shard, expert_shard=s.expert_dp, tp=s.tp, loss=loss,
                            dense_act_bytes=dense_act,
                            moe_act_bytes=moe_act, full_recompute=s.recompute == "full",
                            recomputed_layer_bytes=recomputed, inflight_mb=inflight_microbatches(s, shape.index),
-                           tokens=s.mbs * s.seq_len // s.cp, rt=rt)
+                           tokens=s.mbs * s.seq_len // s.cp, rt=rt, offload_optimizer=s.offload_optimizer,
+                           offload_params=s.offload_params, offload_activations=s.offload_activations,
+                           on_nvme=s.offload_device == "nvme", oc=oc)
+        # the node holds its GPUs' offloaded bytes: the most loaded stage's, per_node times
+        if float(mem.host_bytes) + float(mem.nvme_bytes) > host_states + host_acts + nvme:
+            host_states, host_acts, nvme = (float(mem.host_states_bytes), float(mem.host_activations_bytes),
+                                            float(mem.nvme_bytes))
         cand = MemoryBreakdown(weights_bytes=float(mem.weights_bytes), gradients_bytes=float(mem.gradients_bytes),
                                optimizer_bytes=float(mem.optimizer_bytes),
                                activations_bytes=float(mem.activations_bytes),
@@ -270,4 +351,6 @@ def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
         if best is None or cand.total_bytes > best.total_bytes:
             best = cand
     assert best is not None
-    return best
+    return replace(best, host_states_bytes=host_states * per_node, host_activations_bytes=host_acts * per_node,
+                   nvme_bytes=nvme * per_node, host_capacity_bytes=host.host_dram_bytes,
+                   nvme_capacity_bytes=host.nvme_bytes)

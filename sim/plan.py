@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from sim.compute import default_efficiency
 from sim.errors import InfeasibleError, InputError
-from sim.specs import Cluster, Model, Strategy
+from sim.specs import OFFLOAD_DEVICES, OFFLOADS, Cluster, Model, Strategy
 from sim.placement import group_shape
 from sim.stages import stage_layers
 
@@ -19,7 +19,7 @@ MOE_DISPATCHERS: tuple[str, ...] = ("alltoall", "allgather", "deepep")
 
 _INT_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "mbs", "gbs", "zero", "seq_len", "dp_shard")
 _BOOL_KEYS = ("sp", "tp_overlap", "dp_overlap", "ep_overlap", "pp_overlap", "cuda_graphs")
-_STR_KEYS = ("recompute", "precision", "schedule", "fp8_recipe", "order", "dp_impl")
+_STR_KEYS = ("recompute", "precision", "schedule", "fp8_recipe", "order", "dp_impl", "offload", "offload_device")
 _ALIASES = {"seq": "seq_len", "micro_batch": "mbs", "global_batch": "gbs", "zero_stage": "zero",
             "sequence_parallel": "sp", "interleave": "vp"}
 
@@ -93,6 +93,24 @@ def _parse_bool(key: str, text: str) -> bool:
     raise InputError(key, text, "must be 0 or 1")
 
 
+def normalize_offload(text: str) -> str:
+    """The canonical ``offload`` value (``sim.specs.OFFLOADS``) of ``text``: parts joined by
+    ``+`` in any order; ``params`` implies (and absorbs) ``optimizer``; ``none`` stands alone."""
+    parts = [p.strip().lower() for p in str(text).split("+")]
+    known = ("none", "optimizer", "params", "activations")
+    for p in parts:
+        if p not in known:
+            raise InputError("offload", text, f"must be none, optimizer, params, activations or a + of them "
+                                              f"(e.g. optimizer+activations)")
+    if len(set(parts)) != len(parts) or ("none" in parts and len(parts) > 1):
+        raise InputError("offload", text, "each part once; none stands alone")
+    states = "params" if "params" in parts else ("optimizer" if "optimizer" in parts else "")
+    acts = "activations" if "activations" in parts else ""
+    out = "+".join(p for p in (states, acts) if p) or "none"
+    assert out in OFFLOADS
+    return out
+
+
 def parse_strategy(text: str, *, num_gpus: int, seq_len: int | None = None) -> Strategy:
     """Parse ``tp=8,pp=16,mbs=1,gbs=1536,...`` (docs/interface.md) into a ``Strategy``.
 
@@ -119,6 +137,10 @@ def parse_strategy(text: str, *, num_gpus: int, seq_len: int | None = None) -> S
             values[key] = _parse_int(key, raw)
         elif key in _BOOL_KEYS:
             values[key] = _parse_bool(key, raw)
+        elif key == "offload":
+            values[key] = normalize_offload(raw)
+        elif key == "offload_device" and raw.lower() not in OFFLOAD_DEVICES:
+            raise InputError("offload_device", raw, f"must be one of {', '.join(OFFLOAD_DEVICES)}")
         elif key in _STR_KEYS:
             values[key] = raw.lower()
         elif key == "fsdp":
@@ -229,6 +251,7 @@ def check_feasible(model: Model, cluster: Cluster, s: Strategy, *, uneven_vp: bo
         raise InfeasibleError("unsupported", "dp_impl", s.dp_impl,
                               f"torch.nn.DataParallel is one process on one node: {s.num_gpus} GPUs exceed "
                               f"gpus_per_node={cluster.gpus_per_node} (use dp_impl=ddp)")
+    check_offload(s)
     if s.precision == "fp8" and "fp8" not in cluster.gpu.dense_flops_per_s:
         raise InfeasibleError("unsupported", "precision", s.precision, f"{cluster.gpu.id} has no fp8 tensor cores")
     if s.precision == "fp8":
@@ -237,3 +260,19 @@ def check_feasible(model: Model, cluster: Cluster, s: Strategy, *, uneven_vp: bo
             raise InfeasibleError("unsupported", "fp8_recipe", s.fp8_recipe,
                                   f"runs on {', '.join(archs)} tensor cores ({cluster.gpu.id} is "
                                   f"{cluster.gpu.architecture}; catalogs/efficiency.yaml fp8_recipes)")
+
+
+def check_offload(s: Strategy) -> None:
+    """The ZeRO stages each offload mode runs with (DeepSpeed config docs, ``offload_optimizer``:
+    "CPU offloading is available with ZeRO stage 1, 2, 3. NVMe offloading is available only
+    with ZeRO stage 3"; ``offload_param``: "Available only with ZeRO stage 3"; FSDP
+    ``CPUOffload(offload_params=True)`` shards parameters, i.e. ZeRO-3)."""
+    if s.offload_optimizer and s.zero < 1:
+        raise InfeasibleError("unsupported", "offload", s.offload,
+                              "needs zero >= 1 (the optimizer states of the shard go to the host; ZeRO-Offload)")
+    if s.offload_params and s.zero != 3:
+        raise InfeasibleError("unsupported", "offload", s.offload,
+                              f"needs zero=3 (parameters are offloaded as FSDP / ZeRO-3 shards), got zero={s.zero}")
+    if s.offload_device == "nvme" and s.zero != 3:
+        raise InfeasibleError("unsupported", "offload_device", s.offload_device,
+                              f"needs zero=3 (DeepSpeed offloads to NVMe with ZeRO stage 3 only), got zero={s.zero}")

@@ -21,6 +21,7 @@ class Breakdown:
     exposed_ep_s: float = 0.0
     exposed_pp_s: float = 0.0
     exposed_dp_s: float = 0.0
+    exposed_offload_s: float = 0.0  # host-link copies of offloading (sim.offload) on the critical path
     recompute_s: float = 0.0  # part of compute_s spent recomputing activations
 
     @property
@@ -39,6 +40,7 @@ class Breakdown:
             "exposed_ep_s": self.exposed_ep_s,
             "exposed_pp_s": self.exposed_pp_s,
             "exposed_dp_s": self.exposed_dp_s,
+            "exposed_offload_s": self.exposed_offload_s,
             "recompute_s": self.recompute_s,
         }
 
@@ -82,6 +84,8 @@ class StepResult:
             "memory_peak_bytes": self.memory_peak_bytes,
             "memory_capacity_bytes": self.memory.capacity_bytes,
             "fits_memory": self.fits_memory,
+            "host_memory_bytes": self.memory.host_bytes,
+            "host_memory_capacity_bytes": self.memory.host_capacity_bytes,
             "memory": self.memory.as_dict(),
             "breakdown": self.breakdown.as_dict(),
             "strategy": self.strategy,

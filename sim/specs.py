@@ -36,6 +36,11 @@ DP_IMPLS: tuple[str, ...] = ("ddp", "dataparallel")
 TOPOLOGIES: tuple[str, ...] = ("fat-tree", "rail-optimized", "star", "tree", "mesh", "torus")
 PLACEMENTS: tuple[str, ...] = ("block", "packed")
 FORM_FACTORS: tuple[str, ...] = ("sxm", "pcie")
+# What leaves GPU memory (docs/offload.md): ``params`` implies the optimizer (ZeRO-Infinity /
+# FSDP CPUOffload); ``activations`` combines with either, written after it with ``+``.
+OFFLOADS: tuple[str, ...] = ("none", "optimizer", "params", "activations", "optimizer+activations",
+                             "params+activations")
+OFFLOAD_DEVICES: tuple[str, ...] = ("cpu", "nvme")
 
 # Limits that catch typos and overflow, not hardware: far above anything built today.
 MAX_GPUS = 1 << 22
@@ -472,6 +477,40 @@ class Model:
         return self.num_params - inactive
 
 
+# --------------------------------------------------------------------------- host
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HostSpec:
+    """The host side of a node that offloading uses (``catalogs/offload.yaml`` defaults,
+    ``sim.offload.host_spec``): DRAM capacity and bandwidth, CPU Adam throughput, NVMe, and the
+    achievable host-device copy rate of one GPU's link.  Per node unless the name says GPU.
+
+    ``host_link_bytes_per_s`` is one host link (a PCIe x16 slot, achievable copy rate, one
+    direction, full duplex); ``gpus_per_host_link`` GPUs share it (1: every GPU its own x16).
+    """
+
+    host_dram_bytes: float
+    host_mem_bytes_per_s: float  # achievable (STREAM-class) DRAM bandwidth of the node
+    host_adam_params_per_s: float  # CPU Adam's compute-bound rate, all cores of the node
+    host_link_bytes_per_s: float  # per host link, per direction, achievable copies
+    nvme_bytes: float
+    nvme_bytes_per_s: float  # achievable, the node's drives together
+    gpus_per_host_link: int = 1
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for n in ("host_dram_bytes", "host_mem_bytes_per_s", "host_adam_params_per_s", "host_link_bytes_per_s",
+                  "nvme_bytes", "nvme_bytes_per_s"):
+            _positive_float(f"host.{n}", getattr(self, n))
+        _positive_int("host.gpus_per_host_link", self.gpus_per_host_link, limit=64)
+
+    @property
+    def link_bytes_per_s_per_gpu(self) -> float:
+        """Host-device copy rate one GPU gets, per direction, with its link's GPUs all copying."""
+        return self.host_link_bytes_per_s / self.gpus_per_host_link
+
+
 # --------------------------------------------------------------------------- cluster
 
 
@@ -502,6 +541,9 @@ class Cluster:
     # GPUs talk over that PCIe/host topology (and NVLink bridges) instead of an NVLink domain,
     # which is then the node (``nvlink_domain == gpus_per_node``).  None for SXM/OAM parts.
     server: Server | None = None
+    # The nodes' host side for offloading; None = the catalog defaults for the GPU's PCIe
+    # generation (``sim.offload.host_spec``).
+    host: HostSpec | None = None
 
     def __post_init__(self) -> None:
         _positive_int("num_gpus", self.num_gpus, limit=MAX_GPUS)
@@ -585,6 +627,11 @@ class Strategy:
     microscaling on Blackwell).  ``dp_shard`` (HSDP) shards ZeRO/FSDP states over groups of
     ``dp_shard`` data-parallel ranks and replicates them over the ``dp / dp_shard`` groups
     (torchtitan ``data_parallel_shard_degree``, MaxText ``ici_fsdp``); ``None`` shards over all.
+    ``offload`` moves model states or activations out of GPU memory (``OFFLOADS``; docs/offload.md):
+    ``optimizer`` (ZeRO-Offload: optimizer states and the Adam step on the host, ZeRO 1-3),
+    ``params`` (ZeRO-Infinity / FSDP CPU offload: parameters and gradients too, ZeRO-3),
+    ``activations`` (saved activations to host memory), alone or after either with ``+``;
+    ``offload_device`` is where offloaded model states live (``cpu`` memory or ``nvme``).
 
     Experts follow Megatron-Core's MoE parallel folding: the expert layers of a pipeline stage
     re-partition the stage's ``tp * cp * dp`` ranks into ``etp`` (expert tensor parallelism;
@@ -623,6 +670,8 @@ class Strategy:
     # (sim/dataparallel.py: replicate every forward, outputs gathered to and gradients reduced
     # onto GPU 0, one GIL-bound Python thread per GPU).
     dp_impl: str = "ddp"
+    offload: str = "none"
+    offload_device: str = "cpu"
 
     def __post_init__(self) -> None:
         for n in ("tp", "pp", "dp", "cp", "ep", "vp"):
@@ -648,6 +697,11 @@ class Strategy:
             if other:
                 raise InputError("dp_impl", self.dp_impl, "torch.nn.DataParallel replicates the whole module on "
                                  f"every GPU: needs tp=pp=cp=ep=1 and zero=0 (got {', '.join(other)})")
+        _choice("offload", self.offload, OFFLOADS)
+        _choice("offload_device", self.offload_device, OFFLOAD_DEVICES)
+        if self.offload_device == "nvme" and not (self.offload_optimizer or self.offload_params):
+            raise InputError("offload_device", self.offload_device,
+                             f"holds offloaded model states: needs offload=optimizer or params (got {self.offload})")
         if self.dp_shard is not None:
             _positive_int("dp_shard", self.dp_shard, limit=MAX_GPUS)
             if self.dp % self.dp_shard:
@@ -679,6 +733,20 @@ class Strategy:
         """Data-parallel ranks (times ``cp``) ZeRO/FSDP shards its states over: ``dp_shard * cp``
         with HSDP, else ``dp * cp``."""
         return (self.dp if self.dp_shard is None else self.dp_shard) * self.cp
+
+    @property
+    def offload_optimizer(self) -> bool:
+        """Optimizer states and step on the host (``offload=optimizer`` or ``params``)."""
+        return self.offload.split("+")[0] in ("optimizer", "params")
+
+    @property
+    def offload_params(self) -> bool:
+        """Parameters and gradients on the host too (``offload=params``)."""
+        return self.offload.split("+")[0] == "params"
+
+    @property
+    def offload_activations(self) -> bool:
+        return self.offload.endswith("activations")
 
     @property
     def expert_tp(self) -> int:
@@ -732,6 +800,10 @@ class Strategy:
             parts.append(f"dp_shard={self.dp_shard}")
         if self.dp_impl != "ddp":
             parts.append(f"dp_impl={self.dp_impl}")
+        if self.offload != "none":
+            parts.append(f"offload={self.offload}")
+        if self.offload_device != "cpu":
+            parts.append(f"offload_device={self.offload_device}")
         return ",".join(parts)
 
     def with_(self, **changes: object) -> "Strategy":

@@ -28,6 +28,15 @@ that hides a reduction runs slower by ``overlap_compute_slowdown`` of the hidden
 memory-bound optimizer step, then (ZeRO-1/2) the parameter all-gather, overlapped with the next
 step's first forward when ``dp_overlap``.  The step ends when the last stage is ready.
 
+Offloading (``sim.offload``, docs/offload.md) adds host-link copies: per micro-batch, the
+weight shard's load before each forward and backward, the gradient shard back after each
+backward (ZeRO-3) and the saved activations out and in, hidden behind the stage's compute as
+far as the link allows (on the same prefetch as FSDP's gathers, so the exposure is the
+excess of the slower of network and link); per step, the gradient shard back (ZeRO-1/2,
+bucket by bucket behind the gradient reduction), the Adam step on the CPU instead of the
+GPU, and the updated weights back to the GPU before the next forward (exposed: no delayed
+update).
+
 Stages are given as ``StageTimes`` with the number of stages each stands for (``count``) and
 how many stages of each entry precede it (``before``): one entry per stage (``count=1``) for
 a costed plan, one per ``sim.stages.StageShape`` for the search.  Known error: ignores the
@@ -41,11 +50,13 @@ from typing import TYPE_CHECKING, Sequence, Union
 
 import numpy as np
 
+from sim.offload import offload_bytes
 from sim.runtime import CommRuntime
 from sim.stages import StageParams
 
 if TYPE_CHECKING:
     from sim.compute import KernelEfficiency
+    from sim.offload import OffloadRates
 
 Num = Union[float, np.ndarray]  # a float, or an array of the caller's broadcast shape
 
@@ -74,6 +85,8 @@ class StageTimes:
     fwd_sends: int
     bwd_sends: int
     dp_replica_sync_s: Num = 0.0
+    offload_grad_s: Num = 0.0  # per step: gradient shard to the host behind the reduction (ZeRO-1/2)
+    offload_param_s: Num = 0.0  # per step: updated weights back from the host, after the optimizer
     count: int = 1
     before: tuple[int, ...] = ()
 
@@ -101,6 +114,7 @@ class StepTimes:
     dp_exposed_s: tuple[Num, ...]  # its exposed data-parallel time after the last backward
     slowdown_s: tuple[Num, ...]  # compute slowed by the reductions/gathers it hides
     optimizer_s: tuple[Num, ...]
+    offload_exposed_s: tuple[Num, ...] = ()  # its exposed host-link copies after the last backward
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +134,10 @@ class StagePieces:
     fsdp_copy_bwd_s: Num
     fp8_weight_cast_s: Num = 0.0  # per micro-batch (averaged when cast once per step)
     dp_replica_sync_s: Num = 0.0  # HSDP: all-reduce of the gradient shard over the replicas, per step
+    offload_fwd_s: Num = 0.0  # per micro-batch: exposed host-link copies (weights in, activations out)
+    offload_bwd_s: Num = 0.0  # (weights and activations in, gradients out)
+    offload_grad_s: Num = 0.0  # per step, full duration: gradient shard to the host (ZeRO-1/2)
+    offload_param_s: Num = 0.0  # per step, exposed: updated weight shard back to the GPU
 
     @property
     def param_work_fwd_s(self) -> Num:
@@ -146,10 +164,20 @@ class DpCollectives:
     replica_all_reduce_s: float = 0.0  # HSDP: the sharded gradients over the replicas
 
 
+def local_params(params: StageParams, zero: Num, dp_size: int, expert_dp: int) -> Num:
+    """Parameters of a GPU's optimizer shard: ZeRO (stage >= 1) shards dense states over
+    ``dp_size`` (dp x cp, or HSDP's shard group) and expert states over the expert data
+    parallelism."""
+    z = np.asarray(zero)
+    return params.dense_params / np.where(z >= 1, dp_size, 1) + params.expert_params / np.where(z >= 1, expert_dp, 1)
+
+
 def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int, params: StageParams,
                  num_layers: int, layer_fwd_s: Num, layer_bwd_s: Num, dp_overlap: bool, hbm_bytes_per_s: float,
                  rt: CommRuntime, eff: KernelEfficiency, accum_bytes_per_param: Num, fp16: bool,
-                 fsdp_copies: bool, weight_cast_bytes_per_param: Num = 0.0) -> StagePieces:
+                 fsdp_copies: bool, weight_cast_bytes_per_param: Num = 0.0, offload_optimizer: Num = False,
+                 offload_params: Num = False, offload_activations: Num = False, act_bytes: Num = 0.0,
+                 rates: OffloadRates | None = None) -> StagePieces:
     """The per-stage pieces (``StagePieces``) of a stage, for one ZeRO stage or an array of them.
 
     ``layer_fwd_s`` / ``layer_bwd_s``: the stage's compute per micro-batch (layers incl.
@@ -166,6 +194,16 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
       parameter at the GPU's achievable HBM rate; gradient accumulation outside the GEMM and
       FSDP2's packing around its collectives likewise (``catalogs/runtime.yaml``), and the fp8
       cast of the weights (``weight_cast_bytes_per_param``, ``sim.compute``).
+    * Offload (``offload_*`` bools, ``rates`` from ``sim.offload``, ``act_bytes`` the stage's
+      saved activations of one micro-batch; module docstring): with ``M`` the shard's
+      parameters, the weights in (``2M``) before the forward and again before the backward and
+      the gradients out (``2M``) after it (ZeRO-Infinity, ``params``; the gradients alone under
+      ZeRO-3 ``optimizer``), each per micro-batch, the activations out and back; with prefetch
+      (``dp_overlap``) the exposure is ``max(0, max(network, link) - compute)`` minus FSDP's
+      own plus one layer's share of the link, without it every weight and gradient copy is
+      exposed.  ZeRO-1/2 send the gradients once per step (``offload_grad_s``, ZeRO-Offload's
+      ``2M``); every optimizer offload steps Adam on the CPU (``cpu_optimizer_s_per_param``) and,
+      unless the weights live on the host, copies the updated ``2M`` back (``offload_param_s``).
     """
     z = np.asarray(zero)
     z3 = z >= 3
@@ -183,8 +221,7 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
     slow_f = np.where(z3, sigma * np.maximum(0.0, ag - z3f), 0.0)
     slow_b = np.where(z3, sigma * np.maximum(0.0, ag + rs - z3b), 0.0)
 
-    shard = np.where(z >= 1, dp_size, 1)  # ZeRO shards dense states over dp x cp (or HSDP's shard group), expert ones
-    local = params.dense_params / shard + params.expert_params / np.where(z >= 1, expert_dp, 1)  # over expert dp
+    local = local_params(params, z, dp_size, expert_dp)
     opt_bytes = rt.optimizer_bytes_per_param + (rt.fp16_extra_bytes_per_param if fp16 else 0.0)
     opt_s = local * opt_bytes / hbm_bytes_per_s
     # weight gradients of each micro-batch added into the step's buffer (FSDP: into the shard)
@@ -194,10 +231,33 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
     copy_b = np.where(copies, params.total * (rt.fsdp_gather_copy_bytes_per_param
                                               + rt.fsdp_reduce_copy_bytes_per_param) / hbm_bytes_per_s, 0.0)
     cast_s = params.total * weight_cast_bytes_per_param / hbm_bytes_per_s
+    off_f = off_b = off_g = off_p = 0.0
+    if rates is not None:
+        vol = offload_bytes(local, act_bytes, zero=z, offload_optimizer=offload_optimizer,
+                            offload_params=offload_params, offload_activations=offload_activations, rates=rates)
+        link = rates.link_bytes_per_s
+        w_in = vol.weights_in_per_pass / rates.state_bytes_per_s  # each pass, from host or NVMe
+        g_mb = vol.grads_out_per_microbatch / link
+        a_io = vol.activations_per_microbatch / link
+        link_f = np.maximum(w_in, a_io)  # full duplex: weights in while activations go out
+        link_b = np.maximum(w_in + a_io, g_mb)  # weights and activations in, gradients out
+        net_f, net_b = np.where(z3, ag, 0.0), np.where(z3, ag + rs, 0.0)
+        if dp_overlap:
+            off_f = (np.maximum(0.0, np.maximum(net_f, link_f) - layer_fwd_s) - np.maximum(0.0, net_f - layer_fwd_s)
+                     + w_in / n1)
+            off_b = (np.maximum(0.0, np.maximum(net_b, link_b) - layer_bwd_s) - np.maximum(0.0, net_b - layer_bwd_s)
+                     + g_mb / n1)
+        else:
+            off_f = w_in + np.maximum(0.0, a_io - layer_fwd_s)
+            off_b = w_in + g_mb + np.maximum(0.0, a_io - layer_bwd_s)
+        off_g = vol.grads_out_per_step / link
+        off_p = vol.weights_back_per_step / rates.state_bytes_per_s
+        opt_s = np.where(np.asarray(offload_optimizer), local * rates.cpu_optimizer_s_per_param, opt_s)
     return StagePieces(dp_grad_sync_s=grad_sync, dp_param_gather_s=param_gather, zero3_exposed_fwd_s=z3f,
                        zero3_exposed_bwd_s=z3b, overlap_slowdown_fwd_s=slow_f, overlap_slowdown_bwd_s=slow_b,
                        optimizer_s=opt_s, grad_accum_s=accum_s, fsdp_copy_fwd_s=copy_f, fsdp_copy_bwd_s=copy_b,
-                       fp8_weight_cast_s=cast_s, dp_replica_sync_s=coll.replica_all_reduce_s + 0.0 * z)
+                       fp8_weight_cast_s=cast_s, dp_replica_sync_s=coll.replica_all_reduce_s + 0.0 * z,
+                       offload_fwd_s=off_f, offload_bwd_s=off_b, offload_grad_s=off_g, offload_param_s=off_p)
 
 
 def stage_times(*, layer_fwd_s: Num, layer_bwd_s: Num, recompute_s: Num, layer_exposed_fwd_s: Num,
@@ -211,11 +271,12 @@ def stage_times(*, layer_fwd_s: Num, layer_bwd_s: Num, recompute_s: Num, layer_e
     return StageTimes(
         compute_fwd_s=layer_fwd_s + extra_fwd_s + pieces.param_work_fwd_s,
         compute_bwd_s=layer_bwd_s + recompute_s + extra_bwd_s + pieces.param_work_bwd_s,
-        exposed_fwd_s=layer_exposed_fwd_s + pieces.zero3_exposed_fwd_s,
-        exposed_bwd_s=layer_exposed_bwd_s + pieces.zero3_exposed_bwd_s,
+        exposed_fwd_s=layer_exposed_fwd_s + pieces.zero3_exposed_fwd_s + pieces.offload_fwd_s,
+        exposed_bwd_s=layer_exposed_bwd_s + pieces.zero3_exposed_bwd_s + pieces.offload_bwd_s,
         p2p_s=p2p_s, weight_grad_s=0.5 * layer_bwd_s, dp_grad_sync_s=pieces.dp_grad_sync_s,
         dp_param_gather_s=pieces.dp_param_gather_s, optimizer_s=pieces.optimizer_s, num_layers=num_layers,
-        dp_replica_sync_s=pieces.dp_replica_sync_s,
+        dp_replica_sync_s=pieces.dp_replica_sync_s, offload_grad_s=pieces.offload_grad_s,
+        offload_param_s=pieces.offload_param_s,
         fwd_sends=0 if last else 1, bwd_sends=0 if first else 1, count=count, before=before)
 
 
@@ -259,7 +320,7 @@ def compose(stages: Sequence[StageTimes], *, m: Num, vp: Num, zero_bubble: Num, 
     t_pipe = pipeline_time_s(stages, fb, m, vp, zero_bubble, pp)
     sigma = overlap_slowdown
     z3 = np.asarray(zero) >= 3
-    ends, exposed, slows, opts = [], [], [], []
+    ends, exposed, slows, opts, offs = [], [], [], [], []
     for st, (f, b) in zip(stages, fb):
         tail = sum(k * fb[j][1] for j, k in enumerate(st.before) if k)
         last_end = t_pipe - tail
@@ -270,19 +331,24 @@ def compose(stages: Sequence[StageTimes], *, m: Num, vp: Num, zero_bubble: Num, 
         slow = sigma * np.minimum(sync, window)
         ready = np.maximum(last_end + slow, last_end - window + sync)
         dp_exposed = ready - last_end - slow
+        # offloaded gradient shard: copied bucket by bucket as the reduction delivers it
+        off_ready = np.maximum(last_end + slow, last_end - window + np.maximum(sync, st.offload_grad_s))
+        off_exposed = off_ready - ready + st.offload_param_s
+        ready = off_ready
         gather = st.dp_param_gather_s
         if dp_overlap:  # overlapped with the next step's first forwards (overlap_param_gather)
             hidden_gather = np.minimum(gather, overlap_window(f, st.num_layers, vp, pp))
             gather = gather - hidden_gather
             slow = slow + sigma * hidden_gather
             ready = ready + sigma * hidden_gather
-        ends.append(ready + st.optimizer_s + gather)
+        ends.append(ready + st.optimizer_s + st.offload_param_s + gather)
         exposed.append(dp_exposed + gather)
         slows.append(slow)
         opts.append(st.optimizer_s)
+        offs.append(off_exposed)
     step = ends[0]
     for e in ends[1:]:
         step = np.maximum(step, e)
     return StepTimes(step_time_s=step, pipeline_s=t_pipe, fwd_s=tuple(f for f, _ in fb),
                      bwd_s=tuple(b for _, b in fb), end_s=tuple(ends), dp_exposed_s=tuple(exposed),
-                     slowdown_s=tuple(slows), optimizer_s=tuple(opts))
+                     slowdown_s=tuple(slows), optimizer_s=tuple(opts), offload_exposed_s=tuple(offs))

@@ -26,6 +26,7 @@ PLANS = {
         ("llama3.1-405b", 512, "tp=8,pp=8,vp=8,mbs=1,gbs=256,sp=1,zero=1,precision=fp8,fp8_recipe=tensorwise,"
                                "tp_overlap=1,pp_overlap=1"),
         ("mixtral-8x7b", 64, "tp=2,pp=2,ep=8,etp=1,mbs=1,gbs=256,zero=1,sp=1,ep_overlap=1"),
+        ("llama3-8b", 16, "tp=2,sp=1,mbs=1,gbs=16,zero=1,offload=optimizer"),
         ("llama3-70b", 64, "tp=8,mbs=1,gbs=64,zero=3,dp_shard=4,sp=1,recompute=full,cuda_graphs=1"),
         ("llama3-70b", 96, "tp=8,pp=3,mbs=1,gbs=96,zero=2,sp=1"),  # 80 layers: 26/28/26 via first/last
     ],
@@ -35,10 +36,13 @@ PLANS = {
         ("llama3-70b", 128, "tp=8,pp=4,vp=2,schedule=zero-bubble,mbs=1,gbs=256,sp=1,zero=3"),
         ("llama3-8b", 64, "tp=2,cp=2,sp=1,mbs=1,gbs=64,seq=8192,zero=3,precision=fp8,fp8_recipe=tensorwise"),
         ("llama3-8b", 64, "mbs=1,gbs=64,zero=3,dp_shard=8"),
+        ("llama3-70b", 64, "tp=8,sp=1,mbs=1,gbs=64,zero=3,recompute=full,offload=params"),
     ],
     "megatron-deepspeed": [
         ("gpt3-175b", 256, "tp=8,pp=8,mbs=1,gbs=512,zero=1,recompute=full,precision=fp16,dp_overlap=0"),
         ("llama3-8b", 16, "mbs=2,gbs=64,zero=1,dp_overlap=0"),
+        ("llama3-8b", 8, "mbs=1,gbs=16,zero=2,offload=optimizer,dp_overlap=0"),
+        ("llama3-70b", 64, "tp=8,mbs=1,gbs=64,zero=3,recompute=full,offload=params,offload_device=nvme,dp_overlap=0"),
     ],
 }
 CASES = [(fmt, *p) for fmt in FORMATS for p in PLANS[FORMAT_FRAMEWORK[fmt]]]

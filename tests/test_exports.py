@@ -3,6 +3,7 @@ batch sizes and ZeRO stage."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -201,3 +202,67 @@ def test_write_creates_files_and_rejects_bad_input(tmp_path):
     blocker.write_text("x")
     with pytest.raises(InputError, match="out"):
         write("slurm", spec, blocker)
+
+
+def _ds_offload(cfg: dict) -> tuple[str, str]:
+    """(offload, device) a DeepSpeed config encodes."""
+    zo = cfg["zero_optimization"]
+    states = "params" if "offload_param" in zo else ("optimizer" if "offload_optimizer" in zo else "")
+    acts = "activations" if cfg["activation_checkpointing"].get("cpu_checkpointing") else ""
+    target = zo.get("offload_param") or zo.get("offload_optimizer") or {"device": "cpu"}
+    assert all(t.get("pin_memory") is True for t in (zo.get("offload_param"), zo.get("offload_optimizer")) if t)
+    return "+".join(p for p in (states, acts) if p) or "none", target["device"]
+
+
+OFFLOAD_PLANS = [
+    ("llama3-8b", 8, "tp=1,mbs=1,gbs=16,zero=2,offload=optimizer"),
+    ("llama3-70b", 64, "tp=8,mbs=1,gbs=64,zero=3,recompute=full,offload=params"),
+    ("llama3-70b", 64, "tp=8,mbs=1,gbs=64,zero=3,recompute=full,offload=params,offload_device=nvme"),
+    ("llama3-70b", 64, "tp=8,mbs=1,gbs=64,zero=3,recompute=full,offload=params+activations"),
+    ("llama3-8b", 16, "tp=2,mbs=1,gbs=16,zero=1,offload=optimizer"),
+]
+
+
+@pytest.mark.parametrize("model_id,n,text", OFFLOAD_PLANS)
+def test_offload_round_trips_or_is_refused(model_id, n, text, tmp_path):
+    """DeepSpeed carries every state offload (offload_optimizer / offload_param with device and
+    pinned memory) and activation offload as cpu_checkpointing; torchtitan carries FSDP CPU
+    offload (enable_cpu_offload) and Megatron-LM the distributed optimizer's CPU offload; a
+    target that cannot express the plan refuses it in one line instead of writing another."""
+    spec = _spec(model_id, n, text)
+    s = spec.strategy
+    cfg = json.loads(render("deepspeed", spec).files["ds_config.json"])
+    assert _ds_offload(cfg) == (s.offload, s.offload_device)
+    assert cfg["zero_optimization"]["stage"] == s.zero
+    if s.offload_device == "nvme":
+        assert cfg["zero_optimization"]["offload_param"]["nvme_path"]
+    back = parse_strategy(f"tp={s.tp},pp={s.pp},mbs={cfg['train_micro_batch_size_per_gpu']},"
+                          f"gbs={cfg['train_batch_size']},zero={cfg['zero_optimization']['stage']},"
+                          f"offload={_ds_offload(cfg)[0]},offload_device={_ds_offload(cfg)[1]}", num_gpus=n)
+    assert (back.offload, back.offload_device, back.zero, back.dp) == (s.offload, s.offload_device, s.zero, s.dp)
+
+    tt_spec = dataclasses.replace(spec, strategy=s.with_(sp=s.tp > 1))  # torchtitan's TP always shards the sequence
+    if s.offload == "params" and s.offload_device == "cpu":
+        tt = tomllib.loads(render("torchtitan", tt_spec).files["torchtitan.toml"])
+        assert tt["training"]["enable_cpu_offload"] is True
+        assert tt["parallelism"]["data_parallel_shard_degree"] == s.dp
+    else:
+        with pytest.raises(InputError, match="torchtitan"):
+            render("torchtitan", tt_spec)
+
+    if s.offload == "optimizer" and s.zero == 1:
+        opts = _options(_bash_array(render("megatron", spec).files["megatron_args.sh"], "MEGATRON_ARGS", tmp_path))
+        assert opts["--optimizer-cpu-offload"] is True and opts["--optimizer-offload-fraction"] == "1.0"
+        assert "--use-distributed-optimizer" in opts
+    else:
+        for fmt in ("megatron", "torchrun", "slurm", "k8s"):
+            with pytest.raises(InputError, match="megatron"):
+                render(fmt, spec)
+
+
+def test_deepspeed_refuses_activation_offload_it_cannot_express():
+    spec = _spec("llama3-8b", 8, "tp=1,mbs=1,gbs=16,zero=2,recompute=none,offload=optimizer+activations")
+    with pytest.raises(InputError, match="cpu_checkpointing"):
+        render("deepspeed", spec)
+    assert "offload" not in json.dumps(json.loads(render("deepspeed", _spec("llama3-8b", 8, "mbs=1,gbs=16"))
+                                                  .files["ds_config.json"]))

@@ -63,10 +63,24 @@ def test_fast_model_equals_simulate_analytic(case, framework):
 
 
 def _brute_force(model, cl, gbs, seq, space: SearchSpace) -> tuple[set[str], int]:
-    """Every combination of the space, checked the slow way: Strategy + Plan + memory_breakdown."""
+    """Every combination of the space, checked the slow way: Strategy + Plan + memory_breakdown.
+    Offload modes pair with the ZeRO stages they run with (optimizer 1-3, params 3; without data
+    parallelism the lowest one); an offload plan whose twin without offload fits is considered
+    but not kept (it cannot be faster)."""
     n = cl.num_gpus
     fits, total = set(), 0
     mbs_all = [1 << k for k in range(space.max_mbs.bit_length()) if 1 << k <= space.max_mbs]
+
+    def entries(dpcp: int) -> list[tuple[int, str]]:
+        out = []
+        for off in space.offload:
+            need = 3 if off.startswith("params") else (1 if off.startswith("optimizer") else 0)
+            zs = [z for z in sorted(space.zero) if z >= need and (need < 3 or z == 3)]
+            if off == "none" and dpcp == 1:
+                zs = [min(space.zero)]
+            out += [(z, off) for z in (zs[:1] if dpcp == 1 else zs)]
+        return out
+
     for tp in [t for t in divisors(n) if t <= space.max_tp]:
         for cp in [c for c in divisors(n // tp) if c <= space.max_cp]:
             for pp in [p for p in divisors(n // (tp * cp)) if p <= model.num_layers]:
@@ -78,14 +92,18 @@ def _brute_force(model, cl, gbs, seq, space: SearchSpace) -> tuple[set[str], int
                     for vp, sched in pipes:
                         for sp in ((False, True) if tp > 1 else (False,)):
                             for rc in space.recompute:
-                                for z in (space.zero if dp * cp > 1 else (0,)):
+                                for z, off in entries(dp * cp):
                                     total += 1
                                     try:
                                         s = Strategy(tp=tp, cp=cp, pp=pp, dp=dp, vp=vp, mbs=mbs, gbs=gbs, seq_len=seq,
-                                                     zero=z, sp=sp, recompute=rc, schedule=sched)
+                                                     zero=z, sp=sp, recompute=rc, schedule=sched, offload=off)
                                         Plan(model=model, cluster=cl, strategy=s)
                                     except InputError:
                                         continue
+                                    if off != "none":
+                                        twin = s.with_(offload="none", zero=z if dp * cp > 1 else min(space.zero))
+                                        if memory_breakdown(model, cl, twin).fits:
+                                            continue
                                     if memory_breakdown(model, cl, s).fits:
                                         fits.add(s.to_string())
     return fits, total
@@ -94,13 +112,14 @@ def _brute_force(model, cl, gbs, seq, space: SearchSpace) -> tuple[set[str], int
 def test_pruning_keeps_exactly_the_feasible_plans_that_fit():
     model, cl = get_model("gpt-7.5b"), cluster("a100-40gb", 16)
     space = SearchSpace(max_tp=8, max_cp=2, max_mbs=2, max_vp=2, zero=(0, 3), recompute=("none", "full"),
-                        precision=("bf16",))
+                        precision=("bf16",), offload=("none", "optimizer", "params", "activations"))
     r = search(model, cl, gbs=24, seq_len=2048, space=space)
     found = {r.strategy(i).to_string() for i in range(r.evaluated)}
     expected, total = _brute_force(model, cl, 24, 2048, space)
     assert r.considered == total
     assert r.evaluated + sum(r.rejected.values()) == r.considered
-    assert r.rejected["oom"] > 0 and r.rejected["batch"] > 0
+    assert r.rejected["oom"] > 0 and r.rejected["batch"] > 0 and r.rejected["offload_unneeded"] > 0
+    assert any("offload=" in f for f in found)  # offload rescues some plans that do not fit without it
     assert len(found) > 50
     assert found == expected
 

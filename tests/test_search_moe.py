@@ -41,10 +41,10 @@ def test_folded_candidates_are_timed_as_simulate_times_them():
 
 def test_framework_without_expert_tp_searches_tp_only():
     space = framework_space(SearchSpace(), "megatron-deepspeed", cluster("a100-80gb", 64))
-    assert space.etp == () and space.zero == (0, 1) and space.schedule == ("1f1b",) and space.sp == (False,)
+    assert space.etp == () and space.zero == (0, 1, 2, 3) and space.schedule == ("1f1b",) and space.sp == (False,)
     assert space.precision == ("bf16", "fp16") or set(space.precision) <= {"bf16", "fp16"}
     with pytest.raises(InputError, match="zero"):
-        framework_space(SearchSpace(zero=(3,)), "megatron-deepspeed", cluster("a100-80gb", 64))
+        framework_space(SearchSpace(zero=(3,)), "megatron-lm-2021", cluster("a100-80gb", 64))
     tt = framework_space(SearchSpace(), "torchtitan", cluster("h100-80gb", 64))
     assert tt.fp8_recipe == "tensorwise" and tt.zero == (0, 3)
     assert Settings.from_framework("torchtitan").kwargs["uneven_vp"] is True

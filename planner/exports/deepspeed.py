@@ -8,14 +8,22 @@ Pipeline, context (Ulysses) and expert degrees are set by the training script, s
 ``deepspeed_launch.sh`` passes them as Megatron-DeepSpeed arguments
 (``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size`` or
 ``--no-pipeline-parallel``, ``--ds-sequence-parallel-size``, ``--expert-model-parallel-size``,
-``--zero-stage``, ``--deepspeed_config``).
+``--zero-stage``, ``--deepspeed_config``).  Offload: ``zero_optimization.offload_optimizer``
+and (``params``) ``offload_param`` ``{device: cpu|nvme, pin_memory: true}`` (``nvme_path`` for
+NVMe); activation offload only as DeepSpeed's ``cpu_checkpointing`` of partitioned checkpoints
+(``recompute=full`` with ``tp > 1``), anything else is refused (DeepSpeed config docs,
+"Parameter offloading", "Optimizer offloading", "Activation Checkpointing").
 """
 
 from __future__ import annotations
 
 import json
 
+from sim.errors import InputError
+
 from planner.exports import LaunchSpec, Rendered
+
+NVME_PATH = "/local_nvme"  # DeepSpeed's documented default nvme_path
 from planner.exports.megatron import format_array, header
 
 
@@ -47,6 +55,18 @@ def deepspeed_config(spec: LaunchSpec) -> tuple[dict[str, object], list[str]]:
     if s.zero == 3:
         cfg["zero_optimization"].update({"stage3_prefetch_bucket_size": "auto",  # type: ignore[union-attr]
                                          "stage3_param_persistence_threshold": "auto"})
+    target = {"device": s.offload_device, "pin_memory": True}
+    if s.offload_device == "nvme":
+        target["nvme_path"] = NVME_PATH
+    if s.offload_optimizer:
+        cfg["zero_optimization"]["offload_optimizer"] = dict(target)  # type: ignore[index]
+    if s.offload_params:
+        cfg["zero_optimization"]["offload_param"] = dict(target)  # type: ignore[index]
+    if s.offload_activations:
+        if s.recompute != "full" or s.tp == 1:
+            raise InputError("export", "deepspeed", f"offload={s.offload}: DeepSpeed offloads activations only as "
+                             "partitioned checkpoints (cpu_checkpointing needs recompute=full and tp > 1)")
+        cfg["activation_checkpointing"]["cpu_checkpointing"] = True  # type: ignore[index]
     if s.recompute == "selective":
         warn.append("DeepSpeed activation checkpointing is per layer (full); selective recomputation is set by "
                     "the model code (Megatron-DeepSpeed --recompute-granularity selective)")

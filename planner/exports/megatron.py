@@ -22,6 +22,11 @@ Mapping of the plan:
 * uneven stages: ``--decoder-first/last-pipeline-num-layers``; interleaved chunks that are
   equal once the embedding and loss count as layers: ``--account-for-embedding-in-pipeline-split
   --account-for-loss-in-pipeline-split``.
+* offload: ``optimizer`` with ZeRO-1 (the distributed optimizer) as Megatron-Core's CPU
+  optimizer (``--optimizer-cpu-offload --optimizer-offload-fraction 1.0
+  --use-precision-aware-optimizer``, megatron/core/optimizer/cpu_offloading/README.md, without
+  ``--overlap-cpu-optimizer-d2h-h2d``: the plan's copies are not overlapped); any other offload
+  is refused (``InputError``): Megatron-LM cannot express it.
 
 Plans the megatron-core profile cannot run (GPipe, zero-bubble) are refused by
 ``planner.exports.render``; ``planner.exports.readback.strategy_from_megatron`` reads the
@@ -32,6 +37,8 @@ from __future__ import annotations
 
 import shlex
 
+from sim.errors import InputError
+
 from planner.exports import LaunchSpec, Rendered
 from sim.errors import InputError
 from sim.plan import vp_split
@@ -41,6 +48,10 @@ from sim.stages import stage_layers
 def megatron_args(spec: LaunchSpec) -> tuple[list[str], list[str]]:
     """(argument tokens, warnings)."""
     m, s = spec.model, spec.strategy
+    if s.offload != "none" and not (s.offload == "optimizer" and s.zero == 1 and s.offload_device == "cpu"):
+        raise InputError("export", "megatron", f"offload={s.offload} (zero={s.zero}, {s.offload_device}) cannot be "
+                         "expressed: Megatron-LM offloads only the distributed optimizer (offload=optimizer, zero=1, "
+                         "cpu); use --export deepspeed or torchtitan")
     warn: list[str] = []
     a: list[str] = []
 
@@ -141,6 +152,10 @@ def megatron_args(spec: LaunchSpec) -> tuple[list[str], list[str]]:
         opt("--data-parallel-sharding-strategy", "optim_grads" if s.zero == 2 else "optim_grads_params")
         opt("--no-gradient-accumulation-fusion")
         opt("--ckpt-format", "fsdp_dtensor")
+    if s.offload_optimizer:
+        opt("--optimizer-cpu-offload")
+        opt("--optimizer-offload-fraction", "1.0")
+        opt("--use-precision-aware-optimizer")
     if s.dp_overlap:
         opt("--overlap-grad-reduce")
         if s.zero >= 1:

@@ -64,7 +64,8 @@ def strategy_from_megatron(tokens: list[str], *, model: Model, num_gpus: int) ->
                     dp_overlap="--overlap-grad-reduce" in o, ep_overlap="--overlap-moe-expert-parallel-comm" in o,
                     pp_overlap=vp > 1 and "--no-overlap-p2p-communication" not in o,
                     cuda_graphs="--enable-cuda-graph" in o, fp8_recipe=str(o.get("--fp8-recipe", "delayed")),
-                    dp_shard=dp // int(instances) if instances else None)
+                    dp_shard=dp // int(instances) if instances else None,
+                    offload="optimizer" if "--optimizer-cpu-offload" in o else "none")
 
 
 _TT_SCHEDULES = {"1F1B": ("1f1b", False), "GPipe": ("gpipe", False), "Interleaved1F1B": ("interleaved", True),
@@ -97,7 +98,8 @@ def strategy_from_torchtitan(text: str, *, model: Model, num_gpus: int) -> Strat
                     precision="fp8" if fp8 else ("fp16" if tr["mixed_precision_param"] == "float16" else "bf16"),
                     schedule=schedule, tp_overlap=bool(par["enable_async_tensor_parallel"]), dp_overlap=True,
                     fp8_recipe=("mxfp8" if "mx" in converters else "tensorwise") if fp8 else "delayed",
-                    dp_shard=shard if shard > 1 and rep > 1 else None)
+                    dp_shard=shard if shard > 1 and rep > 1 else None,
+                    offload="params" if tr.get("enable_cpu_offload") else "none")
 
 
 def strategy_from_deepspeed(cfg_text: str, tokens: list[str], *, model: Model, num_gpus: int) -> Strategy:
@@ -109,7 +111,12 @@ def strategy_from_deepspeed(cfg_text: str, tokens: list[str], *, model: Model, n
     dp = num_gpus // (tp * pp * cp)
     if cfg["train_batch_size"] != cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * dp:
         raise InputError("export", "ds_config.json", "train_batch_size != micro batch * accumulation * data parallel")
+    zo = cfg["zero_optimization"]
+    states = "params" if "offload_param" in zo else ("optimizer" if "offload_optimizer" in zo else "")
+    acts = "activations" if cfg["activation_checkpointing"].get("cpu_checkpointing") else ""
+    target = zo.get("offload_param") or zo.get("offload_optimizer") or {"device": "cpu"}
     return Strategy(tp=tp, pp=pp, dp=dp, cp=cp, ep=int(o.get("--expert-model-parallel-size", 1)),
+                    offload="+".join(p for p in (states, acts) if p) or "none", offload_device=str(target["device"]),
                     mbs=int(cfg["train_micro_batch_size_per_gpu"]), gbs=int(cfg["train_batch_size"]),
                     seq_len=int(o["--seq-length"]), zero=int(cfg["zero_optimization"]["stage"]),
                     sp="--sequence-parallel" in o, recompute=str(o.get("--recompute-granularity", "none")),

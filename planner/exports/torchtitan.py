@@ -15,10 +15,16 @@
   micro-batch without it (torchtitan then accumulates ``global / (local * dp)`` steps);
   ``global_batch_size``, ``seq_len``;
 * ``[activation_checkpoint] mode``: ``none``, ``selective`` (``selective_ac_option = "op"``) or
-  ``full``; fp8 enables the ``float8`` (tensorwise) or ``mx`` (MXFP8) model converter.
+  ``full``; fp8 enables the ``float8`` (tensorwise) or ``mx`` (MXFP8) model converter;
+* offload: ``params`` (FSDP, ZeRO-3, on the CPU) is ``[training] enable_cpu_offload = true``
+  ("CPU offloading of parameters, gradients, and optimizer states in FSDP", FSDP2's
+  ``CPUOffloadPolicy``); torchtitan has no optimizer-only, NVMe or activation offload, so those
+  plans are refused (``InputError``), as is CPU offload without FSDP sharding (``dp * cp == 1``).
 """
 
 from __future__ import annotations
+
+from sim.errors import InputError
 
 from planner.exports import LaunchSpec, Rendered
 
@@ -50,6 +56,10 @@ def dumps(sections: dict[str, dict[str, object]], comment: str = "") -> str:
 def torchtitan_config(spec: LaunchSpec) -> tuple[dict[str, dict[str, object]], list[str]]:
     m, s = spec.model, spec.strategy
     warn: list[str] = []
+    if s.offload != "none" and (s.offload != "params" or s.offload_device != "cpu" or s.dp * s.cp == 1):
+        raise InputError("export", "torchtitan", f"offload={s.offload} ({s.offload_device}, dp*cp={s.dp * s.cp}) "
+                         "cannot be expressed: torchtitan offloads only FSDP parameters, gradients and optimizer "
+                         "states together to the CPU (offload=params, data_parallel_shard_degree > 1)")
     # ZeRO-0: replication (DDP); ZeRO-3: FSDP over dp, or HSDP (shard within dp_shard ranks,
     # replicate across dp / dp_shard groups).  capabilities refuse ZeRO-1/2 before this.
     shard = 1 if s.zero == 0 else (s.dp_shard or s.dp)
@@ -85,6 +95,8 @@ def torchtitan_config(spec: LaunchSpec) -> tuple[dict[str, dict[str, object]], l
                                    "mixed_precision_reduce": "float32"}
     if spec.steps is not None:
         training["steps"] = spec.steps
+    if s.offload_params:
+        training["enable_cpu_offload"] = True
     flavor = "custom"
     name = "deepseek_v3" if m.is_mla else ("llama3" if m.ffn_type == "swiglu" and m.moe is None else
                                            ("llama4" if m.moe is not None else "llama3"))

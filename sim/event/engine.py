@@ -210,8 +210,11 @@ class Engine:
                     if sc.dp_overlap:
                         state.setdefault("dp_t0", env.now)
                         state["grad"] = self.dp_stream[i].issue(*args)
+                        self._grad_offload(u, state, state["grad"], pc.param_frac, args[0])
                     else:
                         state["buffer"].append(args)
+            elif final and pc.makes_grads and pc.param_frac > 0:  # no data parallelism: copy as produced
+                self._grad_offload(u, state, None, pc.param_frac, f"{op} {pc.name}")
         if ph == "F" and not self._first_fwd_s[u.index]:
             self._first_fwd_s[u.index] = env.now - t_start
         last = p * sc.v - 1
@@ -281,6 +284,10 @@ class Engine:
             t = env.now
             yield self.net.start(kind, nbytes)
             log.append(Entry(u.index, dim, f"{dim} {name}", dim, t, env.now, True, op))
+        if pc.offload_s > 0:  # host-link copies the compute could not hide (sim.costs offload pieces)
+            t = env.now
+            yield env.timeout(pc.offload_s)
+            log.append(Entry(u.index, "host", f"offload {name}", "offload", t, env.now, True, op))
 
     def _gather(self, u: Unit, op: str, pieces: tuple[Piece, ...], j: int, state: dict) -> simpy.Event:
         """ZeRO-3: the all-gather of piece ``j`` (issued now if not prefetched), and the
@@ -293,11 +300,31 @@ class Engine:
                                                            dp.gather_bytes * pieces[jj].param_frac, dp.gather_fixed_s)
         return issued.pop((op, j))
 
+    def _grad_offload(self, u: Unit, state: dict, after: simpy.Event | None, frac: float, name: str) -> None:
+        """ZeRO-1/2 optimizer offload: copy a bucket's gradient shard to the host once its
+        reduction (``after``) is done, one copy at a time on the unit's host link."""
+        seconds = self.sc.costs.stages[u.stage].offload_grad_s * frac
+        if seconds <= 0:
+            return
+        env, prev = self.env, state.get("host")
+
+        def copy() -> Generator:
+            for ev in (prev, after):
+                if ev is not None and not ev.triggered:
+                    yield ev
+            t = env.now
+            yield env.timeout(seconds)
+            self.log.append(Entry(u.index, "host", f"gradients to host {name}", "offload", t, env.now, False))
+
+        state["host"] = env.process(copy())
+
     def _finish(self, u: Unit, state: dict) -> Generator:
         sc, env, log = self.sc, self.env, self.log
         i = u.stage
         for args in state["buffer"]:
             state["grad"] = self.dp_stream[i].issue(*args)
+            self._grad_offload(u, state, state["grad"], args[2] / sc.dp[i].grad_bytes if sc.dp[i].grad_bytes else 0.0,
+                               args[0])
         wait = state["rs"] if sc.zero == 3 else state["grad"]
         t_compute = env.now
         if wait is not None and not wait.triggered:
@@ -315,12 +342,21 @@ class Engine:
                 yield env.timeout(extra)
                 log.append(Entry(u.index, "compute", "compute slowed by overlapped reduction", "compute",
                                  t, env.now, True))
+        host = state.get("host")
+        if host is not None and not host.triggered:
+            t = env.now
+            yield host
+            log.append(Entry(u.index, "compute", "wait gradients to host", "offload", t, env.now, True))
         st = sc.costs.stages[i]
         t = env.now
         opt = st.optimizer_s * u.slow
         if opt > 0:
             yield env.timeout(opt)
         log.append(Entry(u.index, "compute", "optimizer", "optimizer", t, env.now, True))
+        if st.offload_param_s > 0:  # the updated weight shard back from the host (no delayed update)
+            t = env.now
+            yield env.timeout(st.offload_param_s)
+            log.append(Entry(u.index, "host", "weights to GPU", "offload", t, env.now, True))
         end = env.now
         dp = sc.dp[i]
         if sc.zero in (1, 2) and self._dp[i] is not None and dp.gather_bytes + dp.gather_fixed_s > 0:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 from sim.analytic import plan_warnings
+from sim.costs import offload_report
 from sim.memory import plan_memory
 from sim.ops import model_flops_per_step
 from sim.result import Breakdown, StepResult
@@ -24,7 +25,7 @@ from sim.result import Breakdown, StepResult
 if TYPE_CHECKING:  # the engine imports this module
     from sim.event.engine import Engine, Entry
 
-_CATS = ("compute", "tp", "cp", "ep", "pp", "dp", "optimizer")
+_CATS = ("compute", "tp", "cp", "ep", "pp", "dp", "offload", "optimizer")
 
 
 def critical_unit(unit_end: Sequence[float]) -> int:
@@ -74,13 +75,13 @@ def breakdown_from_log(entries: Sequence[Entry], unit_end: Sequence[float]) -> t
         c = sums.get(crit, empty)
         parts = {k: c[0][k] + c[1][k] for k in _CATS}
         recompute = c[2]
-    exposed = {k: parts[k] for k in ("tp", "cp", "ep", "pp", "dp")}
+    exposed = {k: parts[k] for k in ("tp", "cp", "ep", "pp", "dp", "offload")}
     total_exposed = sum(exposed.values())
     bubble = max(0.0, step - parts["compute"] - total_exposed - parts["optimizer"])
     bd = Breakdown(compute_s=parts["compute"], exposed_comm_s=total_exposed, bubble_s=bubble,
                    optimizer_s=parts["optimizer"], exposed_tp_s=exposed["tp"], exposed_cp_s=exposed["cp"],
                    exposed_ep_s=exposed["ep"], exposed_pp_s=exposed["pp"], exposed_dp_s=exposed["dp"],
-                   recompute_s=recompute)
+                   exposed_offload_s=exposed["offload"], recompute_s=recompute)
     return bd, crit, busiest
 
 
@@ -98,7 +99,7 @@ def step_result(eng: Engine, *, extra: dict[str, object]) -> StepResult:
     peak = cluster.gpu.peak_flops_per_s("bf16")
     denom = step * cluster.num_gpus * peak
     mem = plan_memory(plan)
-    warnings = plan_warnings(plan, mem.fits, bd.bubble_s / step if step else 0.0)
+    warnings = plan_warnings(plan, mem, bd.bubble_s / step if step else 0.0)
     if not sc.whatif.empty:
         warnings.append("what-if applied: " + _describe(sc.whatif))
     unit = sc.units[crit]
@@ -115,7 +116,8 @@ def step_result(eng: Engine, *, extra: dict[str, object]) -> StepResult:
         hfu=(mf + recompute_flops) / denom, model_flops_per_step=mf,
         hardware_flops_per_step=mf + recompute_flops, memory=mem, breakdown=bd,
         strategy=s.to_string(), engine="event", num_gpus=cluster.num_gpus, peak_flops_per_s=peak,
-        warnings=tuple(warnings), extra={"event": info})
+        warnings=tuple(warnings), extra={"event": info, **({"offload": offload_report(plan)} if s.offload != "none"
+                                                            else {})})
 
 
 def _stage_ends(eng: Engine) -> list[float]:

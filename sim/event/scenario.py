@@ -48,6 +48,7 @@ class Piece:
     comm_s: tuple[float, float, float]  # exposed tp, cp, ep seconds at the costed bandwidth
     param_frac: float  # share of the stage's parameters this piece uses
     makes_grads: bool  # whether it produces their gradients (B, or W under zero-bubble)
+    offload_s: float = 0.0  # exposed host-link copies (sim.offload), by parameter share
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +157,8 @@ class Scenario:
         # rides with the embedding/head compute.  Lumping it into one chunk would unbalance
         # the virtual stages of an interleaved schedule.
         per_param_f, per_param_b = st.param_work_fwd_s, st.param_work_bwd_s
+        # exposed offload copies of a pass (weights in, gradients and activations out), by the same share
+        off_f, off_b = st.offload_fwd_s, st.offload_bwd_s
         if sum(fr) <= 0:
             extra_frac = 1.0
         extra_f = st.extra_fwd_s + extra_frac * per_param_f
@@ -164,23 +167,24 @@ class Scenario:
         for c, idx in enumerate(chunks):
             lcs: list[tuple[int, LayerCost, float]] = [(st.layers[j], st.layer_costs[j], fr[j]) for j in idx]
             fwd = [Piece(f"L{l}", lc.fwd_s + f * per_param_f, 0.0,
-                         (lc.exposed_tp_fwd_s, lc.exposed_cp_fwd_s, lc.exposed_ep_fwd_s), f, False) for l, lc, f in lcs]
+                         (lc.exposed_tp_fwd_s, lc.exposed_cp_fwd_s, lc.exposed_ep_fwd_s), f, False, f * off_f)
+                   for l, lc, f in lcs]
             bwd, wgt = [], []
             for l, lc, f in reversed(lcs):
                 comm = (lc.exposed_tp_bwd_s, lc.exposed_cp_bwd_s, lc.exposed_ep_bwd_s)
                 if self.zb:
                     w = 0.5 * lc.bwd_s  # the analytic engine's ZB-H1 convention (sim.analytic)
                     bwd.append(Piece(f"L{l}", lc.bwd_s - w + lc.recompute_s + f * per_param_b, lc.recompute_s,
-                                     comm, f, False))
+                                     comm, f, False, f * off_b))
                     wgt.append(Piece(f"L{l}", w, 0.0, (0.0, 0.0, 0.0), f, True))
                 else:
                     bwd.append(Piece(f"L{l}", lc.bwd_s + lc.recompute_s + f * per_param_b, lc.recompute_s,
-                                     comm, f, True))
+                                     comm, f, True, f * off_b))
             if has_extra and c == extra_chunk:
                 name = "embedding" if first_stage else ("head" if p > 1 else "embedding+head")
                 zero = (0.0, 0.0, 0.0)
-                ef = Piece(name, extra_f, 0.0, zero, extra_frac, False)
-                eb = Piece(name, extra_b, 0.0, zero, extra_frac, not self.zb)
+                ef = Piece(name, extra_f, 0.0, zero, extra_frac, False, extra_frac * off_f)
+                eb = Piece(name, extra_b, 0.0, zero, extra_frac, not self.zb, extra_frac * off_b)
                 ew = Piece(name, 0.0, 0.0, zero, extra_frac, True)
                 if first_stage:
                     fwd.insert(0, ef)
@@ -275,4 +279,5 @@ def _bytes(seconds: float, rate: float) -> float:
 def _sum(pieces: list[Piece]) -> Piece:
     return Piece("chunk", sum(x.compute_s for x in pieces), sum(x.recompute_s for x in pieces),
                  tuple(sum(x.comm_s[k] for x in pieces) for k in range(3)),  # type: ignore[arg-type]
-                 sum(x.param_frac for x in pieces), any(x.makes_grads for x in pieces))
+                 sum(x.param_frac for x in pieces), any(x.makes_grads for x in pieces),
+                 sum(x.offload_s for x in pieces))

@@ -3,7 +3,8 @@
 One process per simulated unit, ``pid`` its representative rank, named with the ranks it
 stands for (symmetric mode) or runs in lock-step with (explicit mode), one thread (``tid``) per stream: ``compute`` (passes, optimizer, waits),
 ``tp``/``cp``/``ep`` (exposed in-layer collectives), ``pp`` (pipeline sends), ``dp``
-(gradient buckets, parameter gathers) and ``dp-ag`` (ZeRO-3 all-gathers).  Complete events
+(gradient buckets, parameter gathers), ``dp-ag`` (ZeRO-3 all-gathers) and ``host`` (offload
+copies over the host link).  Complete events
 (``"ph": "X"``) in microseconds; format: the Trace Event Format document (Google, 2016).
 """
 
@@ -17,7 +18,7 @@ from sim.errors import InputError
 if TYPE_CHECKING:  # the engine imports this module
     from sim.event.engine import Engine, Entry
 
-STREAMS: tuple[str, ...] = ("compute", "tp", "cp", "ep", "pp", "dp", "dp-ag")
+STREAMS: tuple[str, ...] = ("compute", "tp", "cp", "ep", "pp", "dp", "dp-ag", "host")
 
 
 def trace_events(eng: Engine) -> dict[str, object]:

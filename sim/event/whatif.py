@@ -145,5 +145,7 @@ def apply_layers_per_stage(costs: StepCosts, counts: tuple[int, ...]) -> StepCos
                            params=params, dp_grad_sync_s=st.dp_grad_sync_s * scale,
                            dp_param_gather_s=st.dp_param_gather_s * scale, optimizer_s=st.optimizer_s * scale,
                            zero3_exposed_fwd_s=st.zero3_exposed_fwd_s * scale,
-                           zero3_exposed_bwd_s=st.zero3_exposed_bwd_s * scale))
+                           zero3_exposed_bwd_s=st.zero3_exposed_bwd_s * scale,
+                           offload_fwd_s=st.offload_fwd_s * scale, offload_bwd_s=st.offload_bwd_s * scale,
+                           offload_grad_s=st.offload_grad_s * scale, offload_param_s=st.offload_param_s * scale))
     return replace(costs, stages=tuple(out))
