@@ -59,7 +59,8 @@ from sim.catalog import catalog_dir, get_gpu, gpu_from_record, link_from_record,
 from sim.compute import network_efficiency, network_size_curves
 from sim.errors import InputError
 from sim.records import Record
-from sim.specs import HOST_COPY_DIRECTIONS, Gpu, HostCalibration, HostCopy, Link
+from sim.hostspecs import HOST_COPY_DIRECTIONS, HostCalibration, HostCopy
+from sim.specs import Gpu, Link
 
 SCHEMA_VERSION = 1
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}

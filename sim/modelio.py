@@ -33,7 +33,8 @@ from typing import Any, Mapping
 import yaml
 
 from sim.errors import InputError, printable_value
-from sim.specs import FFN_TYPES, MAX_DIM, Model, MoeSpec
+from sim.checks import MAX_DIM
+from sim.specs import FFN_TYPES, Model, MoeSpec
 
 MAX_FILE_BYTES = 4 * 1024 * 1024
 """Model files larger than this are rejected (a config.json is a few kB)."""

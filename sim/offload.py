@@ -37,7 +37,8 @@ import numpy as np
 from sim.catalog import catalog_document, file_version
 from sim.fabric import pcie_x16_bytes_per_s
 from sim.records import Record
-from sim.specs import Cluster, HostSpec, Strategy
+from sim.hostspecs import HostSpec
+from sim.specs import Cluster, Strategy
 
 _GIGA, _TERA = 1e9, 1e12
 

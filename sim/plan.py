@@ -100,8 +100,8 @@ def normalize_offload(text: str) -> str:
     known = ("none", "optimizer", "params", "activations")
     for p in parts:
         if p not in known:
-            raise InputError("offload", text, f"must be none, optimizer, params, activations or a + of them "
-                                              f"(e.g. optimizer+activations)")
+            raise InputError("offload", text, "must be none, optimizer, params, activations or a + of them "
+                                              "(e.g. optimizer+activations)")
     if len(set(parts)) != len(parts) or ("none" in parts and len(parts) > 1):
         raise InputError("offload", text, "each part once; none stands alone")
     states = "params" if "params" in parts else ("optimizer" if "optimizer" in parts else "")

@@ -8,12 +8,12 @@ Every number carries its SI unit in its name.  Hardware values come from ``catal
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass, fields, replace
 from typing import Literal, Mapping
 
 from sim.errors import InputError
-from sim.hostspecs import Server
+from sim.checks import choice as _choice, positive_float as _positive_float, positive_int as _positive_int
+from sim.hostspecs import HostCalibration, HostSpec, Server
 
 Precision = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 FfnType = Literal["gelu", "swiglu"]
@@ -44,30 +44,7 @@ OFFLOAD_DEVICES: tuple[str, ...] = ("cpu", "nvme")
 
 # Limits that catch typos and overflow, not hardware: far above anything built today.
 MAX_GPUS = 1 << 22
-MAX_DIM = 1 << 24
 
-
-def _positive_int(name: str, value: object, *, limit: int = MAX_DIM) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InputError(name, value, "must be an integer")
-    if value < 1:
-        raise InputError(name, value, "must be >= 1")
-    if value > limit:
-        raise InputError(name, value, f"must be <= {limit}")
-
-
-def _positive_float(name: str, value: object, *, allow_zero: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InputError(name, value, "must be a number")
-    if not math.isfinite(value):
-        raise InputError(name, value, "must be finite")
-    if value < 0 or (value == 0 and not allow_zero):
-        raise InputError(name, value, "must be > 0" if not allow_zero else "must be >= 0")
-
-
-def _choice(name: str, value: object, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise InputError(name, value, f"must be one of {', '.join(choices)}")
 
 
 # --------------------------------------------------------------------------- hardware
@@ -182,108 +159,6 @@ class Link:
     def __post_init__(self) -> None:
         _positive_float(f"link[{self.id}].bytes_per_s_per_direction", self.bytes_per_s_per_direction)
         _positive_float(f"link[{self.id}].latency_s", self.latency_s, allow_zero=True)
-
-
-HOST_COPY_DIRECTIONS: tuple[str, ...] = ("h2d", "d2h")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class HostCopy:
-    """One measured host<->device copy path of one rank: a copy of ``n`` bytes takes
-    ``latency_s + n / bytes_per_s`` (an alpha-beta fit, ``validate.fit_host``)."""
-
-    bytes_per_s: float
-    latency_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        _positive_float("host_copy.bytes_per_s", self.bytes_per_s)
-        _positive_float("host_copy.latency_s", self.latency_s, allow_zero=True)
-
-    def time_s(self, nbytes: float) -> float:
-        return self.latency_s + nbytes / self.bytes_per_s
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class HostCalibration:
-    """Host-side rates a calibration profile measured (``planner validate``; docs/validate.md),
-    each None when it was not measured -- never a stand-in value.
-
-    ``host_mem_bytes_per_s`` is the host's sustained memory bandwidth (STREAM triad over
-    buffers far beyond the caches, all ranks of the host at once, summed over them); the
-    copies are per rank with every rank of the host copying at once (``Host.ranks_per_host``
-    of the profile), pinned (page-locked) and pageable host memory separately.  The
-    ``h2d_*`` / ``d2h_*`` properties give the pinned path when it was measured (what
-    offloading frameworks use: FSDP2 ``CPUOffloadPolicy(pin_memory=True)`` by default,
-    DeepSpeed ``offload_optimizer.pin_memory``), else the pageable one.
-    """
-
-    host_mem_bytes_per_s: float | None = None
-    h2d_pinned: HostCopy | None = None
-    h2d_pageable: HostCopy | None = None
-    d2h_pinned: HostCopy | None = None
-    d2h_pageable: HostCopy | None = None
-
-    def __post_init__(self) -> None:
-        if self.host_mem_bytes_per_s is not None:
-            _positive_float("host_mem_bytes_per_s", self.host_mem_bytes_per_s)
-
-    def copy(self, direction: str, *, pinned: bool = True) -> HostCopy | None:
-        """The measured ``h2d`` or ``d2h`` path, pinned or pageable; None if not measured."""
-        _choice("host_copy.direction", direction, HOST_COPY_DIRECTIONS)
-        return getattr(self, f"{direction}_{'pinned' if pinned else 'pageable'}")
-
-    def preferred(self, direction: str) -> HostCopy | None:
-        """The pinned path if measured, else the pageable one (class docstring)."""
-        return self.copy(direction, pinned=True) or self.copy(direction, pinned=False)
-
-    @property
-    def h2d_bytes_per_s(self) -> float | None:
-        c = self.preferred("h2d")
-        return None if c is None else c.bytes_per_s
-
-    @property
-    def d2h_bytes_per_s(self) -> float | None:
-        c = self.preferred("d2h")
-        return None if c is None else c.bytes_per_s
-
-    @property
-    def h2d_latency_s(self) -> float | None:
-        c = self.preferred("h2d")
-        return None if c is None else c.latency_s
-
-    @property
-    def d2h_latency_s(self) -> float | None:
-        c = self.preferred("d2h")
-        return None if c is None else c.latency_s
-
-    @property
-    def h2d_pinned_measured(self) -> bool:
-        return self.h2d_pinned is not None
-
-    @property
-    def d2h_pinned_measured(self) -> bool:
-        return self.d2h_pinned is not None
-
-    @property
-    def empty(self) -> bool:
-        return self.host_mem_bytes_per_s is None and not any(
-            self.copy(d, pinned=p) for d in HOST_COPY_DIRECTIONS for p in (True, False))
-
-    def as_dict(self) -> dict[str, float]:
-        """The measured values under the profile's ``host`` keys (absent when not measured)."""
-        out: dict[str, float] = {}
-        if self.host_mem_bytes_per_s is not None:
-            out["host_mem_bytes_per_s"] = self.host_mem_bytes_per_s
-        for d in HOST_COPY_DIRECTIONS:
-            for kind in ("pinned", "pageable"):
-                c = self.copy(d, pinned=kind == "pinned")
-                if c is not None:
-                    out[f"{d}_{kind}_bytes_per_s"] = c.bytes_per_s
-                    out[f"{d}_{kind}_latency_s"] = c.latency_s
-        return out
-
-
-# --------------------------------------------------------------------------- model
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -478,40 +353,6 @@ class Model:
 
 
 # --------------------------------------------------------------------------- host
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class HostSpec:
-    """The host side of a node that offloading uses (``catalogs/offload.yaml`` defaults,
-    ``sim.offload.host_spec``): DRAM capacity and bandwidth, CPU Adam throughput, NVMe, and the
-    achievable host-device copy rate of one GPU's link.  Per node unless the name says GPU.
-
-    ``host_link_bytes_per_s`` is one host link (a PCIe x16 slot, achievable copy rate, one
-    direction, full duplex); ``gpus_per_host_link`` GPUs share it (1: every GPU its own x16).
-    """
-
-    host_dram_bytes: float
-    host_mem_bytes_per_s: float  # achievable (STREAM-class) DRAM bandwidth of the node
-    host_adam_params_per_s: float  # CPU Adam's compute-bound rate, all cores of the node
-    host_link_bytes_per_s: float  # per host link, per direction, achievable copies
-    nvme_bytes: float
-    nvme_bytes_per_s: float  # achievable, the node's drives together
-    gpus_per_host_link: int = 1
-    source: str = ""
-
-    def __post_init__(self) -> None:
-        for n in ("host_dram_bytes", "host_mem_bytes_per_s", "host_adam_params_per_s", "host_link_bytes_per_s",
-                  "nvme_bytes", "nvme_bytes_per_s"):
-            _positive_float(f"host.{n}", getattr(self, n))
-        _positive_int("host.gpus_per_host_link", self.gpus_per_host_link, limit=64)
-
-    @property
-    def link_bytes_per_s_per_gpu(self) -> float:
-        """Host-device copy rate one GPU gets, per direction, with its link's GPUs all copying."""
-        return self.host_link_bytes_per_s / self.gpus_per_host_link
-
-
-# --------------------------------------------------------------------------- cluster
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

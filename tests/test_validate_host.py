@@ -228,7 +228,7 @@ def test_malformed_host_block_is_one_line_exit_2(tmp_path, capsys, edit, field):
 
 def test_host_calibration_is_validated_on_construction():
     from sim.errors import InputError
-    from sim.specs import HostCalibration, HostCopy
+    from sim.hostspecs import HostCalibration, HostCopy
 
     with pytest.raises(InputError):
         HostCopy(bytes_per_s=0.0)

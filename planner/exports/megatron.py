@@ -37,8 +37,6 @@ from __future__ import annotations
 
 import shlex
 
-from sim.errors import InputError
-
 from planner.exports import LaunchSpec, Rendered
 from sim.errors import InputError
 from sim.plan import vp_split
