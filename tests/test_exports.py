@@ -73,7 +73,7 @@ def _bash_n(text: str, tmp_path) -> None:
 
 
 def _check_megatron(opts: dict, spec: LaunchSpec) -> None:
-    s, m = spec.strategy, spec.model
+    s = spec.strategy
     assert int(opts["--tensor-model-parallel-size"]) == s.tp
     assert int(opts["--pipeline-model-parallel-size"]) == s.pp
     assert int(opts.get("--context-parallel-size", 1)) == s.cp
