@@ -95,6 +95,8 @@ def neighbours(s: Strategy, num_layers: int, num_gpus: int, precisions: tuple[st
     for prec in precisions:
         if prec != s.precision:
             out.append((f"precision={prec}", {"precision": prec}))
+    if s.offload != "none":  # what offloading buys: the same plan keeping everything on the GPU
+        out.append(("offload=none", {"offload": "none", "offload_device": "cpu"}))
     for dim in ("tp", "pp"):
         v = getattr(s, dim)
         if s.dp % 2 == 0:

@@ -160,6 +160,7 @@ class FastModel:
         self._coll: dict[tuple, DpCollectives] = {}
         self._p2p: dict[tuple, float] = {}
         self._offload: tuple | None = None  # (constants, host, {device: rates}), on first use
+        self._zaxis: dict[tuple, tuple] = {}
 
     @property
     def net(self) -> Network:
@@ -250,17 +251,8 @@ class FastModel:
         def msr(name: str) -> np.ndarray:  # (M, S, R) -> broadcastable 5-D
             return table[:, _COLUMN[name]].reshape(M, S, R, 1, 1)
 
-        zero = np.array(grid.zero, dtype=int).reshape(1, 1, 1, Z, 1)
-        modes = [grid.offload_of(z) for z in range(Z)]
-        any_offload = any(o != "none" for o, _ in modes)
-
-        def zvec(values: list) -> np.ndarray:
-            return np.array(values).reshape(1, 1, 1, Z, 1)
-
-        off_opt = zvec([o.split("+")[0] in ("optimizer", "params") for o, _ in modes])
-        off_par = zvec([o.split("+")[0] == "params" for o, _ in modes])
-        off_act = zvec([o.endswith("activations") for o, _ in modes])
-        on_nvme = zvec([d == "nvme" for _, d in modes])
+        zero, off_opt, off_par, off_act, on_nvme, modes, twins = self._z_axis(grid, dpcp)
+        any_offload = twins is not None
         vp = np.array([v for v, _ in grid.pipes], dtype=float).reshape(1, 1, 1, 1, K)
         gpipe = np.array([sch == "gpipe" for _, sch in grid.pipes], dtype=bool).reshape(1, 1, 1, 1, K)
         zero_bubble = np.array([sch == "zero-bubble" for _, sch in grid.pipes], dtype=bool).reshape(1, 1, 1, 1, K)
@@ -299,7 +291,7 @@ class FastModel:
             fits = fits_gpu & np.broadcast_to((host * per_node <= hs.host_dram_bytes)
                                               & (nvme * per_node <= hs.nvme_bytes), shape5)
             dominated = np.zeros(shape5, dtype=bool)
-            for z, twin in enumerate(_twins(grid, dpcp)):
+            for z, twin in enumerate(twins):
                 if twin is not None:
                     dominated[:, :, :, z, :] = fits[:, :, :, twin, :]
             fits = fits & ~dominated
@@ -360,6 +352,25 @@ class FastModel:
         step = np.where(valid, sub, np.nan)
         return LayoutEval(valid=valid, memory_peak_bytes=peak, fits=fits, step_time_s=step, fits_gpu=fits_gpu,
                           dominated=dominated)
+
+    def _z_axis(self, grid: Grid, dpcp: int) -> tuple:
+        """The grid's Z axis as arrays (ZeRO stage, offload flags, NVMe), its (offload, device)
+        entries and their twins without offload (None without offload); cached per entry list."""
+        key = (grid.zero, grid.offload, grid.offload_device, dpcp == 1)
+        got = self._zaxis.get(key)
+        if got is None:
+            Z = len(grid.zero)
+            modes = [grid.offload_of(z) for z in range(Z)]
+
+            def zvec(values: list) -> np.ndarray:
+                return np.array(values).reshape(1, 1, 1, Z, 1)
+
+            got = (zvec(list(grid.zero)).astype(int), zvec([o.split("+")[0] in ("optimizer", "params") for o, _ in modes]),
+                   zvec([o.split("+")[0] == "params" for o, _ in modes]), zvec([o.endswith("activations") for o, _ in modes]),
+                   zvec([d == "nvme" for _, d in modes]), modes,
+                   _twins(grid, dpcp) if any(o != "none" for o, _ in modes) else None)
+            self._zaxis[key] = got
+        return got
 
     def _host(self) -> tuple:
         """(``sim.offload`` constants, the cluster's host, rates per device), read once."""
