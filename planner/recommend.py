@@ -474,13 +474,13 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: 
 
 def _with_rank_orders(ranked: list[RankedPlan], caps, objective: ObjectiveSpec, tokens_per_step: int,
                       top: int) -> list[RankedPlan]:
-    """The shown plans in the other rank orders the framework allows (``Strategy.order``: which
+    """The winning plan in the other rank orders the framework allows (``Strategy.order``: which
     dimension's groups are consecutive ranks and share the scale-up fabric), each priced by
-    ``simulate_analytic`` on its real placement; an order that beats its plan joins the ranking.
+    ``simulate_analytic`` on its real placement; an order that beats it joins the ranking.
     The vectorised search prices the default order (tp innermost) only."""
     orders = caps.orders if caps is not None else ORDERS
     extra: list[RankedPlan] = []
-    for p in ranked:
+    for p in ranked[:1]:  # the winner: each order re-routes the network (seconds on 10^4 GPUs)
         s = p.plan.strategy
         seen = {tuple(sorted(strides(s).items()))}
         for order in orders:
