@@ -111,13 +111,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     model = model_from_args(args)
     cluster = cluster_from_args(args)
     strategy = parse_strategy(args.strategy, num_gpus=cluster.num_gpus, seq_len=seq_len_from_args(args))
+    framework = args.framework or "default"
     plan = Plan(**plan_kwargs_from_framework(args, model=model, cluster=cluster, strategy=strategy))
-    check_supported(get_framework(args.framework or "default"), plan.strategy)
+    check_supported(get_framework(framework), plan.strategy)
     whatif = _whatif_from_args(args)
     result = simulate(plan, engine=args.engine, trace_path=args.trace, calibration=args.calibration,
                       whatif=whatif, explicit_ranks=args.explicit_ranks)
     out = result.to_dict()
-    framework = args.framework or "default"
     band = band_for(plan, framework)
     out.update({"model": model.name, "gpu": cluster.gpu.id, "nic": cluster.nic.id, "topology": cluster.topology,
                 "framework": framework, "attention": plan.attention,

@@ -76,7 +76,7 @@ def cluster_from_args(args: argparse.Namespace) -> Cluster:
                               nvlink_domain=args.nvlink_domain, nic=nic, nics_per_node=args.nics_per_node,
                               topology=args.topology, oversubscription=args.oversubscription,
                               tree_levels=args.tree_levels, placement=args.placement, **server_args(args))
-    dram = getattr(args, "host_dram_gib", None)
+    dram = args.host_dram_gib
     if dram is not None:
         if not math.isfinite(dram) or dram <= 0 or dram > 1 << 24:
             raise InputError("host-dram-gib", dram, "must be a positive number of GiB")
@@ -86,7 +86,7 @@ def cluster_from_args(args: argparse.Namespace) -> Cluster:
 
 def server_args(args: argparse.Namespace) -> dict[str, object]:
     """The PCIe server flags as ``cluster_from_catalog`` keywords (absent flags: None)."""
-    return {k: getattr(args, k, None) for k in ("server", "sockets", "pcie_switches", "cpu", "p2p", "nvlink_bridge")}
+    return {k: getattr(args, k) for k in ("server", "sockets", "pcie_switches", "cpu", "p2p", "nvlink_bridge")}
 
 
 def model_from_args(args: argparse.Namespace) -> Model:

@@ -310,7 +310,7 @@ def _evaluate_layouts(fm: FastModel, space: SearchSpace, work: list[tuple[int, L
                         check_feasible(model, cluster, Strategy(
                             tp=lay.tp, pp=lay.pp, dp=lay.dp, cp=lay.cp, ep=lay.ep, vp=vp, mbs=mbs, gbs=gbs,
                             seq_len=seq_len, precision=lay.precision, schedule=sched),
-                            uneven_vp=bool(fm.plan_kwargs.get("uneven_vp", False)))
+                            uneven_vp=fm.probe.uneven_vp)
                         pipe_cache[key] = None
                     except InfeasibleError as exc:
                         pipe_cache[key] = exc.reason

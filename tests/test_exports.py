@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from planner.exports import FORMAT_FRAMEWORK, FORMATS, LaunchSpec, parse_formats, render, write
+from planner.exports.readback import options as _options
 from sim.catalog import get_model
 from sim.errors import InputError
 from sim.framework import get_framework
@@ -48,21 +49,6 @@ def _bash_array(script: str, name: str, tmp_path) -> list[str]:
     out = subprocess.run([BASH, "-c", f'source "{f}"; printf "%s\\n" "${{{name}[@]}}"'], check=True,
                          capture_output=True, text=True).stdout
     return out.splitlines()
-
-
-def _options(tokens: list[str]) -> dict[str, str | bool]:
-    out: dict[str, str | bool] = {}
-    i = 0
-    while i < len(tokens):
-        tok = tokens[i]
-        assert tok.startswith("--"), tok
-        if i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
-            out[tok] = tokens[i + 1]
-            i += 2
-        else:
-            out[tok] = True
-            i += 1
-    return out
 
 
 def _bash_n(text: str, tmp_path) -> None:
