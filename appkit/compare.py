@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from appkit.charts import BREAKDOWN_PARTS, breakdown_parts
+from appkit.present import precision_text, strategy_of
 
 MAX_DESIGNS = 3
 GIB = float(1 << 30)
@@ -24,14 +25,19 @@ BETTER: dict[str, str] = {
 def snapshot(design, cluster, plan: Mapping[str, Any], economics: Mapping[str, Any]) -> dict[str, Any]:
     """What the compare view keeps of one design and its chosen plan."""
     cost = economics.get("cost_to_train_usd")
+    s = strategy_of(plan, cluster, design.seq_len)
+    scale_up = (f"PCIe ({cluster.server.design}, p2p {cluster.server.p2p})" if cluster.server is not None
+                else f"NVLink domain of {cluster.nvlink_domain}")
     inputs = {
         "model": design.model.name,
         "GPU": cluster.gpu.id,
         "GPUs": cluster.num_gpus,
-        "NVLink domain": cluster.nvlink_domain,
+        "scale-up": scale_up,
         "NIC": f"{cluster.nics_per_node} x {cluster.nic.id} per node",
         "topology": cluster.topology + (f" {cluster.oversubscription:g}:1" if cluster.oversubscription != 1 else ""),
         "sequence length": design.seq_len,
+        "framework": plan.get("framework") or design.framework or "default",
+        "precision": precision_text(s),
         "strategy": plan["strategy"],
     }
     metrics = {

@@ -19,7 +19,7 @@ from sim.catalog import cluster_from_catalog
 from sim.conventions import conventions
 from sim.errors import InfeasibleError, InputError
 from sim.modelio import MAX_FILE_BYTES, model_from_dict
-from sim.specs import Cluster, Model
+from sim.specs import TRAIN_PRECISIONS, Cluster, Model
 
 """Token budget when none is given: ~20 tokens per parameter (Hoffmann et al. 2022, Chinchilla,
 Table 3: compute-optimal training).  Only a default; users set their own budget."""
@@ -29,7 +29,7 @@ MODEL_SUFFIXES: tuple[str, ...] = ("json", "yaml", "yml")
 # Widgets the sidebar draws, by key (ui.py uses the same keys).
 WIDGETS: tuple[str, ...] = ("model", "gpu", "num_gpus", "gpus_per_node", "nvlink_domain", "nic",
                             "nics_per_node", "topology", "oversubscription", "server", "p2p", "seq_len", "gbs",
-                            "token_budget", "pricing", "strategy", "rerank")
+                            "token_budget", "pricing", "framework", "fp8", "strategy", "rerank")
 
 _STRATEGY_KEYS = frozenset({"strategy", "tp", "pp", "dp", "cp", "ep", "vp", "mbs", "zero", "sp",
                             "recompute", "precision", "schedule", "attention", "tp_overlap",
@@ -45,7 +45,10 @@ class Design:
     string's); ``token_budget_tokens`` to ``DEFAULT_TOKENS_PER_PARAM`` tokens per parameter;
     ``strategy`` (a STRATEGY string) to "recommend one".  ``rerank=False`` ranks with the
     analytic model only (faster; ``planner recommend --rerank 0``).  ``server`` and ``p2p``
-    (PCIe cards only) are ``--server`` and ``--p2p``.
+    (PCIe cards only) are ``--server`` and ``--p2p``.  ``precisions`` are the training
+    precisions the search may use (``--precision``): bf16 unless the user opts in to fp8,
+    because fp8 changes the numerics.  ``framework`` restricts the search to the plans one
+    framework profile runs (``--framework``); ``None`` is the recommender's default.
     """
 
     model: Model
@@ -66,6 +69,8 @@ class Design:
     rerank: bool = True  # re-rank the top plans with the event engine, as `planner recommend` does
     server: str | None = None  # PCIe cards: a servers.yaml design (None: the default for the node size)
     p2p: str | None = None  # PCIe cards: pcie | none (None: the card's)
+    precisions: tuple[str, ...] = ("bf16",)  # searched precisions; fp8 only when asked for
+    framework: str | None = None  # a catalogs/frameworks.yaml profile; None: the recommender's default
 
     def __post_init__(self) -> None:
         if self.pricing not in ("owned", "cloud"):
@@ -81,6 +86,8 @@ class Design:
                 raise InputError("token_budget", t, "must be a positive number of tokens")
         if self.strategy is not None and not self.strategy.strip():
             raise InputError("strategy", self.strategy, "is empty; leave it off to get a recommendation")
+        if not self.precisions or any(p not in TRAIN_PRECISIONS for p in self.precisions):
+            raise InputError("precision", ",".join(self.precisions), f"must be some of {', '.join(TRAIN_PRECISIONS)}")
 
     @property
     def token_budget(self) -> float:
@@ -171,6 +178,10 @@ def widget_for_error(exc: InputError, design: Design | None = None) -> str | Non
         return "token_budget"
     if head in ("pricing", "gpu-price-usd", "usd-per-gpu-hour"):
         return "pricing"
+    if head == "framework":
+        return "framework"
+    if head == "precision" and (design is None or design.strategy is None):
+        return "fp8"  # the searched precisions (a fixed strategy's precision= is the strategy's)
     if head == "gbs":
         fixed = design is not None and design.strategy is not None
         if fixed and "gbs" in _strategy_keys(design.strategy or ""):

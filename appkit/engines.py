@@ -12,11 +12,12 @@ import json
 import os
 import tempfile
 import zipfile
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from planner.economics.tco import TcoOptions, compute_tco
 from planner.exports import FORMATS, LaunchSpec, job_name, render
-from planner.recommend import recommend as planner_recommend
+from planner.recommend import Settings, recommend as planner_recommend
+from planner.search import SearchSpace
 from sim.conventions import default_global_batch
 from sim.errors import InputError
 from sim.plan import Plan
@@ -27,13 +28,20 @@ from sim.specs import Cluster, Model
 # --------------------------------------------------------------------------- recommender
 
 def recommend(model: Model, cluster: Cluster, *, gbs: int | None, seq_len: int, top: int,
-              rerank: bool = True) -> dict[str, Any]:
+              rerank: bool = True, precisions: tuple[str, ...] | None = None, framework: str | None = None,
+              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Best plans for the design, as ``planner recommend --json``: ``plans`` (best first, each
     with ``strategy`` and the simulate keys), ``candidates_evaluated``, ``search_time_s``,
     ``rejected`` (per reason), ``explanation`` and, when nothing fits, ``suggestions``.
-    ``rerank=False`` ranks with the analytic model only (``planner recommend --rerank 0``)."""
+    ``rerank=False`` ranks with the analytic model only (``planner recommend --rerank 0``);
+    ``precisions`` are the training precisions searched (``--precision``; ``None``: the
+    recommender's default); ``framework`` a profile of ``catalogs/frameworks.yaml``
+    (``--framework``; the search then holds only plans it runs); ``progress`` is called with
+    each phase's name as it starts."""
+    space = SearchSpace(precision=tuple(precisions)) if precisions is not None else None
     res = planner_recommend(model, cluster, gbs=gbs if gbs is not None else default_global_batch(seq_len), seq_len=seq_len,
-                            top=top, rerank=None if rerank else 0)
+                            top=top, rerank=None if rerank else 0, space=space,
+                            settings=Settings.from_framework(framework), progress=progress)
     return res.to_dict()
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from planner.uncertainty import band_for
 from appkit import engines
@@ -81,14 +81,17 @@ def _complete(design: Design, cluster: Cluster, plan: Mapping[str, Any]) -> dict
     return full
 
 
-def recommendation(design: Design, cluster: Cluster, *, top: int = DEFAULT_TOP) -> tuple[dict[str, Any] | None, str | None]:
+def recommendation(design: Design, cluster: Cluster, *, top: int = DEFAULT_TOP,
+                   progress: Callable[[str], None] | None = None) -> tuple[dict[str, Any] | None, str | None]:
     """(``planner recommend`` output for the design, or ``None`` with the reason).
 
-    Depends only on ``design.recommend_key()`` (model, cluster, sequence length, global batch),
-    so the app caches it apart from the token budget, pricing and a fixed strategy.
-    Raises ``InputError`` for input the recommender rejects."""
+    Depends only on ``design.recommend_key()`` (model, cluster, sequence length, global batch,
+    precisions, framework), so the app caches it apart from the token budget, pricing and a
+    fixed strategy.  ``progress`` gets each phase's name.  Raises ``InputError`` for input the
+    recommender rejects."""
     return engines.recommend(design.model, cluster, gbs=design.gbs, seq_len=design.seq_len, top=top,
-                             rerank=design.rerank), None
+                             rerank=design.rerank, precisions=design.precisions, framework=design.framework,
+                             progress=progress), None
 
 
 def evaluate(design: Design, *, top: int = DEFAULT_TOP,

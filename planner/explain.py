@@ -53,6 +53,25 @@ def bound(result: dict) -> tuple[str, dict[str, float]]:
     return max(groups, key=groups.__getitem__), shares
 
 
+BOUND_WORDS = {"compute": "compute", "exposed_comm": "exposed communication", "bubble": "the pipeline bubble",
+               "optimizer": "the optimizer step"}
+
+
+def bound_line(result: dict) -> str:
+    """The one verdict on what bounds a step, as every view prints it: ``bound by compute:
+    compute 93%, exposed comm 6% (mostly TP comm), bubble 2% of the step``."""
+    label, shares = bound(result)
+    comm_parts = {k: v for k, v in shares.items() if k.startswith("exposed_") and v > 0}
+    parts = [f"compute {shares['compute_s']:.0%}"]
+    if comm_parts:
+        top_comm = max(comm_parts, key=comm_parts.__getitem__)
+        parts.append(f"exposed comm {sum(comm_parts.values()):.0%} (mostly {LABELS[top_comm].replace('exposed ', '')})")
+    parts.append(f"bubble {shares['bubble_s']:.0%}")
+    if shares["optimizer_s"] >= 0.005:
+        parts.append(f"optimizer {shares['optimizer_s']:.0%}")
+    return f"bound by {BOUND_WORDS[label]}: " + ", ".join(parts) + " of the step"
+
+
 def diff_reason(base: dict, other: dict) -> str:
     """Why ``other`` is slower (or faster) than ``base``: the largest changes of the breakdown."""
     db = {k: other["breakdown"].get(k, 0.0) - base["breakdown"].get(k, 0.0) for k in PARTS}
@@ -125,8 +144,6 @@ def explain_recommendation(rec: "Recommendation") -> dict[str, object]:
     win = rec.plans[0]
     wd = win.result.to_dict()
     label, shares = bound(wd)
-    comm_parts = {k: v for k, v in shares.items() if k.startswith("exposed_") and v > 0}
-    top_comm = max(comm_parts, key=comm_parts.__getitem__) if comm_parts else None
     mem_frac = wd["memory_peak_bytes"] / wd["memory_capacity_bytes"]
     fm = next(r.fastmodel for r in rec.searches if r.cluster.num_gpus == win.num_gpus)
     precisions = rec.space.precisions(win.cluster)
@@ -153,17 +170,7 @@ def explain_recommendation(rec: "Recommendation") -> dict[str, object]:
         alts.append({"rank": p.rank, "strategy": p.strategy.to_string(), "step_time_s": p.result.step_time_s,
                      "delta": p.objective_value / win.objective_value - 1, "why": diff_reason(wd, pd)})
 
-    lines = []
-    what = {"compute": "compute", "exposed_comm": "exposed communication", "bubble": "the pipeline bubble",
-            "optimizer": "the optimizer step"}[label]
-    parts = [f"compute {shares['compute_s']:.0%}"]
-    comm = sum(comm_parts.values())
-    if comm:
-        parts.append(f"exposed comm {comm:.0%} (mostly {LABELS[top_comm].replace('exposed ', '')})")
-    parts.append(f"bubble {shares['bubble_s']:.0%}")
-    if shares["optimizer_s"] >= 0.005:
-        parts.append(f"optimizer {shares['optimizer_s']:.0%}")
-    lines.append(f"bound by {what}: " + ", ".join(parts) + " of the step")
+    lines = [bound_line(wd)]
     mem_line = f"memory {wd['memory_peak_bytes'] / GIB:.1f} of {wd['memory_capacity_bytes'] / GIB:.0f} GiB ({mem_frac:.0%})"
     if memory_bound:
         f = faster_oom[0]

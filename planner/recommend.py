@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Callable, Literal
 
 import numpy as np
 
@@ -327,11 +327,13 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: 
               objective: ObjectiveSpec | None = None, settings: Settings | None = None, top: int = 5,
               rerank: int | None = None, rerank_budget_s: float = 3.0, min_gpus: int | None = None,
               tie_tolerance: float = 1e-3, explain: bool = True, suggest: bool = True,
-              workers: int | None = None) -> Recommendation:
+              workers: int | None = None, progress: Callable[[str], None] | None = None) -> Recommendation:
     """Search, rank, verify and explain (module docstring).  ``rerank``: how many of the top
     plans the event engine re-ranks (default ``top``; 0 disables it), within ``rerank_budget_s``
-    seconds of event simulation."""
+    seconds of event simulation.  ``progress`` is called with the name of each phase as it
+    starts (the app draws them; an exception it raises stops the recommendation)."""
     t0 = time.perf_counter()
+    stage = progress or (lambda name: None)
     space = space or SearchSpace()
     objective = objective or ObjectiveSpec()
     settings = settings or Settings()
@@ -355,6 +357,7 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: 
     searches = []
     for n in gpu_counts(cluster, min_gpus):
         cl = cluster if n == cluster.num_gpus else cluster_with_gpus(cluster, n)
+        stage(f"searching the strategy space on {n:,} GPUs")
         searches.append(search(model, cl, gbs=gbs, seq_len=seq_len, space=space, plan_kwargs=settings.kwargs,
                                dp_overlap=settings.dp_overlap, eff=eff, workers=workers))
 
@@ -376,9 +379,11 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: 
 
             rec.explanation = explain_infeasible(rec)
         if suggest:
+            stage("looking for one change that makes a plan fit")
             rec.suggestions = suggest_fixes(model, cluster, gbs=gbs, seq_len=seq_len, space=space, settings=settings,
                                             rejected_batch=rec.rejected.get("batch", 0) > 0)
         return rec
+    stage("ranking and verifying the best plans")
     obj = np.concatenate(objs)
     src_a, idx_a = np.concatenate(src), np.concatenate(idx)
 
@@ -436,6 +441,7 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: 
     t1 = time.perf_counter()
     k_rerank = top if rerank is None else max(0, min(int(rerank), len(ranked)))
     if k_rerank:
+        stage(f"re-ranking the top {k_rerank} with the event engine")
         ranked, note, used = _rerank_event(ranked, k_rerank, tie_tolerance, objective, tokens_per_step, rerank_budget_s)
         rec.ranking_engine = "event" if used else "analytic"
     else:
@@ -456,6 +462,7 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: 
     rec.timings_s["rerank_s"] = time.perf_counter() - t1
     if settings.framework is not None and ranked:
         t3 = time.perf_counter()
+        stage(f"pricing what {settings.framework}'s limits cost")
         rec.framework_gap = _framework_gap(rec, model, cluster, full_space, min_gpus, workers)
         rec.timings_s["framework_gap_s"] = time.perf_counter() - t3
         if rec.framework_gap.get("gap", 0.0) > tie_tolerance:
@@ -464,6 +471,7 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: 
                                 f"{g['why']}); its best is {g['gap']:.1%} slower")
     if explain:
         t2 = time.perf_counter()
+        stage("explaining the winner")
         from planner.explain import explain_recommendation
 
         rec.explanation = explain_recommendation(rec)

@@ -18,9 +18,9 @@ import pytest
 from streamlit.testing.v1 import AppTest
 from streamlit.testing.v1.element_tree import Block, Widget
 
-from appkit import charts, compare, engines
+from appkit import charts, compare, engines, present
 from appkit.design import WIDGETS, Design, cluster_of, model_from_upload, widget_for_error
-from appkit.evaluate import cli_command, evaluate, plans_table, result_document, simulate_strategy
+from appkit.evaluate import cli_command, evaluate, result_document, simulate_strategy
 from appkit.topoview import summarize_topology, topology_figure
 from sim.catalog import get_model
 from sim.errors import InfeasibleError, InputError
@@ -37,7 +37,8 @@ GPT3 = get_model("gpt3-175b")
 
 
 def fresh(**inputs) -> AppTest:
-    """The app after its first run, then with ``inputs`` set (widget key -> value)."""
+    """The app after its first run (which computes the default design), then with ``inputs``
+    set (widget key -> value) and **Run** pressed."""
     at = AppTest.from_file(APP, default_timeout=120)
     at.run()
     if inputs:
@@ -45,9 +46,12 @@ def fresh(**inputs) -> AppTest:
     return at
 
 
-def set_inputs(at: AppTest, **inputs) -> AppTest:
+def set_inputs(at: AppTest, *, run: bool = True, **inputs) -> AppTest:
+    """Set widgets, then press Run (``run``) or just let the page rerun as an edit does."""
     for key, value in inputs.items():
         _by_key(at, key).set_value(value)
+    if run:
+        at.button(key="run").click()
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     return at
@@ -119,18 +123,25 @@ def test_default_page_recommends_for_the_catalog_design():
     assert not at.error, [e.value for e in at.error]
     assert [t.label for t in at.tabs] == ["Plans", "Timeline", "Topology", "Compare", "Hand-off"]
     rows = at.dataframe[0].value
-    assert len(rows) >= 1 and set(rows["source"]) == {"recommended"}
-    assert set(rows["fits"]) == {True}
-    steps = list(rows["step time (s)"])
-    assert steps == sorted(steps) or len(steps) == 1 or rows["tokens/s"].iloc[0] == max(rows["tokens/s"])
+    # the recommender's plans in its rank order, numbered as `planner recommend` numbers them
+    assert list(rows["rank"]) == [f"#{i + 1}" for i in range(len(rows))] and len(rows) >= 2
+    assert set(rows["fits"]) == {True} and set(rows["precision"]) == {"bf16"}  # bf16 unless asked
+    assert rows["framework"].str.len().min() > 0
     assert metric(at, "MFU").endswith("%")
     assert len(at.get("plotly_chart")) == 2  # breakdown and memory
+    # the band sits next to the time as a caption (not a metric delta with an arrow)
+    assert not [m for m in at.metric if m.label == "Step time" and m.delta]
+    low, high = rows["80% band (s)"].iloc[0].split(" .. ")
+    assert f"80% band {low} s .. {high} s" in [c.value for c in at.caption]  # 10-100 s steps: same digits
+    # the search's stages, collapsed once done
+    [status] = [s.label for s in at.get("status")]
+    assert status.startswith("Computed in") and "searching" in status and "ranking" in status
 
 
 def test_fixed_strategy_matches_the_simulator():
     at = fresh(strategy=STRATEGY)
     rows = at.dataframe[0].value
-    assert rows["source"].iloc[0] == "yours"
+    assert rows["rank"].iloc[0] == "yours"
     expected = simulate_strategy(design(), cluster_of(design()), STRATEGY + ",gbs=512")
     # the default gbs of a pipelined STRATEGY without gbs is 4*pp micro-batches per replica
     assert rows["gbs"].iloc[0] == 512
@@ -169,12 +180,13 @@ def test_upload_model_file(fname):
     model = model_from_upload(fname, data)
     at = fresh(model_source="Upload file", num_gpus=16, strategy="tp=1,pp=1,mbs=1,gbs=16,zero=3,recompute=full")
     assert any("upload a model file" in e for e in sidebar_errors(at))
-    at.get("file_uploader")[0].upload(fname, data, "application/json").run()
+    at.get("file_uploader")[0].upload(fname, data, "application/json")
+    at.button(key="run").click().run()
     assert not at.exception
     captions = [c.value for c in at.sidebar.caption]
     assert any(c.startswith(f"{model.name}: {model.num_params / 1e9:,.1f} B parameters") for c in captions), captions
     rows = at.dataframe[0].value
-    assert rows["source"].iloc[0] == "yours" and rows["zero"].iloc[0] == 3
+    assert rows["rank"].iloc[0] == "yours" and rows["zero"].iloc[0] == 3
     assert not sidebar_errors(at)
 
 
@@ -221,7 +233,7 @@ def test_internal_error_is_one_line_not_a_traceback(monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("simulated failure\nwith a second line")
 
-    monkeypatch.setattr(appkit.ui, "cached_evaluate", boom)
+    monkeypatch.setattr(appkit.ui, "compute", boom)
     at = fresh()
     assert not at.exception
     [err] = [plain(e.value) for e in at.error]
@@ -232,15 +244,16 @@ def test_plan_choice_drives_the_headline():
     at = fresh()
     box = at.selectbox(key=at.session_state["plan_choice_key"])
     labels = box.options
-    assert len(labels) >= 2 and labels[0].startswith("#1")
+    assert len(labels) >= 2 and labels[0].startswith("#1") and labels[1].startswith("#2")
     rows = at.dataframe[0].value
     assert metric(at, "Step time") == charts._fmt_s(rows["step time (s)"].iloc[0])
     box.select(labels[1]).run()
     assert metric(at, "Step time") == charts._fmt_s(at.dataframe[0].value["step time (s)"].iloc[1])
-    # a fixed strategy makes a new plan list: the choice starts again at #1, the user's plan
+    # a fixed strategy makes a new plan list: the choice starts again at the top, the user's
+    # plan, labelled "yours" (the recommender's #1 stays #1, as in "Why #1")
     set_inputs(at, strategy=STRATEGY)
     box = at.selectbox(key=at.session_state["plan_choice_key"])
-    assert box.value.startswith("#1") and box.value.endswith("(yours)")
+    assert box.value.startswith("yours") and box.options[1].startswith("#1")
 
 
 def test_token_budget_sets_time_to_train():
@@ -382,8 +395,12 @@ def test_breakdown_parts_sum_to_the_step(strategy):
 
 def test_plans_table_rows():
     ev = evaluate(design(strategy=STRATEGY))
-    [row] = [r for r in plans_table(ev.plans, ev.cluster, 2048) if r["source"] == "yours"]
+    rows = present.plans_table(ev.plans, ev.cluster, 2048, framework="default")
+    row = rows[0]
+    assert row["rank"] == "yours" and row["precision"] == "bf16" and row["framework"] == "default"
     assert (row["tp"], row["pp"], row["dp"], row["vp"], row["schedule"]) == (8, 16, 8, 3, "interleaved")
+    assert [r["rank"] for r in rows[1:]] == [f"#{i}" for i in range(1, len(rows))]
+    assert rows[1]["vs #1"] == "" and all(r["vs #1"].startswith(("+", "-")) for r in rows[2:])
 
 
 TINY_TRACE = {"traceEvents": [
