@@ -56,7 +56,8 @@ def breakdown_parts(result: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-def _fmt_s(t: float) -> str:
+def fmt_s(t: float) -> str:
+    """Seconds as the app prints them: ``20.117 s``, ``812.40 ms``, ``1.25 h``."""
     if t >= 3600:
         return f"{t / 3600:.2f} h"
     if t >= 1:
@@ -78,7 +79,7 @@ def breakdown_figure(results: Sequence[tuple[str, Mapping[str, Any]]]):
         totals = [r["step_time_s"] for _, r in results]
         fig.add_trace(go.Bar(
             y=labels, x=xs, name=name, orientation="h", marker_color=color,
-            customdata=[[_fmt_s(x), x / t if t else 0.0] for x, t in zip(xs, totals)],
+            customdata=[[fmt_s(x), x / t if t else 0.0] for x, t in zip(xs, totals)],
             hovertemplate=f"{name}: %{{customdata[0]}} (%{{customdata[1]:.1%}})<extra>%{{y}}</extra>"))
     fig.update_layout(barmode="stack", height=120 + 38 * len(labels), margin=dict(l=10, r=10, t=30, b=10),
                       xaxis_title="seconds per optimizer step", yaxis=dict(autorange="reversed", type="category"),
@@ -259,7 +260,7 @@ def timeline_figure(bars: Sequence[GanttBar], *, title: str = ""):
         fig.add_trace(go.Bar(
             y=[b.track for b in bs], x=[b.dur_s for b in bs], base=[b.start_s for b in bs], orientation="h",
             name=cat, marker_color=CATEGORY_COLORS[cat], marker_line_width=0,
-            customdata=[[b.name, _fmt_s(b.dur_s)] for b in bs],
+            customdata=[[b.name, fmt_s(b.dur_s)] for b in bs],
             hovertemplate="%{customdata[0]}<br>start %{base:.4f} s, %{customdata[1]}<extra>%{y}</extra>"))
     fig.update_layout(barmode="overlay", height=120 + 26 * max(1, len(tracks)),
                       margin=dict(l=10, r=10, t=40 if title else 10, b=10), title=title or None,

@@ -19,7 +19,6 @@ from sim.plan import Plan, parse_strategy
 from sim.simulate import simulate
 from sim.specs import Cluster, Strategy
 
-GIB = float(1 << 30)
 DEFAULT_TOP = 5
 
 
@@ -159,45 +158,6 @@ def economics_of(design: Design, cluster: Cluster, plan: Mapping[str, Any]) -> t
     except InputError as exc:  # e.g. no price at all for this GPU: time still counts
         return (engines.simple_economics(cluster, plan, tokens=tokens),
                 f"planner tco could not cost this design ({exc}); showing GPU-hours x price only")
-
-
-def plans_table(plans: tuple[Mapping[str, Any], ...], cluster: Cluster, seq_len: int) -> list[dict[str, Any]]:
-    """Rows of the plans table: rank, degrees, batch, step time, throughput, MFU, memory."""
-    rows = []
-    for i, p in enumerate(plans):
-        try:
-            s = parse_strategy(str(p["strategy"]), num_gpus=cluster.num_gpus, seq_len=seq_len)
-            deg = {"tp": s.tp, "pp": s.pp, "dp": s.dp, "cp": s.cp, "ep": s.ep, "vp": s.vp, "mbs": s.mbs,
-                   "gbs": s.gbs, "zero": s.zero, "recompute": s.recompute, "schedule": s.schedule}
-        except InputError:
-            deg = {}
-        rows.append({
-            "#": i + 1,
-            "source": p.get("source", ""),
-            **deg,
-            "step time (s)": round(float(p["step_time_s"]), 4),
-            "tokens/s": round(float(p["tokens_per_s"])),
-            "MFU": round(float(p["mfu"]), 4),
-            "peak memory (GiB)": round(float(p["memory_peak_bytes"]) / GIB, 1),
-            "fits": bool(p["fits_memory"]),
-            "strategy": p["strategy"],
-        })
-    return rows
-
-
-def bottleneck(plan: Mapping[str, Any]) -> str:
-    """What bounds a plan: the largest non-compute part of its step, or compute."""
-    b = plan["breakdown"]
-    total = float(plan["step_time_s"]) or 1.0
-    parts = {"exposed communication": float(b.get("exposed_comm_s", 0.0)),
-             "pipeline bubble": float(b.get("bubble_s", 0.0)),
-             "optimizer": float(b.get("optimizer_s", 0.0))}
-    name, val = max(parts.items(), key=lambda kv: kv[1])
-    if not plan.get("fits_memory", True):
-        return "memory: does not fit"
-    if val / total < 0.10:
-        return f"compute ({float(b['compute_s']) / total:.0%} of the step)"
-    return f"{name} ({val / total:.0%} of the step)"
 
 
 def result_document(ev: Evaluation, plan: Mapping[str, Any], economics: Mapping[str, Any]) -> dict[str, Any]:

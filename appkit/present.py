@@ -11,21 +11,13 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
+from appkit.charts import fmt_s
 from planner.explain import bound_line
 from sim.errors import InputError
 from sim.plan import parse_strategy
 from sim.specs import Cluster, Strategy
 
 GIB = float(1 << 30)
-
-
-def fmt_s(t: float) -> str:
-    """Seconds as the page prints them: ``20.117 s``, ``812.40 ms``, ``1.25 h``."""
-    if t >= 3600:
-        return f"{t / 3600:.2f} h"
-    if t >= 1:
-        return f"{t:.3f} s"
-    return f"{t * 1e3:.2f} ms"
 
 
 def rank_label(plan: Mapping[str, Any]) -> str:
@@ -102,10 +94,6 @@ def _deg(name: str) -> Column:
 
 COLUMNS: tuple[Column, ...] = (
     ("rank", lambda p, c: rank_label(p)),
-    ("framework", lambda p, c: p.get("framework") or c["framework"]),
-    ("precision", lambda p, c: precision_text(c["s"])),
-    _deg("tp"), _deg("pp"), _deg("dp"), _deg("cp"), _deg("ep"), _deg("vp"), _deg("mbs"), _deg("gbs"),
-    _deg("zero"), _deg("recompute"), _deg("schedule"),
     ("step time (s)", lambda p, c: round(float(p["step_time_s"]), 4)),
     ("80% band (s)", lambda p, c: band_text(p.get("step_time_s_low"), p.get("step_time_s_high"),
                                             lambda t: f"{t:.3f}")),
@@ -117,6 +105,10 @@ COLUMNS: tuple[Column, ...] = (
                                             if p.get("model_tflops_per_gpu") is not None else None)),
     ("peak memory (GiB)", lambda p, c: round(float(p["memory_peak_bytes"]) / GIB, 1)),
     ("fits", lambda p, c: bool(p["fits_memory"])),
+    ("framework", lambda p, c: p.get("framework") or c["framework"]),
+    ("precision", lambda p, c: precision_text(c["s"])),
+    _deg("tp"), _deg("pp"), _deg("dp"), _deg("cp"), _deg("ep"), _deg("vp"), _deg("mbs"), _deg("gbs"),
+    _deg("zero"), _deg("recompute"), _deg("schedule"),
     ("strategy", lambda p, c: p["strategy"]),
 )
 

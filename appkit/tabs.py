@@ -108,8 +108,8 @@ def timeline_tab(ev: Evaluation, plan: Mapping[str, Any]) -> None:
     except InputError as exc:
         st.error(md(error_text(exc)))
         return
-    st.caption(f"Event engine: step {present.fmt_s(result['step_time_s'])} "
-               f"(plan {present.rank_label(plan)}: {present.fmt_s(plan['step_time_s'])}); "
+    st.caption(f"Event engine: step {charts.fmt_s(result['step_time_s'])} "
+               f"(plan {present.rank_label(plan)}: {charts.fmt_s(plan['step_time_s'])}); "
                f"{len(bars):,} bars drawn; {took:.2f} s")
     if not bars:
         st.info("the event engine wrote no timed events for this plan")

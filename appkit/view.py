@@ -8,7 +8,7 @@ from typing import Any
 
 import streamlit as st
 
-from appkit import present
+from appkit import charts, present
 from appkit.design import Design
 from appkit.evaluate import economics_of
 from sim.catalog import list_gpus, list_links, list_models, list_server_designs
@@ -82,11 +82,11 @@ def headline(plan: dict[str, Any], eco: dict[str, Any], eco_note: str | None, to
     cols = st.columns(6)
     band = plan.get("uncertainty")
     step = float(plan["step_time_s"])
-    cols[0].metric("Step time", present.fmt_s(step),
+    cols[0].metric("Step time", charts.fmt_s(step),
                    help=(f"8 in 10 of the {band['runs']} published runs like this one ({band['class']}: framework "
                          "family / GPU architecture / parallelism mix), predicted without their source's data, "
                          "landed in this band" if band else None))
-    band_caption(cols[0], plan.get("step_time_s_low"), plan.get("step_time_s_high"), present.fmt_s, step)
+    band_caption(cols[0], plan.get("step_time_s_low"), plan.get("step_time_s_high"), charts.fmt_s, step)
     cols[1].metric("Throughput", phys(plan["tokens_per_s"], "tok/s"),
                    help=f"{plan['tokens_per_s']:,.0f} tokens/s for the whole cluster")
     cols[1].caption(f"{plan['tokens_per_s'] / plan['num_gpus']:,.0f} tok/s per GPU" if plan.get("num_gpus") else "")
@@ -100,7 +100,7 @@ def headline(plan: dict[str, Any], eco: dict[str, Any], eco_note: str | None, to
     cols[3].caption(f"of {gib(mem['capacity_bytes'])} ({frac:.0%})" if plan["fits_memory"]
                     else f":red[of {gib(mem['capacity_bytes'])}: DOES NOT FIT]")
     how = eco.get("method") or (
-        f"planner tco: analytic step {present.fmt_s(eco.get('step_time_s', 0.0))}, "
+        f"planner tco: analytic step {charts.fmt_s(eco.get('step_time_s', 0.0))}, "
         f"goodput {eco.get('goodput', 1.0):.1%} (failures and checkpoints)")
     wall = float(eco["time_to_train_s"])
     cols[4].metric("Time to train", days(wall), help=f"{tokens / 1e9:,.0f} B tokens; {how}")

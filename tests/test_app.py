@@ -146,7 +146,7 @@ def test_fixed_strategy_matches_the_simulator():
     # the default gbs of a pipelined STRATEGY without gbs is 4*pp micro-batches per replica
     assert rows["gbs"].iloc[0] == 512
     assert rows["step time (s)"].iloc[0] == pytest.approx(expected["step_time_s"], abs=1e-4)
-    assert metric(at, "Step time") == charts._fmt_s(expected["step_time_s"])
+    assert metric(at, "Step time") == charts.fmt_s(expected["step_time_s"])
     assert not sidebar_errors(at)
 
 
@@ -246,9 +246,9 @@ def test_plan_choice_drives_the_headline():
     labels = box.options
     assert len(labels) >= 2 and labels[0].startswith("#1") and labels[1].startswith("#2")
     rows = at.dataframe[0].value
-    assert metric(at, "Step time") == charts._fmt_s(rows["step time (s)"].iloc[0])
+    assert metric(at, "Step time") == charts.fmt_s(rows["step time (s)"].iloc[0])
     box.select(labels[1]).run()
-    assert metric(at, "Step time") == charts._fmt_s(at.dataframe[0].value["step time (s)"].iloc[1])
+    assert metric(at, "Step time") == charts.fmt_s(at.dataframe[0].value["step time (s)"].iloc[1])
     # a fixed strategy makes a new plan list: the choice starts again at the top, the user's
     # plan, labelled "yours" (the recommender's #1 stays #1, as in "Why #1")
     set_inputs(at, strategy=STRATEGY)

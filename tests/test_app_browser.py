@@ -1,11 +1,14 @@
 """End to end: the what-if app served by ``streamlit run`` on 127.0.0.1, driven in Debian's
 chromium through playwright (never ``playwright install``).
 
-One browser session walks what a user does: read the recommended plan, change the GPUs and
-the network, keep two designs and compare them, open the timeline and the topology, type a
-bad strategy, upload a Hugging Face config.json, download the JSON.  Screenshots go to the
-test's tmp_path; with UPDATE_DOC_SCREENSHOTS=1 the overview, compare, timeline, topology and
-error ones are copied to docs/img/.
+One browser session walks what a user does: read the recommended plan, edit the GPUs and the
+network (the page waits, saying what changed), press Run and watch the search's stages pass,
+keep two designs and compare them, send the page's address to a colleague (a second session
+opens the same design and plan), open the timeline and the topology, hand off the default
+recommendation (its launch configs, or why none and a search that has them), type a bad
+strategy, upload a Hugging Face config.json and opt in to fp8.  Every wait is bounded.
+Screenshots go to the test's tmp_path; with UPDATE_DOC_SCREENSHOTS=1 the overview, pending,
+compare, timeline, topology and error ones are copied to docs/img/.
 """
 
 from __future__ import annotations
@@ -116,6 +119,28 @@ def choose(page, label: str, option: str) -> None:
     settle(page)
 
 
+def run(page) -> list[str]:
+    """Press Run; return the labels the search's status showed while it ran (its stages)."""
+    page.evaluate("""() => { window.__labels = [];
+        new MutationObserver(() => document.querySelectorAll('[data-testid="stExpander"] summary')
+            .forEach(s => window.__labels.push(s.innerText.trim())))
+          .observe(document.body, {subtree: true, childList: true, characterData: true}); }""")
+    page.locator('[data-testid="stSidebar"]').get_by_role("button", name="Run", exact=True).click()
+    settle(page)
+    page.wait_for_selector('[data-testid="stExpander"] summary >> text=/^Computed in/', timeout=90_000)
+    return page.evaluate("window.__labels")
+
+
+def pending_text(page) -> str:
+    box = page.locator('[data-testid="stAlertContentInfo"]').filter(has_text="changes not computed yet")
+    return box.first.inner_text() if box.count() else ""
+
+
+def selected(page, label: str) -> str:
+    """The option a selectbox shows."""
+    return page.get_by_role("combobox", name=label, exact=True).input_value()
+
+
 def open_tab(page, name: str) -> None:
     page.get_by_role("tab", name=name, exact=True).click()
     settle(page)
@@ -131,7 +156,7 @@ def shot(page, tmp_path: Path, name: str, *, docs: bool = False) -> Path:
     return path
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(300)
 def test_what_if_session_in_a_real_browser(server, tmp_path):
     from playwright.sync_api import sync_playwright
 
@@ -147,26 +172,49 @@ def test_what_if_session_in_a_real_browser(server, tmp_path):
             page.wait_for_selector('[data-testid="stMetric"]', timeout=90_000)
             settle(page)
 
-            # 1. The default design: GPT-3 175B on 1024 A100-80GB, recommended plans.
+            # 1. The default design, computed as the page opens: GPT-3 175B on 1024 A100-80GB.
             body = page.inner_text("body")
             assert "Traceback" not in body
             assert re.fullmatch(r"\d+(\.\d+)?%", metric(page, "MFU"))
             a100_step = metric(page, "Step time")
+            assert re.search(r"80% band \d", body)  # the band next to the time
             assert page.locator(".js-plotly-plot").count() >= 2  # step-time bar and memory chart
             assert "Where the step time goes" in body and "Memory per GPU vs capacity" in body
             shot(page, tmp_path, "overview", docs=True)
 
-            # 2. Change one input after another: 512 H100 on InfiniBand NDR, keep it.
+            # 2. Edits wait for Run: 512 H100 on InfiniBand NDR.
             choose(page, "GPU", "h100-80gb")
             set_number(page, "Number of GPUs", 512)
             choose(page, "NIC", "ib-ndr-400")
-            assert metric(page, "Step time") != a100_step
+            waiting = pending_text(page)
+            assert "GPU a100-80gb → h100-80gb" in waiting and "GPUs 1024 → 512" in waiting, waiting
+            assert metric(page, "Step time") == a100_step  # nothing computed yet
+            shot(page, tmp_path, "pending", docs=True)
+            labels = run(page)
+            assert any(lab.startswith("Searching the strategy space on 512 GPUs") for lab in labels), labels
+            assert not pending_text(page) and metric(page, "Step time") != a100_step
             page.get_by_role("button", name="Keep for comparison").click()
             settle(page)
-            # ... and 1024 A100 on 100 GbE, keep that too.
+
+            # 3. The page's address is the design: a colleague opening it sees the same plan.
+            choose(page, "Plan to inspect and export", "#2")
+            h100_step = metric(page, "Step time")
+            shared = page.url
+            assert all(q in shared for q in ("gpu=h100-80gb", "num_gpus=512", "nic=ib-ndr-400", "plan=2")), shared
+            colleague = browser.new_context(viewport={"width": 1500, "height": 1300}).new_page()
+            colleague.goto(shared, wait_until="domcontentloaded")
+            colleague.wait_for_selector('[data-testid="stMetric"]', timeout=90_000)
+            settle(colleague)
+            assert metric(colleague, "Step time") == h100_step
+            assert selected(colleague, "GPU") == "h100-80gb" and selected(colleague, "NIC") == "ib-ndr-400"
+            assert selected(colleague, "Plan to inspect and export").startswith("#2  ")
+            colleague.context.close()
+
+            # ... and 1024 A100 on 100 GbE, kept too.
             choose(page, "GPU", "a100-80gb")
             set_number(page, "Number of GPUs", 1024)
             choose(page, "NIC", "eth-100")
+            run(page)
             page.get_by_role("button", name="Keep for comparison").click()
             settle(page)
             open_tab(page, "Compare")
@@ -176,7 +224,7 @@ def test_what_if_session_in_a_real_browser(server, tmp_path):
             assert "512 x h100-80gb / ib-ndr-400" in text and "1024 x a100-80gb / eth-100" in text
             shot(page, tmp_path, "compare", docs=True)
 
-            # 3. The event engine's timeline of one step, and the topology.
+            # 4. The event engine's timeline of one step, and the topology.
             open_tab(page, "Timeline")
             page.wait_for_selector("text=Event engine: step", timeout=90_000)
             assert page.locator(".js-plotly-plot").count() >= 1
@@ -186,16 +234,24 @@ def test_what_if_session_in_a_real_browser(server, tmp_path):
             assert "bisection" in page.inner_text("body")
             shot(page, tmp_path, "topology", docs=True)
 
-            # 4. Hand-off: the JSON download is the chosen plan.
+            # 5. Hand-off of the recommendation: the JSON is the chosen plan; launch configs, or
+            # why no format runs it and a search restricted to one framework's plans.
             open_tab(page, "Hand-off")
             with page.expect_download(timeout=30_000) as dl:
                 page.get_by_role("button", name="Download result (JSON)").click()
             doc = json.loads(Path(dl.value.path()).read_text())
             assert doc["design"]["nic"] == "eth-100" and doc["design"]["num_gpus"] == 1024
             assert doc["plan"]["strategy"] == doc["plans"][0]["strategy"]
+            if not page.get_by_role("button", name="Download all launch configs (zip)").count():
+                assert "No launch config for plan #1" in page.inner_text("body")
+                page.get_by_role("button", name=re.compile(r"^Search megatron-core plans")).click()
+                settle(page)
+                page.wait_for_selector('[data-testid="stExpander"] summary >> text=/^Computed in/', timeout=90_000)
+            page.get_by_role("button", name="Download all launch configs (zip)").wait_for(timeout=60_000)
+            assert "Traceback" not in page.inner_text("body")
             shot(page, tmp_path, "handoff")
 
-            # 5. A bad strategy: a clear message next to the field, no traceback.
+            # 6. A bad strategy: a clear message next to the field, no traceback.
             field = page.locator('input[aria-label="Fixed strategy (optional)"]')
             field.fill("tp=3,pp=16")
             field.press("Enter")
@@ -211,15 +267,25 @@ def test_what_if_session_in_a_real_browser(server, tmp_path):
             field.press("Enter")
             settle(page)
 
-            # 6. Upload a Hugging Face config.json instead of a catalog model.
+            # 7. Upload a Hugging Face config.json, on 64 H100, then opt in to fp8.
             page.get_by_text("Upload file", exact=True).click()
             settle(page)
             page.locator('[data-testid="stSidebar"] input[type="file"]').set_input_files(
                 str(ROOT / "tests" / "data" / "hf_llama3_8b_config.json"))
             page.wait_for_selector("text=B parameters, 32 layers", timeout=60_000)
             settle(page)
-            page.wait_for_selector('[data-testid="stMetric"]', timeout=90_000)
+            choose(page, "GPU", "h100-80gb")
+            set_number(page, "Number of GPUs", 64)
+            run(page)
             assert re.fullmatch(r"\d+(\.\d+)?%", metric(page, "MFU"))
+            assert "model_data=" in page.url  # the uploaded file travels in the link
+            bf16_step = metric(page, "Step time")
+            page.get_by_text("Allow fp8 (opt in)").click()
+            settle(page)
+            assert "precisions bf16 → bf16+fp8" in pending_text(page)
+            run(page)
+            assert "fp8=true" in page.url and metric(page, "Step time") != bf16_step
+            assert "precision=fp8" in selected(page, "Plan to inspect and export")
             shot(page, tmp_path, "upload")
         finally:
             browser.close()

@@ -11,7 +11,6 @@ import os
 import re
 import threading
 import time
-from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
