@@ -95,6 +95,7 @@ def _deg(name: str) -> Column:
 COLUMNS: tuple[Column, ...] = (
     ("rank", lambda p, c: rank_label(p)),
     ("step time (s)", lambda p, c: round(float(p["step_time_s"]), 4)),
+    ("timed by", lambda p, c: p.get("engine", "")),  # event (re-ranked) or analytic: ranks mix the two
     ("80% band (s)", lambda p, c: band_text(p.get("step_time_s_low"), p.get("step_time_s_high"),
                                             lambda t: f"{t:.3f}")),
     ("vs #1", lambda p, c: (f"{c['best_tps'] / float(p['tokens_per_s']) - 1:+.1%}"

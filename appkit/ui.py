@@ -31,6 +31,7 @@ from appkit.tabs import compare_tab, handoff_tab, plans_tab, timeline_tab, topol
 from appkit.view import cached_economics, catalog, headline, md
 from sim.errors import InputError
 from sim.plan import Plan
+from sim.specs import Cluster
 
 _log = logging.getLogger(__name__)
 TABS = ("Plans", "Timeline", "Topology", "Compare", "Hand-off")
@@ -60,12 +61,13 @@ def show_errors(errors: dict[str, str], slots: dict[str, Any]) -> None:
     st.error(f"Please fix the input marked in the sidebar:\n{lines}")
 
 
-def check(design: Design) -> None:
+def check(design: Design) -> Cluster:
     """What can be checked without searching (milliseconds): the cluster builds, a fixed
     strategy parses and fits the model and the GPU count.  Raises ``InputError``."""
     cluster = cluster_of(design)
     if design.strategy is not None:
         Plan(model=design.model, cluster=cluster, strategy=fixed_strategy(design, cluster))
+    return cluster
 
 
 # --------------------------------------------------------------------------- computing on request
@@ -240,6 +242,47 @@ def no_plan_view(ev: Evaluation) -> None:
 # --------------------------------------------------------------------------- the page
 
 
+def sidebar_design(raw: dict[str, Any], slots: dict[str, Any], errors: dict[str, str]) -> Design | None:
+    """The sidebar's design, checked (``check``), with the cluster it builds described under
+    the cluster inputs; ``None`` with the error added to ``errors``."""
+    if errors:
+        return None
+    design = None
+    try:
+        design = design_from(raw)
+        cluster = check(design)
+    except InputError as exc:
+        errors[widget_for_error(exc, design) or "design"] = error_text(exc)
+        return None
+    slots["cluster"].caption(md("As built: " + present.cluster_summary(cluster)))
+    return design
+
+
+def requested(design: Design | None, raw: dict[str, Any], top) -> tuple[Design | None, bool]:
+    """(the design to show, whether its search's progress is to be drawn live).  The
+    sidebar's design when the user runs it, when the page opens, or when its search is known
+    (seen before, or only the token budget, pricing or fixed strategy changed); otherwise the
+    design shown before, with the Run controls saying what changed."""
+    ss = st.session_state
+    shown: Design | None = ss.get("shown")
+    store = job_store()
+    auto = design is not None and (shown is None or design.recommend_key() == shown.recommend_key()
+                                   or store.finished(search_key(design)))
+    pending: list[str] = []
+    if design is not None and shown is not None and design != shown and not auto:
+        pending = changes(ss.get("shown_raw", {}), raw) or ["the model file"]
+    clicked = run_controls(pending, top) or bool(ss.pop("run_requested", False))
+    if design is None or not (clicked or auto):
+        return shown, False
+    if shown is not None and search_key(shown) != search_key(design):
+        old = store.get(search_key(shown))
+        if old is not None and not old.done:
+            store.cancel(search_key(shown))  # superseded: free the CPU for the new search
+    fresh = clicked or shown is None
+    ss["shown"], ss["shown_raw"] = design, dict(raw)
+    return design, fresh
+
+
 def page() -> None:
     st.title("Cluster what-if")
     st.caption("Set the model, GPUs, network and job in the sidebar and press **Run**; every result below "
@@ -248,48 +291,21 @@ def page() -> None:
     ss = st.session_state
     first = "link_checked" not in ss
     link = dict(st.query_params) if first else {}
-    cat = catalog()
-    top = st.sidebar.container()
-    raw, slots, errors = sidebar(cat)
+    top = st.sidebar.container()  # the Run button, drawn once the page knows what changed
+    raw, slots, errors = sidebar(catalog())
     if first:
         ss["link_checked"] = True
         dropped = ignored_values({k: v for k, v in link.items() if k in BOUND}, widget_values())
         if dropped:
             st.warning("This link has values the app cannot use, so the defaults stand in for them: "
                        + md(", ".join(dropped)))
-    design: Design | None = None
-    if not errors:
-        try:
-            design = design_from(raw)
-            check(design)
-            slots["cluster"].caption(md("As built: " + present.cluster_summary(cluster_of(design))))
-        except InputError as exc:
-            errors[widget_for_error(exc, design) or "design"] = error_text(exc)
-            design = None
-    shown: Design | None = ss.get("shown")
-    store = job_store()
-    pending: list[str] = []
-    if design is not None and shown is not None and design != shown:
-        pending = changes(ss.get("shown_raw", {}), raw) or ["the model file"]
-    auto = design is not None and (shown is None or design.recommend_key() == shown.recommend_key()
-                                   or store.finished(search_key(design)))
-    if auto:
-        pending = []
-    clicked = run_controls(pending, top) or bool(ss.pop("run_requested", False))
+    design = sidebar_design(raw, slots, errors)
+    shown, fresh = requested(design, raw, top)
     if errors:
         show_errors(errors, slots)
         return
-    assert design is not None
-    fresh = False
-    if clicked or auto:
-        if shown is not None and search_key(shown) != search_key(design):
-            old = store.get(search_key(shown))
-            if old is not None and not old.done:
-                store.cancel(search_key(shown))  # superseded: free the CPU for the new search
-        fresh = clicked or shown is None
-        shown = design
-        ss["shown"], ss["shown_raw"] = design, dict(raw)
-    assert shown is not None
+    if shown is None:
+        return
     t = time.perf_counter()
     try:
         ev = compute(shown, fresh=fresh)

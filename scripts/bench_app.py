@@ -1,15 +1,19 @@
-"""How long the what-if app takes to follow one changed input on a 1024-GPU design.
+"""How long the what-if app takes to follow an edit, a Run and a revisit on a 1024-GPU design.
 
     .venv/bin/python scripts/bench_app.py [--browser]
 
-Three numbers per change (median of the repeats):
+The app computes on request (docs/app.md): an edit only redraws the page and says what
+changed; **Run** searches; a design seen before (or a change the search does not depend on)
+comes back from the cache.  Numbers per change (medians at the end):
 
-* ``evaluate``: ``appkit.evaluate.evaluate`` with a cold cache (recommendation search, with
-  and without event-engine re-ranking of the top 5), i.e. the server-side work of one change;
-* ``rerun``: one full script run in Streamlit's AppTest after the change (the page with its
-  charts, Plans tab open; caches warm for everything the change did not touch);
-* ``browser`` (with ``--browser``): in chromium, from pressing Enter on the changed field to
-  the app reporting its script run finished (all new elements delivered to the page).
+* ``evaluate``: ``appkit.evaluate.evaluate`` with a cold cache (the recommender's search, with
+  and without event-engine re-ranking of the top 5), i.e. the server work of one Run;
+* ``edit``: one Streamlit AppTest script run after the change, without Run (what every
+  sidebar edit costs now; before the change it searched);
+* ``run``: the same change, then Run pressed: search and page;
+* ``revisit``: back to a design computed before, without Run (from the cache);
+* ``browser`` (with ``--browser``): in chromium, Enter on the GPU count -> the page's script
+  run finished (an edit), Run -> the first stage of the search on screen, Run -> finished.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ CHANGES = [  # (widget key, value) applied one after another to GPT-3 175B on 10
     ("gpu", "h100-80gb"),
     ("oversubscription", 2.0),
     ("num_gpus", 2048),
+    ("model", "llama3-70b"),
 ]
 
 
@@ -41,28 +46,45 @@ def bench_evaluate(rerank: bool) -> list[tuple[str, float]]:
     evaluate(Design(**base))  # imports, catalog and numpy warm-up
     out = []
     for key, value in CHANGES:
-        base[key] = value
+        if key == "model":
+            base.update(model=get_model(str(value)), model_ref=value)
+        else:
+            base[key] = value
         t = time.perf_counter()
         evaluate(Design(**base))
         out.append((f"{key}={value}", time.perf_counter() - t))
     return out
 
 
-def bench_rerun(rerank: bool) -> list[tuple[str, float]]:
+def _widget(at, key):
+    return next(w for w in at.sidebar.get("selectbox") + at.sidebar.get("number_input") if w.key == key)
+
+
+def bench_apptest(what: str) -> list[tuple[str, float]]:
+    """``edit``, ``run`` or ``revisit`` per change (module docstring)."""
     from streamlit.testing.v1 import AppTest
 
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300)
     at.run()
-    at.toggle(key="rerank").set_value(rerank)
-    at.run()
     out = []
     for key, value in CHANGES:
-        widget = next(w for w in at.sidebar.get("selectbox") + at.sidebar.get("number_input") if w.key == key)
-        widget.set_value(value)
+        before = _widget(at, key).value
+        _widget(at, key).set_value(value)
         t = time.perf_counter()
         at.run()
-        out.append((f"{key}={value}", time.perf_counter() - t))
+        edit = time.perf_counter() - t
+        t = time.perf_counter()
+        at.button(key="run").click().run()
+        run = time.perf_counter() - t
         assert not at.exception and not at.error, [e.value for e in at.error]
+        _widget(at, key).set_value(before)  # a design computed before: no Run needed
+        t = time.perf_counter()
+        at.run()
+        revisit = time.perf_counter() - t
+        assert not [i for i in at.info if "not computed yet" in i.value]
+        _widget(at, key).set_value(value)
+        at.run()
+        out.append((f"{key}={value}", {"edit": edit, "run": run, "revisit": revisit}[what]))
     return out
 
 
@@ -93,21 +115,35 @@ def bench_browser() -> list[tuple[str, float]]:
             page.goto(f"http://127.0.0.1:{port}/")
             page.wait_for_selector('[data-testid="stMetric"]', timeout=120_000)
             tb.settle(page)
-            # Record the app root's script-state flips with their browser timestamps.
-            page.evaluate("""() => { window.__flips = [];
+            # Record the app root's script-state flips and the status labels with browser timestamps.
+            page.evaluate("""() => { window.__flips = []; window.__labels = [];
                 const app = document.querySelector('[data-testid="stApp"]');
                 new MutationObserver(() => window.__flips.push(
                     [performance.now(), app.getAttribute('data-test-script-state')]))
-                  .observe(app, {attributes: true, attributeFilter: ['data-test-script-state']}); }""")
-            for n in (512, 1024, 2048, 1024):
+                  .observe(app, {attributes: true, attributeFilter: ['data-test-script-state']});
+                new MutationObserver(() => document.querySelectorAll('[data-testid="stExpander"] summary')
+                    .forEach(s => window.__labels.push([performance.now(), s.innerText.trim()])))
+                  .observe(document.body, {subtree: true, childList: true, characterData: true}); }""")
+
+            def finished(t0: float) -> float:
+                tb.settle(page)
+                done = [t for t, state in page.evaluate("window.__flips") if t > t0 and state == "notRunning"]
+                return (done[-1] - t0) / 1e3
+
+            for n in (512, 2048):
                 field = page.locator('input[aria-label="Number of GPUs"]')
                 field.fill(str(n))
                 t0 = page.evaluate("performance.now()")
                 field.press("Enter")
-                tb.settle(page)
-                flips = page.evaluate("window.__flips")
-                done = [t for t, state in flips if t > t0 and state == "notRunning"]
-                out.append((f"num_gpus={n}", (done[-1] - t0) / 1e3))
+                out.append((f"edit num_gpus={n}", finished(t0)))
+                t0 = page.evaluate("performance.now()")
+                page.locator('[data-testid="stSidebar"]').get_by_role("button", name="Run", exact=True).click()
+                total = finished(t0)
+                first = [t for t, label in page.evaluate("window.__labels")
+                         if t > t0 and label.startswith("Searching")]
+                if first:
+                    out.append((f"first stage shown {n}", (first[0] - t0) / 1e3))
+                out.append((f"run num_gpus={n}", total))
             browser.close()
     finally:
         proc.terminate()
@@ -118,8 +154,9 @@ def bench_browser() -> list[tuple[str, float]]:
 PARTS = {
     "evaluate-event": ("evaluate (cold), event re-ranking", lambda: bench_evaluate(True)),
     "evaluate-analytic": ("evaluate (cold), analytic ranking", lambda: bench_evaluate(False)),
-    "rerun-event": ("AppTest rerun, event re-ranking", lambda: bench_rerun(True)),
-    "rerun-analytic": ("AppTest rerun, analytic ranking", lambda: bench_rerun(False)),
+    "edit": ("AppTest: an edit (no search)", lambda: bench_apptest("edit")),
+    "run": ("AppTest: Run after the edit (search + page)", lambda: bench_apptest("run")),
+    "revisit": ("AppTest: back to a computed design (cache)", lambda: bench_apptest("revisit")),
     "browser": ("browser (event re-ranking)", lambda: bench_browser()),
 }
 
@@ -138,7 +175,11 @@ def main() -> None:
         print(f"{name}:")
         for label, s in rows:
             print(f"  {label:<24} {s:6.2f} s")
-        print(f"  {'median':<24} {statistics.median(s for _, s in rows):6.2f} s", flush=True)
+        groups: dict[str, list[float]] = {}
+        for label, s in rows:
+            groups.setdefault(label.rsplit(" ", 1)[0] if " " in label else "", []).append(s)
+        for group, values in groups.items():
+            print(f"  {('median ' + group).strip():<24} {statistics.median(values):6.2f} s", flush=True)
         return
     print(f"load average before: {os.getloadavg()[0]:.2f} ({os.cpu_count()} CPUs)")
     for part in PARTS:
