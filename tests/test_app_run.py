@@ -32,6 +32,12 @@ def status_labels(at: AppTest) -> list[str]:
     return [s.label for s in at.get("status")]
 
 
+def timed(at: AppTest) -> int:
+    """Candidates the search timed, from its summary line."""
+    [line] = [c.value for c in at.caption if c.value.startswith("Search: ")]
+    return int(re.match(r"Search: ([\d,]+) candidates timed", line).group(1).replace(",", ""))
+
+
 def infos(at: AppTest) -> list[str]:
     return [plain(i.value) for i in at.info]
 
@@ -239,7 +245,9 @@ def test_fp8_is_opt_in():
     set_inputs(at, gpu="h100-80gb")
     assert set(at.dataframe[0].value["precision"]) == {"bf16"}
     assert at.session_state["shown"].precisions == ("bf16",)
+    bf16_timed = timed(at)
     set_inputs(at, fp8=True)
     assert at.session_state["shown"].precisions == ("bf16", "fp8")
+    assert timed(at) > bf16_timed  # the search covered the fp8 candidates too
     assert set(at.dataframe[0].value["precision"]) <= {"bf16", "fp8 (delayed)", "fp8 (tensorwise)",
                                                        "fp8 (blockwise)", "fp8 (mxfp8)"}
