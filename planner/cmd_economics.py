@@ -372,9 +372,12 @@ def cmd_comm_reduce(args: argparse.Namespace) -> int:
     from planner.economics.comm_reduction import comm_reduction
     from sim.plan import Plan
 
+    from planner.ps_args import ps_from_args
+
     model, cluster = _model_cluster(args)
     plan = Plan(model=model, cluster=cluster, strategy=_strategy(args, cluster))
-    rep = comm_reduction(plan, mode=args.mode, sync_every=args.sync_every, ratio=args.ratio)
+    rep = comm_reduction(plan, mode=args.mode, sync_every=args.sync_every, ratio=args.ratio,
+                         parameter_servers=ps_from_args(args))
     out = rep.as_dict()
     out["strategy"] = plan.strategy.to_string()
     if args.json:
@@ -398,6 +401,7 @@ def cmd_comm_reduce(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     from planner.inputs import add_cluster_args, add_model_args
+    from planner.ps_args import add_ps_args
 
     p = sub.add_parser("tco", help="capital cost, power, energy, time and cost to train a token budget")
     add_model_args(p)
@@ -474,12 +478,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_input_pipeline)
 
-    p = sub.add_parser("comm-reduce", help="local SGD/DiLoCo, gradient compression, async pipelines (throughput only)")
+    p = sub.add_parser("comm-reduce", help="local SGD/DiLoCo, gradient compression, async pipelines, async parameter "
+                                           "servers (throughput only)")
     add_model_args(p)
     add_cluster_args(p)
     p.add_argument("--strategy", required=True)
-    p.add_argument("--mode", choices=("local-sgd", "compress", "async-pipeline"), required=True)
+    p.add_argument("--mode", choices=("local-sgd", "compress", "async-pipeline", "parameter-server"), required=True)
     p.add_argument("--sync-every", type=int, default=None, help="local-sgd: steps between synchronisations (H)")
     p.add_argument("--ratio", type=float, default=None, help="compress: compression ratio (bytes / compressed)")
+    add_ps_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_comm_reduce)
