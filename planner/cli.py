@@ -216,7 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="event: discrete-event simulation (default); analytic: closed forms, fast")
     p.add_argument("--framework", default=None,
                    help="framework profile (catalogs/frameworks.yaml: default, megatron-core, megatron-lm-2021, "
-                        "megatron-lm-2022, megatron-deepspeed, torchtitan, torchtitan-compile)")
+                        "megatron-lm-2022, megatron-deepspeed, torchtitan, torchtitan-compile, tf-mirrored, "
+                        "tf-multiworker, tf-parameter-server, ...; planner catalog frameworks)")
     p.add_argument("--attention", choices=("flash", "flash2", "unfused"), default=None,
                    help="attention kernel (default: the framework profile's)")
     p.add_argument("--recompute-policy", choices=SELECTIVE_POLICIES, default=None,

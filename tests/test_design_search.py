@@ -196,3 +196,27 @@ def test_cli_search_bad_input_is_one_line(capsys, argv, needle):
                  "--strategy-engine", "quick"] + argv)
     err = capsys.readouterr().err
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
+
+
+def _front_section() -> None:
+    from appkit import search_front
+
+    search_front.render()
+
+
+def test_the_app_shows_the_front_the_sweep_wrote(tmp_path, monkeypatch, capsys):
+    from streamlit.testing.v1 import AppTest
+
+    code = main(["sweep", "--models", "llama3-8b", "--gpus", "h100-80gb", "--counts", "16,32", "--topologies",
+                 "fat-tree", "--oversubscription", "1,2", "--strategy-engine", "quick", "--tokens", "1e11",
+                 "--workers", "1", "--out", str(tmp_path), "--json"])
+    assert code == 0, capsys.readouterr().err
+    best = json.loads((tmp_path / "best_designs.json").read_text())["best_designs"]
+    monkeypatch.setenv("PLANNER_SWEEP_DIR", str(tmp_path))
+    at = AppTest.from_function(_front_section, default_timeout=60)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    spec = json.loads(at.get("plotly_chart")[0].proto.spec)
+    front = next(t for t in spec["data"] if t["name"].startswith("Pareto front"))
+    assert front["y"] == pytest.approx([b["cost_to_train_usd"] for b in best])
+    assert list(at.dataframe[0].value["plan"]) == [b["plan"]["strategy"] for b in best]
