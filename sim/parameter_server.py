@@ -66,7 +66,7 @@ import numpy as np
 
 from sim.analytic import simulate_analytic
 from sim.compute import KernelEfficiency
-from sim.costs import step_costs
+from sim.costs import StepCosts, step_costs
 from sim.errors import InputError
 from sim.memory import plan_memory
 from sim.network import Network
@@ -232,8 +232,9 @@ def _exposed(chain_s: float, hide_s: float, layers: int) -> float:
 
 
 def parameter_server_report(plan: Plan, *, net: Network, eff: KernelEfficiency,
-                            rt: ParameterServerRuntime | None = None) -> PsReport:
-    """Price ``plan`` (``dp_impl=parameter-server``) as the module docstring says."""
+                            rt: ParameterServerRuntime | None = None, costs: StepCosts | None = None) -> PsReport:
+    """Price ``plan`` (``dp_impl=parameter-server``) as the module docstring says; ``costs``:
+    its ``step_costs`` when already computed."""
     s, cluster, model, ps = plan.strategy, plan.cluster, plan.model, plan.parameter_servers
     if s.dp_impl != "parameter-server":
         raise InputError("dp_impl", s.dp_impl, "the parameter-server model prices dp_impl=parameter-server plans")
@@ -266,7 +267,8 @@ def parameter_server_report(plan: Plan, *, net: Network, eff: KernelEfficiency,
         local = 0.0
         d_out, d_in = pull_b * p_max / b_ps, push_b * p_max / b_ps
     d_cpu = p_max * adam_s_per_param
-    alone_out = (p_max * pull_b / b_ps) if not colocated else (p_max * pull_b / b_ps) * (workers > 1)
+    # alone, the busiest PS serves this worker's shard at its own rate (nothing when it is all local)
+    alone_out = p_max * pull_b / b_ps if not colocated or workers > 1 else 0.0
     pull_s = max(pull_b * (params - local) / b_worker, alone_out)
     push_s = max(push_b * (params - local) / b_worker, alone_out * push_b / pull_b)
 
@@ -276,8 +278,7 @@ def parameter_server_report(plan: Plan, *, net: Network, eff: KernelEfficiency,
     if g > 1:  # add_n of the replicas' gradients on the worker CPU: read g, write 1
         copy_out += (g + 1) * rt.host_copy_bytes_per_param * params / host.host_mem_bytes_per_s
 
-    costs = step_costs(plan, net, eff)
-    stage = costs.stages[0]
+    stage = (costs or step_costs(plan, net, eff)).stages[0]
     fwd, bwd = stage.compute_fwd_s, stage.compute_bwd_s
     layers = len(stage.layer_costs)
     exposed_pull = _exposed(pull_s + copy_in, fwd, layers)
@@ -314,7 +315,8 @@ def simulate_parameter_server(plan: Plan, *, net: Network, eff: KernelEfficiency
     """One global batch (``gbs`` sequences = one update from every worker) of ``plan`` under
     asynchronous parameter servers, with ``parameter_server`` in the result (``PsReport``).
     ``step_time_s`` is the time to train a global batch at the asynchronous throughput."""
-    rep = parameter_server_report(plan, net=net, eff=eff)
+    costs = step_costs(plan, net, eff)
+    rep = parameter_server_report(plan, net=net, eff=eff, costs=costs)
     s, cluster, model = plan.strategy, plan.cluster, plan.model
     step = s.tokens_per_step / rep.tokens_per_s
     mem = plan_memory(plan)
@@ -322,7 +324,7 @@ def simulate_parameter_server(plan: Plan, *, net: Network, eff: KernelEfficiency
     mem = replace(mem, weights_bytes=4.0 * rep.params, gradients_bytes=4.0 * rep.params, optimizer_bytes=0.0)
     peak = cluster.gpu.peak_flops_per_s("bf16")
     mf = model_flops_per_step(model, s)
-    stage = step_costs(plan, net, eff).stages[0]
+    stage = costs.stages[0]
     recompute = sum(c.recompute_s for c in stage.layer_costs)
     recompute_flops = stage.recompute_flops_per_microbatch * s.dp
     breakdown = Breakdown(compute_s=rep.compute_s, exposed_comm_s=step - rep.compute_s, bubble_s=0.0,

@@ -45,6 +45,9 @@ class ParameterServers:
         choice("ps-placement", self.placement, PS_PLACEMENTS)
         choice("ps-partition", self.partition, PS_PARTITIONS)
         positive_int("ps-nics-per-host", self.nics_per_host, limit=64)
+        if self.nics_per_host != 1 and self.placement != "dedicated":
+            raise InputError("ps-nics-per-host", self.nics_per_host, "needs --ps-placement dedicated (colocated PS "
+                                                                    "tasks use the worker nodes' interface)")
         if self.nic is not None and self.placement != "dedicated":
             raise InputError("ps-nic", self.nic.id, "needs --ps-placement dedicated (colocated PS tasks use the "
                                                      "worker nodes' NICs)")

@@ -340,3 +340,23 @@ def test_exported_scripts_run_on_tensorflow(tmp_path):
                         "--out", str(tmp_path)], capture_output=True, text=True, timeout=1700,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+
+
+def test_search_prices_tf_plans_as_simulate_does():
+    """The vectorised search and simulate_analytic are one implementation for the TensorFlow
+    mechanisms too (Keras optimizer and accumulation bytes, unfused kernels)."""
+    import numpy as np
+
+    from planner.recommend import Settings
+    from planner.search import SearchSpace, search
+
+    st_ = Settings.from_framework("tf-multiworker")
+    cl = cluster("h100-80gb", 32)
+    r = search(get_model("gpt-1.7b"), cl, gbs=256, seq_len=2048, space=SearchSpace(tp=(1,), pp=(1,), cp=(1,),
+               zero=(0,), max_mbs=4), plan_kwargs=st_.kwargs, dp_overlap=st_.dp_overlap)
+    assert r.evaluated >= 3
+    for i in range(r.evaluated):
+        s = r.strategy(i)
+        res = simulate_analytic(r.fastmodel.plan(s), net=r.fastmodel.net)
+        assert r.candidates.step_time_s[i] == pytest.approx(res.step_time_s, rel=1e-9), s.to_string()
+    assert np.all(np.isfinite(r.candidates.step_time_s[:r.evaluated]))
