@@ -17,7 +17,7 @@ from typing import Any
 
 import streamlit as st
 
-from appkit import charts, compare, engines, search_front
+from appkit import charts, compare, engines
 from appkit.design import Design, error_text, model_from_upload, widget_for_error
 from appkit.evaluate import (Evaluation, bottleneck, cli_command, economics_of, evaluate, plan_of, plans_table,
                              recommendation, result_document)
@@ -544,7 +544,9 @@ def main() -> None:
     st.markdown(_CSS, unsafe_allow_html=True)
     try:
         page()
-        search_front.render()  # the front of a planner sweep run (appkit/search_front.py)
+        from appkit import search_front  # the front of a planner sweep run: its own section
+
+        search_front.render()
     except Exception as exc:  # noqa: BLE001  the user never sees a traceback
         _log.exception("what-if app: unexpected error")  # the server log keeps it for us
         st.error(f"Something went wrong inside the planner: {md(error_text(exc))}. "
