@@ -335,6 +335,9 @@ def main() -> None:
     st.markdown(_CSS, unsafe_allow_html=True)
     try:
         page()
+        from appkit import search_front  # the front of a planner sweep run: its own section
+
+        search_front.render()
     except Exception as exc:  # noqa: BLE001  the user never sees a traceback
         _log.exception("what-if app: unexpected error")  # the server log keeps it for us
         st.error(f"Something went wrong inside the planner: {md(error_text(exc))}. "

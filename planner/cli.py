@@ -86,6 +86,12 @@ def print_step_summary(out: dict, *, model: str, gpu: str, num_gpus: int) -> Non
     if dp:
         lines.append(f"DataParallel       {dp['step_time_s']:.3f} s; DDP on this machine {dp['ddp_step_time_s']:.3f} s "
                      f"-> switching to DDP is {dp['ddp_speedup']:.2f}x faster")
+    ps = out.get("parameter_server")
+    if ps:
+        lines.append(f"parameter servers  {ps['workers']} workers x {ps['gpus_per_worker']} GPUs, {ps['num_ps']} PS "
+                     f"({ps['placement']}): {ps['updates_per_s']:.2f} updates/s, bound by {ps['bottleneck']}; "
+                     f"synchronous all-reduce {ps['sync_step_time_s']:.3f} s per global batch -> async is "
+                     f"{ps['speedup_vs_sync']:.2f}x its throughput; staleness {ps['staleness_updates']:.0f} updates")
     srv = out.get("server")
     if srv:
         lines.append(f"server             {srv['design']}: {srv['sockets']} socket(s) {srv['cpu']}, "
@@ -103,6 +109,7 @@ def print_step_summary(out: dict, *, model: str, gpu: str, num_gpus: int) -> Non
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from planner.inputs import cluster_from_args, model_from_args, seq_len_from_args
+    from planner.ps_args import ps_from_args
     from planner.uncertainty import band_for
     from sim.framework import check_supported, get_framework
     from sim.plan import Plan, parse_strategy
@@ -112,7 +119,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     cluster = cluster_from_args(args)
     strategy = parse_strategy(args.strategy, num_gpus=cluster.num_gpus, seq_len=seq_len_from_args(args))
     framework = args.framework or "default"
-    plan = Plan(**plan_kwargs_from_framework(args, model=model, cluster=cluster, strategy=strategy))
+    plan = Plan(**plan_kwargs_from_framework(args, model=model, cluster=cluster, strategy=strategy),
+                parameter_servers=ps_from_args(args))
     check_supported(get_framework(framework), plan.strategy)
     whatif = _whatif_from_args(args)
     result = simulate(plan, engine=args.engine, trace_path=args.trace, calibration=args.calibration,
@@ -195,6 +203,7 @@ def cmd_catalog(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from planner.inputs import add_cluster_args, add_model_args
+    from planner.ps_args import add_ps_args
 
     parser = _Parser(prog="planner", description="Cluster design planner and simulator for large-model training")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
@@ -207,7 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="event: discrete-event simulation (default); analytic: closed forms, fast")
     p.add_argument("--framework", default=None,
                    help="framework profile (catalogs/frameworks.yaml: default, megatron-core, megatron-lm-2021, "
-                        "megatron-lm-2022, megatron-deepspeed, torchtitan, torchtitan-compile)")
+                        "megatron-lm-2022, megatron-deepspeed, torchtitan, torchtitan-compile, tf-mirrored, "
+                        "tf-multiworker, tf-parameter-server, ...; planner catalog frameworks)")
     p.add_argument("--attention", choices=("flash", "flash2", "unfused"), default=None,
                    help="attention kernel (default: the framework profile's)")
     p.add_argument("--recompute-policy", choices=SELECTIVE_POLICIES, default=None,
@@ -230,6 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--layers-per-stage", default=None, metavar="N,N,...",
                    help="transformer layers of each pipeline stage, e.g. 22,26,26,22")
     p.add_argument("--calibration", default=None, help="calibration profile (file or name)")
+    add_ps_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_simulate)
 

@@ -14,6 +14,9 @@ from typing import Callable
 
 from sim.errors import InputError
 
+DEFAULT_SWEEP_GPUS = ["a100-80gb", "h100-80gb", "b200-180gb"]
+CHECKPOINT_STORAGE_DEFAULT = "lustre-ddn"
+
 # ------------------------------------------------------------------ helpers
 
 
@@ -118,7 +121,7 @@ def _add_cost_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--usd-per-gpu-hour", type=float, default=None)
     g.add_argument("--facility-usd-per-kw-month", type=float, default=0.0,
                    help="colocation/facility rent per kW of IT power (default 0: not counted)")
-    g.add_argument("--storage", default="lustre-ddn", help="checkpoint storage tier for the goodput factor")
+    g.add_argument("--storage", default=CHECKPOINT_STORAGE_DEFAULT, help="checkpoint storage tier for the goodput factor")
     g.add_argument("--ignore-failures", action="store_true", help="time to train without failures (goodput 1)")
     g.add_argument("--gbs", type=int, default=None, help="global batch for the strategy search (sequences)")
 
@@ -302,36 +305,80 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from planner.economics.sweep import SweepOptions, design_grid, run_sweep
+    from planner.economics.design_search import (Constraints, DesignSpace, choose_search, grid_result,
+                                                 parse_available, run_optuna)
+    from planner.economics.search_report import write_outputs
+    from planner.economics.sweep import SweepOptions, run_sweep
 
+    if "://" in str(args.storage):  # --storage sqlite:///x.db is the Optuna storage, not a checkpoint tier
+        if args.study_storage is not None and args.study_storage != args.storage:
+            raise InputError("storage", args.storage, f"and --study-storage {args.study_storage} disagree")
+        args.study_storage, args.storage = args.storage, CHECKPOINT_STORAGE_DEFAULT
+    available = parse_available(args.available) if args.available else {}
+    gpus = args.gpus if args.gpus is not None else (list(available) or DEFAULT_SWEEP_GPUS)
     nics = [None if n.lower() == "default" else n for n in args.nics]
-    points = design_grid(models=args.models, gpus=args.gpus, counts=args.counts, nics=nics,
-                         topologies=[t.lower() for t in args.topologies], oversubscriptions=args.oversubscription)
+    space = DesignSpace(models=tuple(args.models), gpus=tuple(gpus), counts=tuple(args.counts), nics=tuple(nics),
+                        topologies=tuple(t.lower() for t in args.topologies),
+                        oversubscriptions=tuple(args.oversubscription))
     if args.seq_len is not None and not 1 <= args.seq_len <= 1 << 26:
         raise InputError("seq-len", args.seq_len, "must be in [1, 67108864]")
     if args.gbs is not None and args.gbs < 1:
         raise InputError("gbs", args.gbs, "must be >= 1")
+    _positive("budget-usd", args.budget_usd)
+    _positive("power-cap-kw", args.power_cap_kw)
+    constraints = Constraints(budget_usd=args.budget_usd,
+                              power_cap_w=args.power_cap_kw * 1e3 if args.power_cap_kw is not None else None,
+                              max_gpus=args.max_gpus, available=tuple(available.items()))
     opts = SweepOptions(tco=_tco_options(args), gbs=args.gbs, seq_len=args.seq_len,
                         quick=args.strategy_engine in ("quick", "fallback"))
-    res = run_sweep(points, opts, executor=args.executor, max_workers=args.workers, ray_address=args.ray_address)
+    method, why = choose_search(args.search, space, constraints, args.trials)
+    if method == "optuna":
+        res = run_optuna(space, opts, constraints, trials=args.trials, sampler=args.sampler, seed=args.seed,
+                         storage=args.study_storage, study_name=args.study_name, executor=args.executor,
+                         workers=args.workers, ray_address=args.ray_address, why=why)
+    else:
+        points, excluded = space.designs(constraints)
+        grid = run_sweep(points, opts, executor=args.executor, max_workers=args.workers, ray_address=args.ray_address)
+        res = grid_result(list(grid.rows), executor=grid.executor, seconds=grid.sweep_time_s, why=why,
+                          space_size=len(points), excluded=excluded, constraints=constraints,
+                          pricing=opts.tco.pricing)
     out = res.as_dict()
+    if args.out:
+        summary = {**out["search"], "title": f"{', '.join(space.models)}: {res.method} search, "
+                   f"{len(res.rows)} designs costed", "constraints": {
+                       "budget_usd": args.budget_usd, "power_cap_kw": args.power_cap_kw, "max_gpus": args.max_gpus,
+                       "available": available, "pricing": opts.tco.pricing}}
+        paths, warnings = write_outputs(args.out, rows=res.rows, trials=res.trials, pareto=res.pareto,
+                                        summary=summary)
+        out["files"] = [str(p) for p in paths]
+        out["warnings"] = warnings
     if args.json:
         _print_json(_clean(out))
         return 0
     pareto_ids = {id(r) for r in res.pareto}
-    lines = [f"{len(res.rows)} designs ({out['feasible']} feasible) in {res.sweep_time_s:.1f} s on the "
-             f"{res.executor} executor; * = Pareto front (time vs cost, per model)",
+    s = out["search"]
+    head = (f"{len(res.rows)} designs ({out['feasible']} feasible) in {res.sweep_time_s:.1f} s on the "
+            f"{res.executor} executor by {res.method} search ({res.why}"
+            + (f"; {s['evaluations']} evaluated, {s['trials']} trials, sampler {s['sampler']}" if res.method == "optuna"
+               else "") + (f"; {s['excluded_by_constraints']} designs excluded by the constraints" if res.excluded
+                           else "") + "); * = Pareto front (time vs cost, per model)")
+    lines = [head,
              f"  {'model':<16}{'gpu':<14}{'gpus':>6} {'nic':<12}{'topology':<16}{'ovs':>4}{'days':>9}"
              f"{'cost':>11}{'capex':>11}{'MFU':>7}"]
-    for r in sorted(res.rows, key=lambda r: (r["model"], r.get("time_to_train_s", math.inf))):
+    for r in sorted(res.rows, key=lambda r: (r["model"], r.get("time_to_train_s") or math.inf)):
         mark = "*" if id(r) in pareto_ids else " "
         head = f"{mark} {r['model']:<16}{r['gpu']:<14}{r['num_gpus']:>6} {str(r['nic']):<12}{r['topology']:<16}" \
                f"{r['oversubscription']:>4g}"
-        if r["status"] == "ok":
+        if r["status"] in ("ok", "constrained"):
             lines.append(head + f"{r['time_to_train_days']:>9.1f}{_usd(r['cost_to_train_usd']):>11}"
-                                f"{_usd(r['capex_usd']):>11}{r['mfu']:>7.1%}")
+                                f"{_usd(r['capex_usd']):>11}{r['mfu']:>7.1%}"
+                                + (f"  constrained: {r['reason']}" if r["status"] == "constrained" else ""))
         else:
             lines.append(head + f"  {r['status']}: {r['reason'][:70]}")
+    for f in out.get("files", []):
+        lines.append(f"wrote {f}")
+    for w in out.get("warnings", []):
+        lines.append(f"warning: {w}")
     print("\n".join(lines))
     return 0
 
@@ -372,9 +419,12 @@ def cmd_comm_reduce(args: argparse.Namespace) -> int:
     from planner.economics.comm_reduction import comm_reduction
     from sim.plan import Plan
 
+    from planner.ps_args import ps_from_args
+
     model, cluster = _model_cluster(args)
     plan = Plan(model=model, cluster=cluster, strategy=_strategy(args, cluster))
-    rep = comm_reduction(plan, mode=args.mode, sync_every=args.sync_every, ratio=args.ratio)
+    rep = comm_reduction(plan, mode=args.mode, sync_every=args.sync_every, ratio=args.ratio,
+                         parameter_servers=ps_from_args(args))
     out = rep.as_dict()
     out["strategy"] = plan.strategy.to_string()
     if args.json:
@@ -398,6 +448,7 @@ def cmd_comm_reduce(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     from planner.inputs import add_cluster_args, add_model_args
+    from planner.ps_args import add_ps_args
 
     p = sub.add_parser("tco", help="capital cost, power, energy, time and cost to train a token budget")
     add_model_args(p)
@@ -441,9 +492,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_schedule)
 
-    p = sub.add_parser("sweep", help="co-design sweep: Pareto front of time to train vs cost")
+    p = sub.add_parser("sweep", help="co-design sweep: Pareto front of time to train vs cost (grid or Optuna)")
     p.add_argument("--models", type=_list(str, "models"), default=["llama3-70b"])
-    p.add_argument("--gpus", type=_list(str, "gpus"), default=["a100-80gb", "h100-80gb", "b200-180gb"])
+    p.add_argument("--gpus", type=_list(str, "gpus"), default=None,
+                   help=f"GPU ids (default: the --available ones, else {','.join(DEFAULT_SWEEP_GPUS)})")
     p.add_argument("--counts", type=_list(int, "counts"), default=[512, 1024, 2048])
     p.add_argument("--nics", type=_list(str, "nics"), default=["default"], help="NIC ids; 'default' = the GPU's usual")
     p.add_argument("--topologies", type=_list(str, "topologies"), default=["fat-tree", "rail-optimized"])
@@ -455,6 +507,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--executor", choices=("local", "ray"), default="local")
     p.add_argument("--workers", type=int, default=None, help="local processes / Ray CPUs (default: all cores)")
     p.add_argument("--ray-address", default=None, help="connect to an existing Ray cluster instead of starting one")
+    s = p.add_argument_group("search (planner.economics.design_search)")
+    s.add_argument("--search", choices=("auto", "grid", "optuna"), default="auto",
+                   help="auto (default): the grid when it has no more designs than --trials, else Optuna")
+    s.add_argument("--trials", type=int, default=64, help="Optuna: designs to evaluate per model (default 64)")
+    s.add_argument("--sampler", choices=("tpe", "nsga2"), default="tpe", help="Optuna sampler (default tpe)")
+    s.add_argument("--seed", type=int, default=0, help="Optuna sampler seed (default 0)")
+    s.add_argument("--study-storage", default=None, metavar="URL",
+                   help="Optuna storage to resume a study, e.g. sqlite:///sweep.db (--storage URL works too: a "
+                        "value with :// is the study's storage, any other the checkpoint storage tier)")
+    s.add_argument("--study-name", default=None, help="Optuna study name (default planner-sweep[:MODEL])")
+    s.add_argument("--out", default=None, metavar="DIR",
+                   help="write trials.csv, pareto.png, pareto.html and best_designs.json into DIR")
+    c = p.add_argument_group("constraints")
+    c.add_argument("--budget-usd", type=float, default=None,
+                   help="money to spend: capex (owned pricing) or the cloud bill to train (--pricing cloud)")
+    c.add_argument("--power-cap-kw", type=float, default=None, help="facility power cap (PUE included), kW")
+    c.add_argument("--max-gpus", type=int, default=None, help="largest GPU count to consider")
+    c.add_argument("--available", default=None, metavar="GPU:N,...",
+                   help="GPUs available to buy, e.g. h100-80gb:512,a100-80gb:1024")
     _add_cost_flags(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_sweep)
@@ -474,12 +545,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_input_pipeline)
 
-    p = sub.add_parser("comm-reduce", help="local SGD/DiLoCo, gradient compression, async pipelines (throughput only)")
+    p = sub.add_parser("comm-reduce", help="local SGD/DiLoCo, gradient compression, async pipelines, async parameter "
+                                           "servers (throughput only)")
     add_model_args(p)
     add_cluster_args(p)
     p.add_argument("--strategy", required=True)
-    p.add_argument("--mode", choices=("local-sgd", "compress", "async-pipeline"), required=True)
+    p.add_argument("--mode", choices=("local-sgd", "compress", "async-pipeline", "parameter-server"), required=True)
     p.add_argument("--sync-every", type=int, default=None, help="local-sgd: steps between synchronisations (H)")
     p.add_argument("--ratio", type=float, default=None, help="compress: compression ratio (bytes / compressed)")
+    add_ps_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_comm_reduce)

@@ -333,6 +333,7 @@ class FastModel:
                                   layer_bwd_s=lb + lr + eb, dp_overlap=self.dp_overlap, hbm_bytes_per_s=hbm,
                                   rt=self.comm, eff=self.eff, accum_bytes_per_param=accum,
                                   fp16=layout.precision == "fp16", fsdp_copies=probe.fsdp_copies,
+                                  optimizer_impl=probe.optimizer_impl,
                                   weight_cast_bytes_per_param=cast, offload_optimizer=off_opt,
                                   offload_params=off_par, offload_activations=off_act,
                                   act_bytes=stage_activation_bytes(sh, dense_act, moe_act) if timed_offload else 0.0,

@@ -64,6 +64,10 @@ class Settings:
                        moe_imbalance: float | None = None, moe_dispatcher: str | None = None) -> "Settings":
         # no framework: the profile ``planner simulate`` assumes without one (``default``)
         fw = get_framework(name or "default")
+        if fw.dp_impl != "ddp":  # asynchronous training has no step the search can rank
+            raise InputError("framework", fw.id, "trains asynchronously (parameter servers): recommend searches "
+                             "synchronous plans; price one with planner simulate --framework tf-parameter-server or "
+                             "planner comm-reduce --mode parameter-server")
         kw, overlap, fw_id = apply_framework({}, fw), fw.dp_overlap, (fw.id if name is not None else None)
         if attention is not None:
             kw["attention"] = attention

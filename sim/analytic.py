@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from sim.compute import KernelEfficiency, default_efficiency
 from sim.costs import StepCosts, default_network, offload_report, step_costs
+from sim.errors import InputError
 from sim.memory import MemoryBreakdown, plan_memory
 from sim.network import Network
 from sim.ops import model_flops_per_step
@@ -27,6 +28,9 @@ def simulate_analytic(plan: Plan, *, net: Network | None = None, eff: KernelEffi
     """Predict one optimizer step of ``plan`` with the closed-form model (module docstring).
     ``costs``: precomputed (possibly perturbed) ``step_costs(plan, net, eff)``."""
     model, cluster, s = plan.model, plan.cluster, plan.strategy
+    if s.dp_impl == "parameter-server":
+        raise InputError("dp_impl", s.dp_impl, "asynchronous parameter-server plans are priced by sim.simulate "
+                         "(sim.parameter_server), not the synchronous closed form")
     net = net or default_network(cluster)
     eff = eff or default_efficiency()
     costs = costs or step_costs(plan, net, eff)

@@ -312,7 +312,7 @@ def stage_pieces_for(plan: Plan, net: Network, eff: KernelEfficiency, params: St
                         layer_bwd_s=layer_bwd_s, dp_overlap=s.dp_overlap,
                         hbm_bytes_per_s=gpu.hbm_bytes_per_s * gpu.hbm_efficiency, rt=rt, eff=eff,
                         accum_bytes_per_param=rt.grad_accumulation_bytes(plan.grad_accumulation, s.num_microbatches),
-                        fp16=s.precision == "fp16", fsdp_copies=plan.fsdp_copies,
+                        fp16=s.precision == "fp16", fsdp_copies=plan.fsdp_copies, optimizer_impl=plan.optimizer_impl,
                         weight_cast_bytes_per_param=fp8_weight_cast_bytes_per_param(
                             eff, s.precision, s.fp8_recipe, plan.fp8_weight_cache, s.num_microbatches),
                         offload_optimizer=s.offload_optimizer, offload_params=s.offload_params,

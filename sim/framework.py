@@ -13,15 +13,15 @@ from dataclasses import dataclass
 
 from sim.catalog import catalog_document
 from sim.errors import InfeasibleError, InputError
-from sim.plan import ATTENTION_IMPLS, GRAD_ACCUMULATION, LOSS_IMPLS, MOE_DISPATCHERS, SELECTIVE_POLICIES
-from sim.specs import (DEFAULT_ORDER, FP8_RECIPES, OFFLOAD_DEVICES, OFFLOADS, ORDERS, SCHEDULES, TRAIN_PRECISIONS,
-                       Strategy)
+from sim.plan import ATTENTION_IMPLS, GRAD_ACCUMULATION, LOSS_IMPLS, MOE_DISPATCHERS, OPTIMIZER_IMPLS, SELECTIVE_POLICIES
+from sim.specs import (DEFAULT_ORDER, DP_IMPLS, FP8_RECIPES, OFFLOAD_DEVICES, OFFLOADS, ORDERS, SCHEDULES,
+                       TRAIN_PRECISIONS, Strategy)
 from sim.records import Record
 
 
-FAMILIES: tuple[str, ...] = ("megatron", "fsdp", "xla")
+FAMILIES: tuple[str, ...] = ("megatron", "fsdp", "xla", "tensorflow")
 _DIMS = ("tp", "pp", "sp", "cp", "ep", "etp", "dp_shard")
-_SWITCHES = ("tp_overlap", "pp_overlap", "ep_overlap", "cuda_graphs")
+_SWITCHES = ("tp_overlap", "pp_overlap", "ep_overlap", "cuda_graphs", "dp_overlap")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -48,6 +48,7 @@ class Capabilities:
     pp_overlap: bool = True
     ep_overlap: bool = True
     cuda_graphs: bool = True
+    dp_overlap: bool = True  # gradient reduction overlapped with backward (tf.distribute's one pack cannot)
     uneven_vp: bool = False
     sp_with_tp: bool = False  # tensor parallelism always shards the sequence too (torchtitan's TP plan)
     zero_bubble_min_vp: int = 1  # zero-bubble only interleaved (torchtitan InterleavedZeroBubble: 2)
@@ -55,6 +56,7 @@ class Capabilities:
     zero_with_pp: tuple[int, ...] = (0, 1, 2, 3)  # ZeRO stages it combines with pipelining
     offloads: tuple[str, ...] = OFFLOADS  # Strategy.offload modes it can run
     offload_devices: tuple[str, ...] = OFFLOAD_DEVICES
+    dp_impls: tuple[str, ...] = ("ddp", "dataparallel")  # how data parallelism runs (Strategy.dp_impl)
     source: str = ""
 
     def refusal(self, s: Strategy) -> tuple[str, object, str] | None:
@@ -81,6 +83,8 @@ class Capabilities:
             return "offload", s.offload, f"not supported (offload: {', '.join(self.offloads)})"
         if s.offload != "none" and s.offload_device not in self.offload_devices:
             return "offload_device", s.offload_device, f"not supported (devices: {', '.join(self.offload_devices)})"
+        if s.dp_impl not in self.dp_impls:
+            return "dp_impl", s.dp_impl, f"not supported (data parallelism: {', '.join(self.dp_impls)})"
         if s.precision not in self.precisions:
             return "precision", s.precision, f"not supported (precisions: {', '.join(self.precisions)})"
         if s.precision == "fp8" and s.fp8_recipe not in self.fp8_recipes:
@@ -105,7 +109,7 @@ def _capabilities(r: Record) -> Capabilities:
         return Capabilities(source="runs everything the model prices")
     c = r.mapping("capabilities", allowed=("schedules", "zero", "precisions", "fp8_recipes", *_DIMS, *_SWITCHES,
                                            "uneven_vp", "sp_with_tp", "zero_bubble_min_vp", "orders", "zero_with_pp",
-                                           "offloads", "offload_devices", "source"))
+                                           "offloads", "offload_devices", "dp_impls", "source"))
     def choices(key: str, allowed: tuple, default: tuple) -> tuple:
         if not c.has(key):
             return default
@@ -124,6 +128,7 @@ def _capabilities(r: Record) -> Capabilities:
                         zero_with_pp=choices("zero_with_pp", (0, 1, 2, 3), choices("zero", (0, 1, 2, 3), (0, 1, 2, 3))),
                         offloads=choices("offloads", OFFLOADS, ("none",)),
                         offload_devices=choices("offload_devices", OFFLOAD_DEVICES, ("cpu",)),
+                        dp_impls=choices("dp_impls", DP_IMPLS, ("ddp", "dataparallel")),
                         source=c.text("source"))
 
 
@@ -146,13 +151,15 @@ class Framework:
     family: str = "megatron"  # megatron | fsdp | xla: the class uncertainty bands are kept by
     capabilities: Capabilities = Capabilities()
     moe_dispatcher: str = "alltoall"  # how MoE tokens are dispatched (sim.costs.moe_dispatch_s)
+    optimizer: str = "fused"  # fused (multi-tensor Adam) | keras (unfused ops; runtime.yaml)
+    dp_impl: str = "ddp"  # how it runs data parallelism: ddp (all-reduce) | parameter-server (async)
     aliases: tuple[str, ...] = ()
     source: str = ""
     notes: str = ""
 
 
 _KEYS = ("id", "name", "aliases", "attention", "dp_overlap", "elementwise", "selective_recompute",
-         "grad_accumulation", "fsdp_copies", "loss", "sequence_parallel_default", "tp_overlap_default", "zero_default", "fp8_weight_cache", "family", "capabilities", "moe_dispatcher", "source", "notes")
+         "grad_accumulation", "fsdp_copies", "loss", "sequence_parallel_default", "tp_overlap_default", "zero_default", "fp8_weight_cache", "family", "capabilities", "moe_dispatcher", "optimizer", "dp_impl", "source", "notes")
 
 
 @functools.cache
@@ -173,6 +180,8 @@ def _frameworks() -> dict[str, Framework]:
                        fp8_weight_cache=r.flag("fp8_weight_cache"),
                        family=r.text("family", choices=FAMILIES), capabilities=_capabilities(r),
                        moe_dispatcher=r.text("moe_dispatcher", default="alltoall", choices=MOE_DISPATCHERS),
+                       optimizer=r.text("optimizer", default="fused", choices=OPTIMIZER_IMPLS),
+                       dp_impl=r.text("dp_impl", default="ddp", choices=DP_IMPLS),
                        aliases=r.strings("aliases", lower=False),
                        source=r.text("source"), notes=r.text("notes", default=""))
         for key in (fw.id, *fw.aliases):
@@ -190,11 +199,18 @@ def get_framework(name: str) -> Framework:
 
 
 def apply_framework(plan_kwargs: dict, fw: Framework) -> dict:
-    """Plan keyword arguments for ``fw`` (attention kernel, element-wise fusion, policy)."""
-    return {**plan_kwargs, "attention": fw.attention, "eager_elementwise": fw.eager_elementwise,
-            "selective_policy": fw.selective_recompute, "grad_accumulation": fw.grad_accumulation,
-            "fsdp_copies": fw.fsdp_copies, "loss": fw.loss, "fp8_weight_cache": fw.fp8_weight_cache,
-            "uneven_vp": fw.capabilities.uneven_vp, "moe_dispatcher": fw.moe_dispatcher}
+    """Plan keyword arguments for ``fw`` (attention kernel, element-wise fusion, policy,
+    optimizer implementation); a ``strategy`` among them runs data parallelism the profile's
+    way when the profile has only one (``dp_impl``: TensorFlow's parameter servers)."""
+    out = {**plan_kwargs, "attention": fw.attention, "eager_elementwise": fw.eager_elementwise,
+           "selective_policy": fw.selective_recompute, "grad_accumulation": fw.grad_accumulation,
+           "fsdp_copies": fw.fsdp_copies, "loss": fw.loss, "fp8_weight_cache": fw.fp8_weight_cache,
+           "uneven_vp": fw.capabilities.uneven_vp, "moe_dispatcher": fw.moe_dispatcher,
+           "optimizer_impl": fw.optimizer}
+    s = out.get("strategy")
+    if isinstance(s, Strategy) and fw.dp_impl != "ddp" and s.dp_impl == "ddp":
+        out["strategy"] = s.with_(dp_impl=fw.dp_impl)
+    return out
 
 
 def list_frameworks() -> list[Framework]:

@@ -8,11 +8,14 @@ from sim.compute import default_efficiency
 from sim.errors import InfeasibleError, InputError
 from sim.specs import OFFLOAD_DEVICES, OFFLOADS, Cluster, Model, Strategy
 from sim.placement import group_shape
+from sim.psspecs import ParameterServers
 from sim.stages import stage_layers
 
 ATTENTION_IMPLS: tuple[str, ...] = ("flash", "flash2", "unfused")
 SELECTIVE_POLICIES: tuple[str, ...] = ("attention", "op", "mla_up_proj", "moe_act", "mlp_up", "mlp")
-GRAD_ACCUMULATION: tuple[str, ...] = ("fused", "fp32_main_grad", "autograd")
+GRAD_ACCUMULATION: tuple[str, ...] = ("fused", "fp32_main_grad", "autograd", "keras")
+# optimizer step implementation (runtime.yaml optimizer.bytes_per_param_by_impl)
+OPTIMIZER_IMPLS: tuple[str, ...] = ("fused", "keras")
 LOSS_IMPLS: tuple[str, ...] = ("upcast", "inplace", "fused")
 # MoE token dispatch (Megatron-Core --moe-token-dispatcher-type alltoall|allgather|flex with DeepEP)
 MOE_DISPATCHERS: tuple[str, ...] = ("alltoall", "allgather", "deepep")
@@ -56,6 +59,9 @@ class Plan:
     # routed tokens of the busiest expert-parallel rank over the mean (1.0: balanced routing)
     moe_imbalance: float = 1.0
     moe_dispatcher: str = "alltoall"  # MOE_DISPATCHERS
+    optimizer_impl: str = "fused"  # OPTIMIZER_IMPLS: fused multi-tensor Adam | keras (unfused ops)
+    # where the PS tasks run with dp_impl=parameter-server (sim.parameter_server)
+    parameter_servers: ParameterServers = ParameterServers()
 
     def __post_init__(self) -> None:
         if self.grad_accumulation not in GRAD_ACCUMULATION:
@@ -68,6 +74,8 @@ class Plan:
         if self.selective_policy not in SELECTIVE_POLICIES:
             raise InputError("selective_policy", self.selective_policy,
                              f"must be one of {', '.join(SELECTIVE_POLICIES)}")
+        if self.optimizer_impl not in OPTIMIZER_IMPLS:
+            raise InputError("optimizer_impl", self.optimizer_impl, f"must be one of {', '.join(OPTIMIZER_IMPLS)}")
         if self.moe_dispatcher not in MOE_DISPATCHERS:
             raise InputError("moe-dispatcher", self.moe_dispatcher, f"must be one of {', '.join(MOE_DISPATCHERS)}")
         if isinstance(self.moe_imbalance, bool) or not isinstance(self.moe_imbalance, (int, float)) \
@@ -251,6 +259,10 @@ def check_feasible(model: Model, cluster: Cluster, s: Strategy, *, uneven_vp: bo
         raise InfeasibleError("unsupported", "dp_impl", s.dp_impl,
                               f"torch.nn.DataParallel is one process on one node: {s.num_gpus} GPUs exceed "
                               f"gpus_per_node={cluster.gpus_per_node} (use dp_impl=ddp)")
+    if s.dp_impl == "parameter-server" and s.dp > cluster.gpus_per_node and s.dp % cluster.gpus_per_node:
+        raise InfeasibleError("unsupported", "dp", s.dp,
+                              f"parameter-server workers are whole nodes: dp must be a multiple of "
+                              f"gpus_per_node={cluster.gpus_per_node}")
     check_offload(s)
     if s.precision == "fp8" and "fp8" not in cluster.gpu.dense_flops_per_s:
         raise InfeasibleError("unsupported", "precision", s.precision, f"{cluster.gpu.id} has no fp8 tensor cores")

@@ -6,7 +6,9 @@
   collectives (each with its source in the catalog);
 * ``MemoryRuntime``: workspaces and caching-allocator slack added to every GPU's peak;
 * ``DataParallelRuntime``: what single-process ``torch.nn.DataParallel`` moves and how much of
-  its threads' dispatch the GIL serialises.
+  its threads' dispatch the GIL serialises;
+* ``ParameterServerRuntime``: what TensorFlow's ``ParameterServerStrategy`` moves per update
+  (``sim.parameter_server``).
 """
 
 from __future__ import annotations
@@ -33,12 +35,23 @@ class CommRuntime:
     # FSDP2 pack/unpack around each all-gather (fwd, and again in bwd) and reduce-scatter
     fsdp_gather_copy_bytes_per_param: float = 0.0
     fsdp_reduce_copy_bytes_per_param: float = 0.0
+    # optimizer implementation (frameworks.yaml ``optimizer``) -> HBM bytes per local parameter
+    optimizer_bytes_per_param_by_impl: Mapping[str, float] = field(default_factory=dict)
 
     def grad_accumulation_bytes(self, mode: str, microbatches: int) -> float:
         """Bytes per parameter per micro-batch, averaged over the step's micro-batches
-        (``autograd`` has nothing to add into on the first one)."""
+        (``autograd`` has nothing to add into on the first one; ``keras`` accumulates only
+        with more than one micro-batch)."""
         b = self.grad_accumulation_bytes_per_param.get(mode, 0.0)
+        if mode == "keras":
+            return b if microbatches > 1 else 0.0
         return b * (microbatches - 1) / microbatches if mode == "autograd" else b
+
+    def optimizer_bytes(self, impl: str, fp16: bool) -> float:
+        """HBM bytes per local parameter of one optimizer step by implementation (``fused``:
+        ``optimizer_bytes_per_param``), plus the fp16 loss-scale passes."""
+        base = self.optimizer_bytes_per_param_by_impl.get(impl, self.optimizer_bytes_per_param)
+        return base + (self.fp16_extra_bytes_per_param if fp16 else 0.0)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -71,13 +84,15 @@ def default_comm_runtime() -> CommRuntime:
     c, o = doc.mapping("communication"), doc.mapping("optimizer")
     acc = doc.mapping("grad_accumulation").mapping("bytes_per_param")
     copies = doc.mapping("fsdp_copies")
+    impl = o.mapping("bytes_per_param_by_impl")
     return CommRuntime(grad_reduce_bytes_per_param=c.req("grad_reduce_bytes_per_param", positive=True),
                        param_gather_bytes_per_param=c.req("param_gather_bytes_per_param", positive=True),
                        optimizer_bytes_per_param=o.req("bytes_per_param", positive=True),
                        fp16_extra_bytes_per_param=o.req("fp16_extra_bytes_per_param"),
                        grad_accumulation_bytes_per_param={k: acc.req(k) for k in acc.rec},
                        fsdp_gather_copy_bytes_per_param=copies.req("all_gather_copy_out_bytes_per_param"),
-                       fsdp_reduce_copy_bytes_per_param=copies.req("reduce_scatter_copy_in_bytes_per_param"))
+                       fsdp_reduce_copy_bytes_per_param=copies.req("reduce_scatter_copy_in_bytes_per_param"),
+                       optimizer_bytes_per_param_by_impl={k: impl.req(k, positive=True) for k in impl.rec})
 
 
 @functools.cache
@@ -139,3 +154,33 @@ def dataparallel_runtime() -> DataParallelRuntime:
                                reduce_bytes_per_param=d.req("reduce_bytes_per_param", positive=True),
                                output_bytes_per_logit=d.req("output_bytes_per_logit", positive=True),
                                gil_held_fraction=d.fraction("gil_held_fraction"), source=d.text("source"))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ParameterServerRuntime:
+    """TensorFlow ``ParameterServerStrategy`` (``catalogs/runtime.yaml`` ``parameter_server``):
+    bytes per parameter pulled and pushed per update, the PS CPU's Adam traffic, a multi-GPU
+    worker's host copies, the fraction of a NIC's line rate gRPC/TCP delivers (an assumption,
+    stated in the catalog) and ``MinSizePartitioner``'s minimum shard."""
+
+    pull_bytes_per_param: float
+    push_bytes_per_param: float
+    adam_bytes_per_param: float
+    host_copy_bytes_per_param: float
+    grpc_link_fraction: float
+    min_shard_bytes: float
+    ps_host_bytes_per_param: float
+    source: str = ""
+
+
+@functools.cache
+def parameter_server_runtime() -> ParameterServerRuntime:
+    d = _doc().mapping("parameter_server")
+    return ParameterServerRuntime(pull_bytes_per_param=d.req("pull_bytes_per_param", positive=True),
+                                  push_bytes_per_param=d.req("push_bytes_per_param", positive=True),
+                                  adam_bytes_per_param=d.req("adam_bytes_per_param", positive=True),
+                                  host_copy_bytes_per_param=d.req("host_copy_bytes_per_param", positive=True),
+                                  grpc_link_fraction=d.fraction("grpc_link_fraction"),
+                                  min_shard_bytes=d.req("min_shard_bytes", positive=True),
+                                  ps_host_bytes_per_param=d.req("ps_host_bytes_per_param", positive=True),
+                                  source=d.text("source"))

@@ -12,6 +12,7 @@ from sim.errors import InputError
 from sim.event.engine import simulate_event
 from sim.event.whatif import WhatIf
 from sim.network import Network
+from sim.parameter_server import simulate_parameter_server
 from sim.plan import Plan
 from sim.result import StepResult
 
@@ -26,7 +27,8 @@ def simulate(plan: Plan, *, engine: str = "analytic", trace_path: str | None = N
     ``explicit_ranks`` (every data-parallel replica simulated) and ``trace_path``.
     ``calibration`` (a profile file or name, ``sim.calibration``) replaces the catalog's
     hardware and efficiency with a measured machine's.  ``dp_impl=dataparallel`` is priced by
-    ``sim.dataparallel`` (closed form, next to the DDP step) under either engine."""
+    ``sim.dataparallel`` (closed form, next to the DDP step) and ``dp_impl=parameter-server`` by
+    ``sim.parameter_server`` (asynchronous, next to the all-reduce step) under either engine."""
     if engine not in ENGINES:
         raise InputError("engine", engine, f"must be one of {', '.join(ENGINES)}")
     if engine != "event" and (explicit_ranks or (whatif is not None and not whatif.empty)):
@@ -48,6 +50,11 @@ def simulate(plan: Plan, *, engine: str = "analytic", trace_path: str | None = N
             raise InputError("dp_impl", "dataparallel", "what-ifs, --trace and --explicit-ranks need the event "
                              "engine, which does not schedule torch.nn.DataParallel")
         return with_server_report(simulate_dataparallel(plan, net=net, eff=eff), plan, net)
+    if plan.strategy.dp_impl == "parameter-server":  # asynchronous PS: its own closed form, either engine
+        if explicit_ranks or trace_path is not None or (whatif is not None and not whatif.empty):
+            raise InputError("dp_impl", "parameter-server", "what-ifs, --trace and --explicit-ranks need the event "
+                             "engine, which schedules synchronous steps only")
+        return with_server_report(simulate_parameter_server(plan, net=net, eff=eff), plan, net)
     if engine == "event":
         result = simulate_event(plan, net=net, eff=eff, trace_path=trace_path, whatif=whatif,
                                 explicit_ranks=explicit_ranks)

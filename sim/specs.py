@@ -32,7 +32,7 @@ DEFAULT_ORDER = "tp-cp-dp-pp"
 # every order of the four dimensions, the default first
 ORDERS: tuple[str, ...] = (DEFAULT_ORDER,) + tuple(
     "-".join(p) for p in itertools.permutations(ORDER_DIMS) if "-".join(p) != DEFAULT_ORDER)
-DP_IMPLS: tuple[str, ...] = ("ddp", "dataparallel")
+DP_IMPLS: tuple[str, ...] = ("ddp", "dataparallel", "parameter-server")
 TOPOLOGIES: tuple[str, ...] = ("fat-tree", "rail-optimized", "star", "tree", "mesh", "torus")
 PLACEMENTS: tuple[str, ...] = ("block", "packed")
 FORM_FACTORS: tuple[str, ...] = ("sxm", "pcie")
@@ -509,7 +509,9 @@ class Strategy:
     # How data parallelism runs: ``ddp`` one process per GPU (DistributedDataParallel, FSDP,
     # Megatron: everything above); ``dataparallel`` single-process torch.nn.DataParallel
     # (sim/dataparallel.py: replicate every forward, outputs gathered to and gradients reduced
-    # onto GPU 0, one GIL-bound Python thread per GPU).
+    # onto GPU 0, one GIL-bound Python thread per GPU); ``parameter-server`` asynchronous
+    # TensorFlow ParameterServerStrategy (sim/parameter_server.py: workers pull the variables
+    # from PS tasks and push gradients, nobody waits for the slowest).
     dp_impl: str = "ddp"
     offload: str = "none"
     offload_device: str = "cpu"
@@ -538,6 +540,16 @@ class Strategy:
             if other:
                 raise InputError("dp_impl", self.dp_impl, "torch.nn.DataParallel replicates the whole module on "
                                  f"every GPU: needs tp=pp=cp=ep=1 and zero=0 (got {', '.join(other)})")
+        if self.dp_impl == "parameter-server":
+            other = [f"{k}={getattr(self, k)}" for k in ("tp", "pp", "cp", "ep") if getattr(self, k) > 1]
+            other += [f"{k}={getattr(self, k)}" for k in ("zero", "offload") if getattr(self, k) not in (0, "none")]
+            if other:
+                raise InputError("dp_impl", self.dp_impl, "parameter-server training keeps the variables on the PS "
+                                 f"tasks and a full replica on every GPU: needs tp=pp=cp=ep=1, zero=0, no offload "
+                                 f"(got {', '.join(other)})")
+            if self.gbs != self.mbs * self.dp:
+                raise InputError("gbs", self.gbs, f"parameter-server training applies each worker's batch as "
+                                 f"its own update: gbs must be mbs*dp = {self.mbs * self.dp} (no accumulation)")
         _choice("offload", self.offload, OFFLOADS)
         _choice("offload_device", self.offload_device, OFFLOAD_DEVICES)
         if self.offload_device == "nvme" and not (self.offload_optimizer or self.offload_params):

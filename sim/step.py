@@ -175,7 +175,8 @@ def local_params(params: StageParams, zero: Num, dp_size: int, expert_dp: int) -
 def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int, params: StageParams,
                  num_layers: int, layer_fwd_s: Num, layer_bwd_s: Num, dp_overlap: bool, hbm_bytes_per_s: float,
                  rt: CommRuntime, eff: KernelEfficiency, accum_bytes_per_param: Num, fp16: bool,
-                 fsdp_copies: bool, weight_cast_bytes_per_param: Num = 0.0, offload_optimizer: Num = False,
+                 fsdp_copies: bool, weight_cast_bytes_per_param: Num = 0.0, optimizer_impl: str = "fused",
+                 offload_optimizer: Num = False,
                  offload_params: Num = False, offload_activations: Num = False, act_bytes: Num = 0.0,
                  rates: OffloadRates | None = None) -> StagePieces:
     """The per-stage pieces (``StagePieces``) of a stage, for one ZeRO stage or an array of them.
@@ -190,8 +191,9 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
       cannot hide is exposed, plus one layer's share that no prefetch hides.  Without prefetch
       (``dp_overlap`` off) every gather and reduce-scatter is exposed.  Hidden traffic slows
       the compute under it by ``overlap_compute_slowdown`` (arXiv:2507.03114).
-    * The optimizer step is memory-bound: ``optimizer_bytes_per_param`` per local (sharded)
-      parameter at the GPU's achievable HBM rate; gradient accumulation outside the GEMM and
+    * The optimizer step is memory-bound: the bytes per local (sharded) parameter of its
+      implementation (``optimizer_impl``: ``fused`` multi-tensor Adam, or ``keras``' unfused
+      ops plus tf.distribute's gradient pack; ``catalogs/runtime.yaml``) at the GPU's achievable HBM rate; gradient accumulation outside the GEMM and
       FSDP2's packing around its collectives likewise (``catalogs/runtime.yaml``), and the fp8
       cast of the weights (``weight_cast_bytes_per_param``, ``sim.compute``).
     * Offload (``offload_*`` bools, ``rates`` from ``sim.offload``, ``act_bytes`` the stage's
@@ -222,7 +224,7 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
     slow_b = np.where(z3, sigma * np.maximum(0.0, ag + rs - z3b), 0.0)
 
     local = local_params(params, z, dp_size, expert_dp)
-    opt_bytes = rt.optimizer_bytes_per_param + (rt.fp16_extra_bytes_per_param if fp16 else 0.0)
+    opt_bytes = rt.optimizer_bytes(optimizer_impl, fp16)
     opt_s = local * opt_bytes / hbm_bytes_per_s
     # weight gradients of each micro-batch added into the step's buffer (FSDP: into the shard)
     accum_s = np.where(z3, local, params.total) * accum_bytes_per_param / hbm_bytes_per_s

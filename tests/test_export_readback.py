@@ -44,6 +44,13 @@ PLANS = {
         ("llama3-8b", 8, "mbs=1,gbs=16,zero=2,offload=optimizer,dp_overlap=0"),
         ("llama3-70b", 64, "tp=8,mbs=1,gbs=64,zero=3,recompute=full,offload=params,offload_device=nvme,dp_overlap=0"),
     ],
+    # tf.distribute: MirroredStrategy on one node, MultiWorkerMirrored across nodes (one pack or
+    # bytes_per_pack > 0), accumulation, recomputation, fp16
+    "tf-multiworker": [
+        ("gpt-1.7b", 8, "mbs=4,gbs=64,recompute=selective,dp_overlap=0"),
+        ("gpt-1.7b", 32, "mbs=2,gbs=64,precision=fp16,dp_overlap=0"),
+        ("llama3-8b", 64, "mbs=1,gbs=256,recompute=full,dp_overlap=1"),
+    ],
 }
 CASES = [(fmt, *p) for fmt in FORMATS for p in PLANS[FORMAT_FRAMEWORK[fmt]]]
 

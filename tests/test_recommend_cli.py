@@ -75,7 +75,7 @@ def test_export_all_to_directory(tmp_path, capsys):
     names = {p.rsplit("/", 1)[-1] for info in d["exports"].values() for p in info["files"]}
     expected = {"megatron": {"megatron_args.sh"}, "torchtitan": {"torchtitan.toml"},
                 "deepspeed": {"ds_config.json", "deepspeed_launch.sh"}, "torchrun": {"launch_torchrun.sh"},
-                "slurm": {"train.sbatch"}, "k8s": {"pytorchjob.yaml"}}
+                "slurm": {"train.sbatch"}, "k8s": {"pytorchjob.yaml"}, "tensorflow": {"train_keras.py"}}
     assert set(d["exports"]) == set(expected)
     for fmt, info in d["exports"].items():  # written, or skipped with the reason (its framework cannot run it)
         assert (expected[fmt] <= names) != bool(info.get("skipped")), fmt

@@ -16,6 +16,14 @@ backward pass is modelled exactly as for a normal step:
 * ``async-pipeline`` (asynchronous pipelines without flushes, PipeDream; Narayanan et al.
   2019 and PipeDream-2BW 2021): the pipeline bubble disappears; one extra weight version is
   stashed per stage.  Needs ``pp > 1``.
+* ``parameter-server`` (asynchronous data parallelism through parameter servers, TensorFlow's
+  ``ParameterServerStrategy``): the same function ``planner simulate --framework
+  tf-parameter-server`` prices (``sim.parameter_server.parameter_server_report``: push/pull to
+  the PS hosts, their CPUs' optimizer, Mean Value Analysis of the workers sharing them,
+  staleness ``W - 1`` updates), against the synchronous all-reduce step of the same strategy
+  and mechanisms on the same cluster (its baseline here).  The plan is priced with the
+  ``tf-parameter-server`` profile (the mechanism is TensorFlow's); needs ``tp=pp=cp=ep=1``,
+  ``zero=0`` and ``gbs = mbs * dp``.
 
 The statistical efficiency (how many more tokens these methods need for the same loss) is NOT
 modelled: ``CAVEATS`` is printed with every result.
@@ -30,11 +38,16 @@ from dataclasses import dataclass, field, replace
 from sim.analytic import simulate_analytic
 from sim.network import Network
 from sim.costs import StepCosts, step_costs
+from sim.compute import default_efficiency
 from sim.errors import InputError
+from sim.framework import apply_framework, get_framework
+from sim.parameter_server import parameter_server_report
 from sim.plan import Plan
+from sim.psspecs import ParameterServers
 from sim.result import StepResult
 
-MODES: tuple[str, ...] = ("local-sgd", "compress", "async-pipeline")
+MODES: tuple[str, ...] = ("local-sgd", "compress", "async-pipeline", "parameter-server")
+PS_FRAMEWORK = "tf-parameter-server"
 
 CAVEAT = ("Throughput only. The statistical efficiency of {what} is NOT modelled: it changes the optimisation, "
           "and the tokens (steps) needed to reach the same loss can grow, so time-to-quality may get worse even "
@@ -50,6 +63,10 @@ CAVEATS = {
     "async-pipeline": CAVEAT.format(what="asynchronous pipelining", detail=(
         "Gradients are computed on stale weights (PipeDream, PipeDream-2BW); the stashed weight versions cost "
         "memory.")),
+    "parameter-server": CAVEAT.format(what="asynchronous parameter-server training", detail=(
+        "Each update is one worker's batch computed on weights W - 1 updates old on average (Little's law); "
+        "stale gradients can slow convergence and usually need a smaller learning rate (Dutta et al. 2018, "
+        "'Slow and Stale Gradients Can Win the Race').")),
 }
 
 
@@ -83,13 +100,43 @@ def _with_dp(costs: StepCosts, scale: float) -> StepCosts:
     return replace(costs, stages=stages)
 
 
+def parameter_server_mode(plan: Plan, ps: ParameterServers, net: Network) -> CommReductionReport:
+    """``mode="parameter-server"`` (module docstring): ``plan`` under the tf-parameter-server
+    profile, priced by ``sim.parameter_server`` as ``planner simulate`` prices it."""
+    s = plan.strategy
+    if s.dp * s.cp < 2:
+        raise InputError("strategy.dp", s.dp, "parameter-server training needs data parallelism (dp > 1)")
+    kw = apply_framework({"model": plan.model, "cluster": plan.cluster, "strategy": s.with_(dp_impl="ddp")},
+                         get_framework(PS_FRAMEWORK))
+    rep = parameter_server_report(Plan(**kw, parameter_servers=ps), net=net, eff=default_efficiency())
+    sync = rep.sync_result
+    base = replace(sync, step_time_s=rep.sync_step_time_s, tokens_per_s=rep.sync_tokens_per_s)
+    step = s.tokens_per_step / rep.tokens_per_s
+    params = {"workers": float(rep.workers), "num_ps": float(rep.num_ps), "updates_per_s": rep.updates_per_s,
+              "staleness_updates": rep.staleness_updates, "step_time_cv": rep.step_time_cv}
+    # bytes through a worker node's NIC per global batch: pull + push of one update against the
+    # ring all-reduce's 2 (W - 1)/W of the gradient bytes
+    ring = 2.0 * (rep.workers - 1) / rep.workers * 4.0 * rep.params
+    moved = (rep.pull_s + rep.push_s) * rep.worker_bytes_per_s
+    warnings = [f"{rep.placement} PS tasks ({rep.partition} shards), bound by {rep.bottleneck}; the sync baseline "
+                f"includes a straggler factor x{rep.sync_straggler_factor:.3f} (step-time CV {rep.step_time_cv:g})",
+                "priced with the tf-parameter-server profile (Keras on TensorFlow), baseline with the same mechanisms "
+                "synchronously (tf-multiworker)"]
+    return CommReductionReport(mode="parameter-server", baseline=base, step_time_s=step,
+                               tokens_per_s=rep.tokens_per_s, dp_bytes_factor=moved / ring if ring else float("nan"),
+                               parameters=params, caveat=CAVEATS["parameter-server"], warnings=tuple(warnings))
+
+
 def comm_reduction(plan: Plan, *, mode: str, sync_every: int | None = None, ratio: float | None = None,
-                   net: Network | None = None) -> CommReductionReport:
+                   net: Network | None = None, parameter_servers: ParameterServers | None = None
+                   ) -> CommReductionReport:
     """Throughput of ``plan`` under a communication-reducing ``mode`` (module docstring)."""
     if mode not in MODES:
         raise InputError("mode", mode, f"must be one of {', '.join(MODES)}")
     s = plan.strategy
     net = net or default_network(plan.cluster)
+    if mode == "parameter-server":
+        return parameter_server_mode(plan, parameter_servers or plan.parameter_servers, net)
     costs = step_costs(plan, net)
     base = simulate_analytic(plan, net=net, costs=costs)
     warnings: list[str] = []

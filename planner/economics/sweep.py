@@ -170,8 +170,11 @@ def _quiet_stderr():
         os.close(devnull)
 
 
-def _run_ray(points: Sequence[DesignPoint], options: SweepOptions, address: str | None,
-             num_cpus: int | None) -> list[dict]:
+@contextlib.contextmanager
+def ray_session(address: str | None, num_cpus: int | None):
+    """A Ray instance for the block: the one already initialised, a local one
+    (``ray.init(num_cpus=...)``) or ``address``'s cluster; shut down after the block if started
+    here.  Yields the ``ray`` module."""
     ok, why = ray_available()
     if not ok:
         raise InputError("executor", "ray", f"Ray is not importable ({why}); install it with "
@@ -196,11 +199,17 @@ def _run_ray(points: Sequence[DesignPoint], options: SweepOptions, address: str 
             raise InputError("ray-address", address or "local", f"cannot start/connect to Ray: {exc}") from None
         started = True
     try:
-        task = ray.remote(evaluate_point)
-        return list(ray.get([task.remote(p, options) for p in points]))
+        yield ray
     finally:
         if started:
             ray.shutdown()
+
+
+def _run_ray(points: Sequence[DesignPoint], options: SweepOptions, address: str | None,
+             num_cpus: int | None) -> list[dict]:
+    with ray_session(address, num_cpus) as ray:
+        task = ray.remote(evaluate_point)
+        return list(ray.get([task.remote(p, options) for p in points]))
 
 
 def run_sweep(points: Sequence[DesignPoint], options: SweepOptions | None = None, *, executor: str = "local",

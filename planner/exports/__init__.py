@@ -8,10 +8,14 @@
 * ``deepspeed``: ``ds_config.json`` plus ``deepspeed_launch.sh`` (Megatron-DeepSpeed arguments);
 * ``torchrun``: ``launch_torchrun.sh``, one node's ``torchrun`` command (Megatron-LM);
 * ``slurm``: ``train.sbatch``, an ``sbatch`` script that runs torchrun on every node;
-* ``k8s``: ``pytorchjob.yaml``, a Kubeflow ``PyTorchJob`` (``kubeflow.org/v1``).
+* ``k8s``: ``pytorchjob.yaml``, a Kubeflow ``PyTorchJob`` (``kubeflow.org/v1``);
+* ``tensorflow``: ``train_keras.py``, a Keras script on ``tf.distribute`` (Mirrored,
+  MultiWorkerMirrored or ParameterServer strategy), with ``tf_configs.json`` and
+  ``launch_tf.sh`` across machines.
 
 Each tool's real option names are used.  Each format launches one framework profile
-(``FORMAT_FRAMEWORK``); a plan that framework cannot run (a schedule it lacks, ZeRO-1 in
+(``FORMAT_FRAMEWORK``; ``tensorflow`` picks its tf.distribute profile per plan,
+``format_framework``); a plan that framework cannot run (a schedule it lacks, ZeRO-1 in
 torchtitan, ...) is refused with a one-line error, so the files always carry the predicted plan
 (``planner.exports.readback`` reads them back; the tests re-simulate what it reads).
 """
@@ -24,13 +28,17 @@ from pathlib import Path
 
 from sim.errors import InfeasibleError, InputError
 from sim.framework import check_supported, get_framework
+from sim.psspecs import ParameterServers
 from sim.specs import Model, Strategy
 
-FORMATS: tuple[str, ...] = ("megatron", "torchtitan", "deepspeed", "torchrun", "slurm", "k8s")
+FORMATS: tuple[str, ...] = ("megatron", "torchtitan", "deepspeed", "torchrun", "slurm", "k8s", "tensorflow")
 # The framework profile (catalogs/frameworks.yaml) each format launches: its capabilities decide
 # which plans the format can carry (the launchers run Megatron-LM's pretrain_gpt.py).
 FORMAT_FRAMEWORK: dict[str, str] = {"megatron": "megatron-core", "torchrun": "megatron-core", "slurm": "megatron-core",
-                                    "k8s": "megatron-core", "torchtitan": "torchtitan", "deepspeed": "megatron-deepspeed"}
+                                    "k8s": "megatron-core", "torchtitan": "torchtitan", "deepspeed": "megatron-deepspeed",
+                                    # synchronous plans searched as MultiWorkerMirroredStrategy (tf-mirrored runs
+                                    # the same mechanisms on one node); the script picks per plan
+                                    "tensorflow": "tf-multiworker"}
 
 
 def framework_of_formats(formats: list[str]) -> str | None:
@@ -56,6 +64,7 @@ class LaunchSpec:
     time_limit_s: float | None = None  # expected wall time (Slurm --time), None = unset
     image: str = "nvcr.io/nvidia/pytorch:24.09-py3"
     megatron_path: str = "/opt/Megatron-LM"
+    parameter_servers: ParameterServers | None = None  # dp_impl=parameter-server: the PS tasks
 
     @property
     def num_nodes(self) -> int:
@@ -72,6 +81,16 @@ class Rendered:
     warnings: list[str] = field(default_factory=list)
 
 
+def format_framework(fmt: str, spec: LaunchSpec) -> str:
+    """The framework profile ``fmt``'s files for ``spec`` launch: ``FORMAT_FRAMEWORK``, except
+    ``tensorflow``, whose strategy follows the plan (``planner.exports.tensorflow.profile_for``)."""
+    if fmt == "tensorflow":
+        from planner.exports.tensorflow import profile_for
+
+        return profile_for(spec)
+    return FORMAT_FRAMEWORK[fmt]
+
+
 def job_name(model: Model, num_gpus: int) -> str:
     """A DNS-1123 label (Kubernetes, Slurm-friendly) from the model name and GPU count."""
     base = re.sub(r"[^a-z0-9]+", "-", model.name.lower()).strip("-") or "model"
@@ -84,7 +103,7 @@ def render(fmt: str, spec: LaunchSpec) -> Rendered:
     if fmt not in FORMATS:
         raise InputError("export", fmt, f"unknown format; known: {', '.join(FORMATS)}")
     try:
-        check_supported(get_framework(FORMAT_FRAMEWORK[fmt]), spec.strategy)
+        check_supported(get_framework(format_framework(fmt, spec)), spec.strategy)
     except InfeasibleError as exc:
         raise InputError("export", fmt, f"cannot carry {exc.field}={exc.value}: {exc.message}; "
                          f"`planner recommend --export {fmt}` searches only plans it runs") from None
@@ -105,6 +124,10 @@ def render(fmt: str, spec: LaunchSpec) -> Rendered:
 
         return {"torchrun": launchers.render_torchrun, "slurm": launchers.render_slurm,
                 "k8s": launchers.render_k8s}[fmt](spec)
+    if fmt == "tensorflow":
+        from planner.exports.tensorflow import render_tensorflow
+
+        return render_tensorflow(spec)
     raise InputError("export", fmt, f"unknown format; known: {', '.join(FORMATS)}")
 
 

@@ -10,6 +10,7 @@ same step time).
 
 from __future__ import annotations
 
+import ast
 import json
 import shlex
 import tomllib
@@ -17,6 +18,7 @@ import tomllib
 import yaml
 
 from sim.errors import InputError
+from sim.psspecs import ParameterServers
 from sim.specs import Model, Strategy
 
 
@@ -124,6 +126,102 @@ def strategy_from_deepspeed(cfg_text: str, tokens: list[str], *, model: Model, n
                     dp_overlap=bool(cfg["zero_optimization"]["overlap_comm"]))
 
 
+_TF_POLICIES = {"mixed_bfloat16": "bf16", "mixed_float16": "fp16"}
+_TF_STRATEGIES = ("MirroredStrategy", "MultiWorkerMirroredStrategy", "ParameterServerStrategy")
+
+
+def _tf_script(text: str) -> tuple[dict[str, object], dict[str, ast.Call]]:
+    """A Keras script's module-level constants (literal assignments) and its calls by the
+    name they end in (``tf.distribute.MirroredStrategy(...)`` -> ``MirroredStrategy``)."""
+    tree = ast.parse(text)
+    consts: dict[str, object] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                consts[node.targets[0].id] = ast.literal_eval(node.value)
+            except ValueError:
+                continue
+    calls: dict[str, ast.Call] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else (f.id if isinstance(f, ast.Name) else "")
+            calls.setdefault(name, node)
+    return consts, calls
+
+
+def _kwarg(call: ast.Call, key: str, consts: dict[str, object]) -> object:
+    """A keyword argument's value: a literal, a module constant, a call (its node) or None."""
+    for kw in call.keywords:
+        if kw.arg == key:
+            v = kw.value
+            if isinstance(v, ast.Name) and v.id in consts:
+                return consts[v.id]
+            if isinstance(v, ast.Constant):
+                return v.value
+            return v
+    return None
+
+
+def tensorflow_strategy_class(files: dict[str, str]) -> str:
+    """Which tf.distribute strategy ``train_keras.py`` constructs."""
+    _, calls = _tf_script(files["train_keras.py"])
+    found = [c for c in _TF_STRATEGIES if c in calls]
+    if len(found) != 1:
+        raise InputError("export", "train_keras.py", f"expected one tf.distribute strategy, found {found}")
+    return found[0]
+
+
+def strategy_from_tensorflow(files: dict[str, str], *, model: Model, num_gpus: int) -> Strategy:
+    """A Keras ``tf.distribute`` script (and its ``TF_CONFIG`` values) -> the strategy it runs:
+    every GPU a data-parallel replica (TensorFlow has no tensor or pipeline parallelism); the
+    micro-batch is the per-replica batch, the global batch that times the replicas times the
+    optimizer's accumulation steps; MultiWorkerMirrored packs of ``bytes_per_pack > 0`` reduce
+    under the backward, one pack (0) and MirroredStrategy's ``NcclAllReduce`` after it;
+    ``ParameterServerStrategy`` is asynchronous (``dp_impl=parameter-server``)."""
+    consts, calls = _tf_script(files["train_keras.py"])
+    cls = tensorflow_strategy_class(files)
+    if cls != "MirroredStrategy":
+        configs = json.loads(files["tf_configs.json"])
+        workers = len(next(iter(configs.values()))["cluster"]["worker"])
+        if workers * int(consts["GPUS_PER_WORKER"]) != num_gpus:  # type: ignore[arg-type]
+            raise InputError("export", "tf_configs.json", f"{workers} workers x {consts['GPUS_PER_WORKER']} GPUs "
+                             f"!= {num_gpus}")
+    mbs = int(consts["PER_REPLICA_BATCH_SIZE"])  # type: ignore[arg-type]
+    acc = int(consts["GRADIENT_ACCUMULATION_STEPS"] or 1)  # type: ignore[arg-type]
+    gbs = mbs * num_gpus * acc
+    if gbs != consts["GLOBAL_BATCH_SIZE"]:
+        raise InputError("export", "GLOBAL_BATCH_SIZE", f"{consts['GLOBAL_BATCH_SIZE']} != per-replica batch x "
+                         f"replicas x accumulation = {gbs}")
+    overlap = False
+    if cls == "MultiWorkerMirroredStrategy":
+        opts = _kwarg(calls["MultiWorkerMirroredStrategy"], "communication_options", consts)
+        if not isinstance(opts, ast.Name) or "CommunicationOptions" not in calls:
+            raise InputError("export", "train_keras.py", "MultiWorkerMirroredStrategy without CommunicationOptions")
+        impl = _kwarg(calls["CommunicationOptions"], "implementation", consts)
+        if not (isinstance(impl, ast.Attribute) and impl.attr == "NCCL"):
+            raise InputError("export", "train_keras.py", "collectives other than NCCL are not priced")
+        overlap = int(_kwarg(calls["CommunicationOptions"], "bytes_per_pack", consts) or 0) > 0  # type: ignore[arg-type]
+    elif cls == "MirroredStrategy":
+        ops = _kwarg(calls["MirroredStrategy"], "cross_device_ops", consts)
+        if not (isinstance(ops, ast.Call) and isinstance(ops.func, ast.Attribute) and ops.func.attr == "NcclAllReduce"):
+            raise InputError("export", "train_keras.py", "MirroredStrategy without NcclAllReduce is not priced")
+    return Strategy(dp=num_gpus, mbs=mbs, gbs=gbs, seq_len=int(consts["SEQ_LEN"]),  # type: ignore[arg-type]
+                    recompute=str(consts["RECOMPUTE"]), precision=_TF_POLICIES[str(consts["MIXED_PRECISION_POLICY"])],
+                    dp_overlap=overlap, dp_impl="parameter-server" if cls == "ParameterServerStrategy" else "ddp")
+
+
+def parameter_servers_from_tensorflow(files: dict[str, str]) -> ParameterServers:
+    """The PS tasks of a ``ParameterServerStrategy`` script: their number (``TF_CONFIG``'s ``ps``
+    list) and the partition (``MinSizePartitioner`` over them, or none)."""
+    consts, calls = _tf_script(files["train_keras.py"])
+    configs = json.loads(files["tf_configs.json"])
+    num_ps = len(next(iter(configs.values()))["cluster"]["ps"])
+    part = calls.get("MinSizePartitioner")
+    even = part is not None and _kwarg(part, "max_shards", consts) == num_ps and consts.get("PS_PARTITION") == "even"
+    return ParameterServers(num_ps=num_ps, partition="even" if even else "round-robin")
+
+
 def read_back(fmt: str, files: dict[str, str], *, model: Model, num_gpus: int) -> Strategy:
     """The strategy the files of export format ``fmt`` launch."""
     if fmt == "megatron":
@@ -141,6 +239,8 @@ def read_back(fmt: str, files: dict[str, str], *, model: Model, num_gpus: int) -
     elif fmt == "deepspeed":
         return strategy_from_deepspeed(files["ds_config.json"], bash_array(files["deepspeed_launch.sh"], "DS_ARGS"),
                                        model=model, num_gpus=num_gpus)
+    elif fmt == "tensorflow":
+        return strategy_from_tensorflow(files, model=model, num_gpus=num_gpus)
     else:
         raise InputError("export", fmt, "no reader for this format")
     return strategy_from_megatron([str(t) for t in tokens], model=model, num_gpus=num_gpus)
