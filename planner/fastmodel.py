@@ -35,13 +35,14 @@ import numpy as np
 from sim.compute import KernelEfficiency, default_efficiency, fp8_weight_cast_bytes_per_param
 from sim.costs import (LayerCost, default_network, dp_collectives, end_costs, plan_layer_ops,
                        layer_cost, p2p_bytes, p2p_time_s)
-from sim.memory import activation_bytes_per_layer, inflight, stage_activation_bytes, stage_memory
+from sim.memory import (head_activation_bytes, inflight, layer_activations, layer_backward_bytes, recompute_split,
+                        stage_activation_bytes, stage_memory)
 from sim.network import Network
 from sim.offload import OffloadRates, host_spec, offload_constants, offload_rates
 from sim.plan import Plan
-from sim.runtime import default_comm_runtime, default_runtime
+from sim.runtime import default_comm_runtime, default_runtime, device_extra_bytes, state_layout
 from sim.specs import Cluster, Model, Strategy
-from sim.stages import StageShape, layer_params, stage_shapes
+from sim.stages import StageShape, layer_params, stage_index_shapes, stage_shapes
 from sim.step import DpCollectives, compose, stage_pieces, stage_times
 
 
@@ -123,7 +124,8 @@ _EXPOSED_FWD = ("exposed_tp_fwd_s", "exposed_cp_fwd_s", "exposed_ep_fwd_s")
 _EXPOSED_BWD = ("exposed_tp_bwd_s", "exposed_cp_bwd_s", "exposed_ep_bwd_s")
 _LAYER = ("fwd_s", "bwd_s", "recompute_s", "exposed_fwd_s", "exposed_bwd_s")
 _ENDS = ("embedding_fwd_s", "embedding_bwd_s", "head_fwd_s", "head_bwd_s")
-_ACTS = ("dense_act_bytes", "moe_act_bytes", "recomputed_layer_bytes")
+_ACTS = ("dense_act_bytes", "moe_act_bytes", "dense_full_bytes", "moe_full_bytes", "recomputed_layer_bytes",
+         "backward_bytes", "head_act_bytes")
 _FIELDS = tuple(f"dense_{n}" for n in _LAYER) + tuple(f"moe_{n}" for n in _LAYER) + _ENDS + _ACTS
 _COLUMN = {name: i for i, name in enumerate(_FIELDS)}
 
@@ -204,16 +206,16 @@ class FastModel:
             return layer_cost(plan, self.net, plan_layer_ops(plan, s, self.eff, moe=moe), self.eff,
                               layer_params(model, s, moe=moe).total)
 
-        def act(moe: bool, strategy: Strategy = s, **kw: object) -> float:
-            return activation_bytes_per_layer(model, strategy, moe=moe, attention=probe.attention, **kw)
-
         is_moe = model.moe is not None
         ends = end_costs(plan, self.eff)
+        acts = layer_activations(model, s, attention=probe.attention, selective_policy=probe.selective_policy,
+                                 eager=probe.eager_elementwise, fp8_saved_inputs=probe.fp8_saved_inputs,
+                                 moe_imbalance=probe.moe_imbalance)
+        back = max(layer_backward_bytes(model, s, moe=False),
+                   layer_backward_bytes(model, s, moe=True, moe_imbalance=probe.moe_imbalance) if is_moe else 0.0)
         vec = (_layer_vector(cost(False)) + _layer_vector(cost(True) if is_moe else None)
                + [getattr(ends, n) for n in _ENDS]
-               + [act(False, selective_policy=probe.selective_policy),
-                  act(True, selective_policy=probe.selective_policy) if is_moe else 0.0,
-                  act(is_moe, s.with_(recompute="none")) if recompute == "full" else 0.0])
+               + list(acts) + [back, head_activation_bytes(model, s, eager=probe.eager_elementwise)])
         got = np.array(vec, dtype=float)
         self._micro[key] = got
         return got
@@ -263,20 +265,32 @@ class FastModel:
 
         # ---- memory: sim.memory.stage_memory per stage shape -----------------------------
         tokens = np.array([mbs * self.seq_len // layout.cp for mbs in grid.mbs], dtype=float).reshape(M, 1, 1, 1, 1)
-        dense_act, moe_act, recomputed = (msr(n) for n in _ACTS)
+        dense_act, moe_act, dense_full, moe_full, recomputed, back, head_act = (msr(n) for n in _ACTS)
         oc, hs, _ = self._host() if any_offload else (None, None, None)
+        lay = state_layout(probe.state_layout)
+        stage_list = stage_index_shapes(model, self.representative(layout))
+        extra = device_extra_bytes(self.representative(layout), model)
+        norm_tok = np.array([[mbs * self.seq_len // layout.cp / (layout.tp if sp else 1) for sp in grid.sp]
+                             for mbs in grid.mbs], dtype=float).reshape(M, S, 1, 1, 1)
 
         def memory(zs: np.ndarray) -> tuple[np.ndarray, np.ndarray | float, np.ndarray | float]:
             """(peak, host, nvme) bytes of the Z entries ``zs`` (per GPU; arrays over M,S,R,len(zs),K)."""
             pick = (lambda a: a[:, :, :, zs, :]) if zs.size < Z else (lambda a: a)
             peak = host = nvme = 0.0
-            for sh in shapes:
+            for idx, sh in stage_list:  # every stage: the peak moment depends on its in-flight count
+                split = [recompute_split(self.representative(layout, recompute=rc, vp=1), sh.num_layers)
+                         for rc in grid.recompute]
+                fi, ff, tl = (np.array([x[i] for x in split], dtype=float).reshape(1, 1, R, 1, 1) for i in range(3))
                 mem = stage_memory(model, sh, zero=pick(zero), shard=dpcp, expert_shard=layout.expert_dp, tp=layout.tp,
                                    loss=probe.loss, dense_act_bytes=dense_act, moe_act_bytes=moe_act,
                                    full_recompute=full, recomputed_layer_bytes=recomputed,
-                                   inflight_mb=inflight(p, m, vp, gpipe, sh.index), tokens=tokens, rt=self.mem_rt,
+                                   inflight_mb=inflight(p, m, vp, gpipe, idx), tokens=tokens, rt=self.mem_rt,
                                    offload_optimizer=pick(off_opt), offload_params=pick(off_par),
-                                   offload_activations=pick(off_act), on_nvme=pick(on_nvme), oc=oc)
+                                   offload_activations=pick(off_act), on_nvme=pick(on_nvme), oc=oc, layout=lay,
+                                   microbatches=m, pp=p, dense_full_bytes=dense_full, moe_full_bytes=moe_full,
+                                   recompute_inputs=fi, recompute_full=ff, recompute_transient=tl,
+                                   backward_bytes=back, head_act_bytes=head_act, device_extra_bytes=extra,
+                                   eager=probe.eager_elementwise, norm_tokens=norm_tok)
                 peak = np.maximum(peak, mem.total_bytes)
                 if any_offload:
                     host, nvme = np.maximum(host, mem.host_bytes), np.maximum(nvme, mem.nvme_bytes)

@@ -17,6 +17,7 @@ from sim.plan import ATTENTION_IMPLS, GRAD_ACCUMULATION, LOSS_IMPLS, MOE_DISPATC
 from sim.specs import (DEFAULT_ORDER, FP8_RECIPES, OFFLOAD_DEVICES, OFFLOADS, ORDERS, SCHEDULES, TRAIN_PRECISIONS,
                        Strategy)
 from sim.records import Record
+from sim.runtime import STATE_LAYOUTS
 
 
 FAMILIES: tuple[str, ...] = ("megatron", "fsdp", "xla")
@@ -146,13 +147,15 @@ class Framework:
     family: str = "megatron"  # megatron | fsdp | xla: the class uncertainty bands are kept by
     capabilities: Capabilities = Capabilities()
     moe_dispatcher: str = "alltoall"  # how MoE tokens are dispatched (sim.costs.moe_dispatch_s)
+    model_states: str = "deepspeed"  # runtime.yaml model_states layout (Plan.state_layout)
+    fp8_saved_inputs: bool = False  # fp8 GEMM inputs saved in 1-byte form (Transformer Engine)
     aliases: tuple[str, ...] = ()
     source: str = ""
     notes: str = ""
 
 
 _KEYS = ("id", "name", "aliases", "attention", "dp_overlap", "elementwise", "selective_recompute",
-         "grad_accumulation", "fsdp_copies", "loss", "sequence_parallel_default", "tp_overlap_default", "zero_default", "fp8_weight_cache", "family", "capabilities", "moe_dispatcher", "source", "notes")
+         "grad_accumulation", "fsdp_copies", "loss", "sequence_parallel_default", "tp_overlap_default", "zero_default", "fp8_weight_cache", "family", "capabilities", "moe_dispatcher", "model_states", "fp8_saved_inputs", "source", "notes")
 
 
 @functools.cache
@@ -173,6 +176,8 @@ def _frameworks() -> dict[str, Framework]:
                        fp8_weight_cache=r.flag("fp8_weight_cache"),
                        family=r.text("family", choices=FAMILIES), capabilities=_capabilities(r),
                        moe_dispatcher=r.text("moe_dispatcher", default="alltoall", choices=MOE_DISPATCHERS),
+                       model_states=r.text("model_states", choices=STATE_LAYOUTS),
+                       fp8_saved_inputs=r.flag("fp8_saved_inputs"),
                        aliases=r.strings("aliases", lower=False),
                        source=r.text("source"), notes=r.text("notes", default=""))
         for key in (fw.id, *fw.aliases):
@@ -194,7 +199,8 @@ def apply_framework(plan_kwargs: dict, fw: Framework) -> dict:
     return {**plan_kwargs, "attention": fw.attention, "eager_elementwise": fw.eager_elementwise,
             "selective_policy": fw.selective_recompute, "grad_accumulation": fw.grad_accumulation,
             "fsdp_copies": fw.fsdp_copies, "loss": fw.loss, "fp8_weight_cache": fw.fp8_weight_cache,
-            "uneven_vp": fw.capabilities.uneven_vp, "moe_dispatcher": fw.moe_dispatcher}
+            "uneven_vp": fw.capabilities.uneven_vp, "moe_dispatcher": fw.moe_dispatcher,
+            "state_layout": fw.model_states, "fp8_saved_inputs": fw.fp8_saved_inputs}
 
 
 def list_frameworks() -> list[Framework]:
