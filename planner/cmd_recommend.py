@@ -218,7 +218,7 @@ def print_table(out: dict) -> None:
         lines.append("what would fit (each verified by re-running the search):")
         for sgg in out["suggestions"]:
             lines.append(f"  {sgg['what']}: {_short_strategy(sgg['best_strategy'])}, step {_fmt_s(sgg['step_time_s'])}, "
-                         f"{sgg['memory_peak_bytes'] / GIB:.1f} GiB")
+                         f"{sgg['memory_device_bytes'] / GIB:.1f} GiB (device)")
     for w in out["warnings"]:
         lines.append(f"warning: {w}")
     gap = out.get("framework_gap") or {}

@@ -127,7 +127,7 @@ def explain_recommendation(rec: "Recommendation") -> dict[str, object]:
     label, shares = bound(wd)
     comm_parts = {k: v for k, v in shares.items() if k.startswith("exposed_") and v > 0}
     top_comm = max(comm_parts, key=comm_parts.__getitem__) if comm_parts else None
-    mem_frac = wd["memory_peak_bytes"] / wd["memory_capacity_bytes"]
+    mem_frac = wd["memory_device_bytes"] / wd["memory_capacity_bytes"]
     fm = next(r.fastmodel for r in rec.searches if r.cluster.num_gpus == win.num_gpus)
     precisions = rec.space.precisions(win.cluster)
 
@@ -141,7 +141,7 @@ def explain_recommendation(rec: "Recommendation") -> dict[str, object]:
         rd = res.to_dict()
         delta = res.step_time_s / win.analytic_step_time_s - 1
         near.append({"change": change, "strategy": cand.to_string(), "step_time_s": res.step_time_s,
-                     "delta": delta, "fits_memory": res.fits_memory, "memory_peak_bytes": res.memory_peak_bytes,
+                     "delta": delta, "fits_memory": res.fits_memory, "memory_peak_bytes": res.memory_device_bytes,
                      "why": diff_reason(base, rd)})
     near.sort(key=lambda n: n["delta"])
     faster_oom = [n for n in near if n["delta"] < -rec.tie_tolerance and not n["fits_memory"]]
@@ -164,7 +164,7 @@ def explain_recommendation(rec: "Recommendation") -> dict[str, object]:
     if shares["optimizer_s"] >= 0.005:
         parts.append(f"optimizer {shares['optimizer_s']:.0%}")
     lines.append(f"bound by {what}: " + ", ".join(parts) + " of the step")
-    mem_line = f"memory {wd['memory_peak_bytes'] / GIB:.1f} of {wd['memory_capacity_bytes'] / GIB:.0f} GiB ({mem_frac:.0%})"
+    mem_line = f"memory {wd['memory_device_bytes'] / GIB:.1f} of {wd['memory_capacity_bytes'] / GIB:.0f} GiB ({mem_frac:.0%})"
     if memory_bound:
         f = faster_oom[0]
         mem_line += (f"; memory-bound: {f['change']} would be {-f['delta']:.1%} faster but needs "

@@ -35,8 +35,8 @@ import numpy as np
 from sim.compute import KernelEfficiency, default_efficiency, fp8_weight_cast_bytes_per_param
 from sim.costs import (LayerCost, default_network, dp_collectives, end_costs, plan_layer_ops,
                        layer_cost, p2p_bytes, p2p_time_s)
-from sim.memory import (head_activation_bytes, inflight, layer_activations, layer_backward_bytes, recompute_split,
-                        stage_activation_bytes, stage_memory)
+from sim.memory import (head_activation_bytes, inflight, layer_activations, layer_backward_bytes,
+                        recompute_time_fraction, split_of, stage_activation_bytes, stage_memory)
 from sim.network import Network
 from sim.offload import OffloadRates, host_spec, offload_constants, offload_rates
 from sim.plan import Plan
@@ -85,6 +85,12 @@ class Grid:
     pipe_ok: tuple[tuple[bool, ...], ...]
     offload: tuple[str, ...] = ()
     offload_device: tuple[str, ...] = ()
+    # partial recomputation paired with ``recompute`` entry by entry (empty: none): Megatron's
+    # block method with N layers per model chunk (Strategy.recompute_num_layers)
+    recompute_layers: tuple[int | None, ...] = ()
+
+    def recompute_of(self, k: int) -> int | None:
+        return self.recompute_layers[k] if self.recompute_layers else None
 
     @property
     def shape(self) -> tuple[int, int, int, int, int]:
@@ -100,18 +106,19 @@ class Grid:
         return Strategy(tp=layout.tp, pp=layout.pp, dp=layout.dp, cp=layout.cp, ep=layout.ep, etp=layout.etp, vp=vp,
                         mbs=self.mbs[i], gbs=gbs, seq_len=seq_len, zero=self.zero[z], sp=self.sp[j],
                         recompute=self.recompute[k], precision=layout.precision, schedule=schedule,
-                        offload=off, offload_device=dev)
+                        offload=off, offload_device=dev, recompute_num_layers=self.recompute_of(int(k)),
+                        recompute_method="block" if self.recompute_of(int(k)) is not None else "uniform")
 
 
 @dataclass(frozen=True, slots=True)
 class LayoutEval:
-    """Arrays of ``Grid.shape``: ``valid`` (feasible), ``memory_peak_bytes`` (NaN where not
+    """Arrays of ``Grid.shape``: ``valid`` (feasible), ``memory_device_bytes`` (NaN where not
     valid), ``fits`` (GPU and host memory), ``fits_gpu``, ``dominated`` (offload points whose
     twin without offload fits: never timed, module docstring); ``step_time_s`` is None when
     nothing fits (timing skipped), NaN where not timed."""
 
     valid: np.ndarray
-    memory_peak_bytes: np.ndarray
+    memory_device_bytes: np.ndarray
     fits: np.ndarray
     step_time_s: np.ndarray | None
     fits_gpu: np.ndarray | None = None
@@ -261,6 +268,11 @@ class FastModel:
         m_list = [self.gbs // (mbs * layout.dp) for mbs in grid.mbs]
         m = np.array(m_list, dtype=float).reshape(M, 1, 1, 1, 1)
         valid = np.broadcast_to(np.array(grid.pipe_ok, dtype=bool).reshape(M, 1, 1, 1, K), shape5)
+        if any(n is not None for n in grid.recompute_layers):  # sim.plan.check_feasible: N <= a chunk's layers
+            per_stage = min(sh.num_layers for sh in shapes)
+            rl = np.array([n or 0 for n in grid.recompute_layers], dtype=float).reshape(1, 1, R, 1, 1)
+            chunk = np.array([max(1, per_stage // v) for v, _ in grid.pipes], dtype=float).reshape(1, 1, 1, 1, K)
+            valid = valid & (rl <= chunk)
         full = np.array([rc == "full" for rc in grid.recompute], dtype=bool).reshape(1, 1, R, 1, 1)
 
         # ---- memory: sim.memory.stage_memory per stage shape -----------------------------
@@ -278,9 +290,7 @@ class FastModel:
             pick = (lambda a: a[:, :, :, zs, :]) if zs.size < Z else (lambda a: a)
             peak = host = nvme = 0.0
             for idx, sh in stage_list:  # every stage: the peak moment depends on its in-flight count
-                split = [recompute_split(self.representative(layout, recompute=rc, vp=1), sh.num_layers)
-                         for rc in grid.recompute]
-                fi, ff, tl = (np.array([x[i] for x in split], dtype=float).reshape(1, 1, R, 1, 1) for i in range(3))
+                fi, ff, tl = self._splits(grid, sh.num_layers)
                 mem = stage_memory(model, sh, zero=pick(zero), shard=dpcp, expert_shard=layout.expert_dp, tp=layout.tp,
                                    loss=probe.loss, dense_act_bytes=dense_act, moe_act_bytes=moe_act,
                                    full_recompute=full, recomputed_layer_bytes=recomputed,
@@ -310,7 +320,7 @@ class FastModel:
                     dominated[:, :, :, z, :] = fits[:, :, :, twin, :]
             fits = fits & ~dominated
         if not fits.any():
-            return LayoutEval(valid=valid, memory_peak_bytes=peak, fits=fits, step_time_s=None, fits_gpu=fits_gpu,
+            return LayoutEval(valid=valid, memory_device_bytes=peak, fits=fits, step_time_s=None, fits_gpu=fits_gpu,
                               dominated=dominated)
         # time only the Z entries where something fits (offload entries are mostly dominated)
         sel = np.flatnonzero(fits.any(axis=(0, 1, 2, 4)))
@@ -340,6 +350,7 @@ class FastModel:
         stages = []
         for sh in shapes:
             lf, lb, lr = (layer_sum(sh, n) for n in ("fwd_s", "bwd_s", "recompute_s"))
+            lr = lr * self._rc_fraction(grid, sh.num_layers)
             ef, eb = end(sh, "fwd"), end(sh, "bwd")
             pieces = stage_pieces(coll=self._dp_collectives(layout, sh), zero=zero, dp_size=dpcp,
                                   expert_dp=layout.expert_dp,
@@ -364,8 +375,30 @@ class FastModel:
             full_step[:, :, :, sel, :] = sub
             sub = full_step
         step = np.where(valid, sub, np.nan)
-        return LayoutEval(valid=valid, memory_peak_bytes=peak, fits=fits, step_time_s=step, fits_gpu=fits_gpu,
+        return LayoutEval(valid=valid, memory_device_bytes=peak, fits=fits, step_time_s=step, fits_gpu=fits_gpu,
                           dominated=dominated)
+
+    def _splits(self, grid: Grid, num_layers: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``sim.memory.split_of`` over the R (recompute entry) x K (vp) axes."""
+        R, K = len(grid.recompute), len(grid.pipes)
+        out = np.zeros((3, R, K))
+        for r, rc in enumerate(grid.recompute):
+            n = grid.recompute_of(r)
+            for q, (vp, _) in enumerate(grid.pipes):
+                out[:, r, q] = split_of(rc, n, "block" if n is not None else "uniform", vp, num_layers)
+        return tuple(out[i].reshape(1, 1, R, 1, K) for i in range(3))  # type: ignore[return-value]
+
+    def _rc_fraction(self, grid: Grid, num_layers: int) -> np.ndarray | float:
+        """``sim.memory.recompute_time_fraction`` over the R x K axes (1 without partial entries)."""
+        if not any(n is not None for n in grid.recompute_layers):
+            return 1.0
+        R, K = len(grid.recompute), len(grid.pipes)
+        out = np.ones((R, K))
+        for r, rc in enumerate(grid.recompute):
+            n = grid.recompute_of(r)
+            for q, (vp, _) in enumerate(grid.pipes):
+                out[r, q] = recompute_time_fraction(rc, n, "block" if n is not None else "uniform", vp, num_layers)
+        return out.reshape(1, 1, R, 1, K)
 
     def _z_axis(self, grid: Grid, dpcp: int) -> tuple:
         """The grid's Z axis as arrays (ZeRO stage, offload flags, NVMe), its (offload, device)

@@ -56,6 +56,8 @@ class Capabilities:
     zero_with_pp: tuple[int, ...] = (0, 1, 2, 3)  # ZeRO stages it combines with pipelining
     offloads: tuple[str, ...] = OFFLOADS  # Strategy.offload modes it can run
     offload_devices: tuple[str, ...] = OFFLOAD_DEVICES
+    # Megatron's partial recomputation (--recompute-method block|uniform --recompute-num-layers N)
+    partial_recompute: bool = True
     source: str = ""
 
     def refusal(self, s: Strategy) -> tuple[str, object, str] | None:
@@ -82,6 +84,8 @@ class Capabilities:
             return "offload", s.offload, f"not supported (offload: {', '.join(self.offloads)})"
         if s.offload != "none" and s.offload_device not in self.offload_devices:
             return "offload_device", s.offload_device, f"not supported (devices: {', '.join(self.offload_devices)})"
+        if s.recompute_num_layers is not None and not self.partial_recompute:
+            return "recompute_num_layers", s.recompute_num_layers, "not supported (no partial recomputation)"
         if s.precision not in self.precisions:
             return "precision", s.precision, f"not supported (precisions: {', '.join(self.precisions)})"
         if s.precision == "fp8" and s.fp8_recipe not in self.fp8_recipes:
@@ -106,7 +110,7 @@ def _capabilities(r: Record) -> Capabilities:
         return Capabilities(source="runs everything the model prices")
     c = r.mapping("capabilities", allowed=("schedules", "zero", "precisions", "fp8_recipes", *_DIMS, *_SWITCHES,
                                            "uneven_vp", "sp_with_tp", "zero_bubble_min_vp", "orders", "zero_with_pp",
-                                           "offloads", "offload_devices", "source"))
+                                           "offloads", "offload_devices", "partial_recompute", "source"))
     def choices(key: str, allowed: tuple, default: tuple) -> tuple:
         if not c.has(key):
             return default
@@ -125,7 +129,7 @@ def _capabilities(r: Record) -> Capabilities:
                         zero_with_pp=choices("zero_with_pp", (0, 1, 2, 3), choices("zero", (0, 1, 2, 3), (0, 1, 2, 3))),
                         offloads=choices("offloads", OFFLOADS, ("none",)),
                         offload_devices=choices("offload_devices", OFFLOAD_DEVICES, ("cpu",)),
-                        source=c.text("source"))
+                        partial_recompute=c.flag("partial_recompute"), source=c.text("source"))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

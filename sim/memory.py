@@ -157,18 +157,35 @@ def recompute_split(strategy: Strategy, num_layers: int) -> tuple[float, float, 
     each model chunk and keeps everything of the rest; ``uniform`` with N checkpoints the input
     of each group of N layers and rebuilds a whole group at once (megatron/core/transformer/
     transformer_block.py ``_checkpointed_forward``)."""
-    s, n = strategy, max(1, num_layers)
-    if s.recompute != "full":
+    s = strategy
+    return split_of(s.recompute, s.recompute_num_layers, s.recompute_method, s.vp, num_layers)
+
+
+def split_of(recompute: str, num_layers_key: int | None, method: str, vp: int, num_layers: int
+             ) -> tuple[float, float, float]:
+    """``recompute_split`` from the strategy's fields (the search calls it per grid entry)."""
+    n = max(1, num_layers)
+    if recompute != "full":
         return 1.0, 0.0, 0.0
-    if s.recompute_num_layers is None:
+    if num_layers_key is None:
         return 1.0, 0.0, 1.0
-    per_chunk = max(1, -(-n // s.vp))
-    k = min(s.recompute_num_layers, per_chunk)
-    if s.recompute_method == "block" and s.recompute_num_layers is not None:
-        rc = min(n, k * s.vp)
+    per_chunk = max(1, -(-n // vp))
+    k = min(num_layers_key, per_chunk)
+    if method == "block":
+        rc = min(n, k * vp)
         return rc / n, (n - rc) / n, 1.0
-    groups = -(-per_chunk // k) * s.vp
+    groups = -(-per_chunk // k) * vp
     return min(1.0, groups / n), 0.0, float(k)
+
+
+def recompute_time_fraction(recompute: str, num_layers_key: int | None, method: str, vp: int,
+                            num_layers: int) -> float:
+    """Share of a stage's layers whose forward is recomputed in backward: the ``block``
+    method's first N layers of each chunk, else all of them (``uniform`` groups are each
+    recomputed once)."""
+    if recompute != "full" or num_layers_key is None or method != "block":
+        return 1.0
+    return split_of(recompute, num_layers_key, method, vp, num_layers)[0]
 
 
 def state_bytes(params: StageParams, zero: Num, shard: int, expert_shard: int,

@@ -58,7 +58,7 @@ def test_fast_model_equals_simulate_analytic(case, framework):
         s = r.strategy(int(i))
         res = simulate_analytic(r.fastmodel.plan(s), net=r.fastmodel.net)
         assert r.candidates.step_time_s[i] == pytest.approx(res.step_time_s, rel=REL), s.to_string()
-        assert r.candidates.memory_peak_bytes[i] == pytest.approx(res.memory_peak_bytes, rel=REL), s.to_string()
+        assert r.candidates.memory_device_bytes[i] == pytest.approx(res.memory_device_bytes, rel=REL), s.to_string()
         assert res.fits_memory
 
 

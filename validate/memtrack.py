@@ -159,6 +159,7 @@ def track(plan: Plan, *, stage: int | None = None) -> dict[str, float]:
         tracker = _tracker_class(fsdp)(st, opt) if fsdp else _tracker_class(False)()
         if not fsdp:
             tracker.track_external(st, opt)
+        run.tracker = tracker
         with tracker:
             run.step(opt, k, m)
         peak = tracker.get_tracker_snapshot("peak")
@@ -184,6 +185,7 @@ class _Runner:
                  tp_mesh) -> None:
         self.st, self.s, self.first, self.last, self.fsdp = st, s, first, last, fsdp
         self.tokens, self.hidden, self.tp_mesh = tokens, hidden, tp_mesh
+        self.tracker = None
         self.pipelined = s.pp > 1
 
     def _input(self) -> torch.Tensor:
@@ -230,10 +232,15 @@ class _Runner:
             self.st.set_reshard_after_backward(last_backward)
             self.st.set_requires_gradient_sync(last_backward)
 
+    def _forward(self) -> torch.Tensor:
+        if self.tracker is not None:  # MemTracker keeps per-module stats of one call: start them anew
+            self.tracker.reset_mod_stats()
+        return self._loss(self.st(self._input()))
+
     def step(self, opt: torch.optim.Optimizer, k: int, m: int) -> None:
         k = min(k, m)
         done = 0
-        pending = [self._loss(self.st(self._input())) for _ in range(k)]
+        pending = [self._forward() for _ in range(k)]
         while pending:
             y = pending.pop(0)
             done += 1
@@ -241,7 +248,7 @@ class _Runner:
             self._backward(y)
             del y
             if done + len(pending) < m:  # 1F1B: the next micro-batch's forward
-                pending.append(self._loss(self.st(self._input())))
+                pending.append(self._forward())
         opt.step()
         opt.zero_grad(set_to_none=True)
 
