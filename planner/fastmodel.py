@@ -274,6 +274,7 @@ class FastModel:
             chunk = np.array([max(1, per_stage // v) for v, _ in grid.pipes], dtype=float).reshape(1, 1, 1, 1, K)
             valid = valid & (rl <= chunk)
         full = np.array([rc == "full" for rc in grid.recompute], dtype=bool).reshape(1, 1, R, 1, 1)
+        selective = np.array([rc == "selective" for rc in grid.recompute], dtype=bool).reshape(1, 1, R, 1, 1)
 
         # ---- memory: sim.memory.stage_memory per stage shape -----------------------------
         tokens = np.array([mbs * self.seq_len // layout.cp for mbs in grid.mbs], dtype=float).reshape(M, 1, 1, 1, 1)
@@ -300,7 +301,7 @@ class FastModel:
                                    microbatches=m, pp=p, dense_full_bytes=dense_full, moe_full_bytes=moe_full,
                                    recompute_inputs=fi, recompute_full=ff, recompute_transient=tl,
                                    backward_bytes=back, head_act_bytes=head_act, device_extra_bytes=extra,
-                                   eager=probe.eager_elementwise, norm_tokens=norm_tok)
+                                   eager=probe.eager_elementwise, norm_tokens=norm_tok, selective_op=selective)
                 peak = np.maximum(peak, mem.total_bytes)
                 if any_offload:
                     host, nvme = np.maximum(host, mem.host_bytes), np.maximum(nvme, mem.nvme_bytes)

@@ -336,6 +336,12 @@ def _evaluate_layouts(fm: FastModel, space: SearchSpace, work: list[tuple[int, L
             continue
         grid = Grid(mbs=tuple(mbs_ok), sp=sps, recompute=rcs, zero=zeros, pipes=tuple(pipes), pipe_ok=tuple(pipe_ok),
                     offload=offs, offload_device=devs, recompute_layers=rc_layers)
+        if rc_layers:  # partial recomputation deeper than a model chunk (sim.plan.check_feasible)
+            for row in pipe_ok:
+                for (vp, _), ok in zip(pipes, row):
+                    if ok:
+                        deep = sum(1 for n in rc_layers if n is not None and n > max(1, per_stage // vp))
+                        rejected["layers"] += deep * len(sps) * len(zeros)
         ev = fm.evaluate(lay, grid)
         n_valid = int(ev.valid.sum())
         n_fit = int(ev.fits.sum())

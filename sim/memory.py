@@ -283,7 +283,8 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
                  pp: int = 1, dense_full_bytes: Num = 0.0, moe_full_bytes: Num = 0.0,
                  recompute_inputs: Num = 1.0, recompute_full: Num = 0.0, recompute_transient: Num = 1.0,
                  offload_layers: Num | None = None, backward_bytes: Num = 0.0, head_act_bytes: Num = 0.0,
-                 device_extra_bytes: Num = 0.0, eager: bool = False, norm_tokens: Num = 0.0) -> StageMemory:
+                 device_extra_bytes: Num = 0.0, eager: bool = False, norm_tokens: Num = 0.0,
+                 selective_op: Num = False) -> StageMemory:
     """Peak bytes of one GPU of a stage of ``shape`` for one plan or over arrays (module
     docstring): the larger of two moments, the start of the stage's first backward with
     ``inflight_mb`` micro-batches' activations held (the loss of the last stage, or a layer's
@@ -305,6 +306,8 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
     z = np.asarray(zero)
     p = shape.params
     w, g, o = state_bytes(p, zero, shard, expert_shard, lay)
+    if lay.name == "torch_amp":  # FSDP2 shards the fp32 master weights at rest for ZeRO-2 too (no reshard after forward)
+        w = np.where(z == 2, state_bytes(p, 3, shard, expert_shard, lay)[0], w)
     off_opt, off_par, off_act = np.asarray(offload_optimizer), np.asarray(offload_params), np.asarray(offload_activations)
     host_states = 0.0
     if np.any(off_opt):
@@ -361,27 +364,41 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
             - (model.hidden_size if shape.last else 0.0)
         norms = 2 * shape.num_layers + (1 if shape.last else 0)
         fp32_norms = BYTES_ACT * model.hidden_size * norm_tokens * norms if eager else 0.0
-        act = act + np.where(z < 2, (gb * linear + fp32_norms) * inflight_mb, 0.0)
+        # checkpointed layers keep only their inputs (not the casts); the output layer is never checkpointed
+        head_linear = model.embedding_params / tp if shape.last else 0.0
+        kept = np.where(full_recompute, recompute_full, np.where(selective_op, 0.0, 1.0))
+        act = act + np.where(z < 2, (gb * ((linear - head_linear) * kept + head_linear) + fp32_norms * kept)
+                             * inflight_mb, 0.0)
     if shape.first and model_has_dropout(model) and not torch_amp:
         act = act + tokens * model.hidden_size * inflight_mb  # embedding dropout mask
     # a layer's backward: the layer being recomputed holds its full activations once, with the
     # layer's backward temporaries (FSDP2 without pipelining: its unsharded bf16 gradients and
     # the fp32 reduce-scatter input)
     layer_temps = backward_bytes + 0.0 * z
+    layer_act = act + transient
+    w_layer, g_layer = w_act, g_act
     if torch_amp:
-        layer_temps = layer_temps + np.where((z >= 3) & (pp == 1), (2 + 4) * layer_params, 0.0)
-    layer_act, layer_temps = act + transient, layer_temps + transient * 0.0
+        # FSDP2 without pipelining, at a block's post-backward (the reduce-scatter): the block's
+        # activations are freed and its unsharded weights resharded, its bf16 unsharded gradients
+        # (2 B) and the fp32 reduce-scatter input (4 B) live (measured: planner validate memory)
+        rs = (z >= 3) & (pp == 1)
+        one_layer = per_mb_keep / n_layers
+        layer_act = np.where(rs, np.maximum(0.0, act - one_layer), layer_act)
+        layer_temps = layer_temps + np.where(rs, lay.gradient_bytes_per_param * layer_params, 0.0)
+        g_layer = g_act + np.where(rs, gb * layer_params, 0.0)
+        w_layer = np.where(rs, w, w_act)
     if shape.last:  # final norm and output-layer input, and the loss peak (runtime.yaml loss)
         act = act + head_act_bytes * inflight_mb
         logits = tokens * model.vocab_size / tp
         saved = rt.loss_saved_bytes_per_logit.get(loss, 0.0)
         loss_act = act + logits * saved
         loss_temps = logits * (rt.loss_bytes_per_logit[loss] - saved) + 0.0 * z
-        at_loss = loss_act + loss_temps >= layer_act + layer_temps
+        at_loss = w_act + g_act + loss_act + loss_temps >= w_layer + g_layer + layer_act + layer_temps
         act = np.where(at_loss, loss_act, layer_act)
         temps = np.where(at_loss, loss_temps, layer_temps)
+        w_act, g_act = np.where(at_loss, w_act, w_layer), np.where(at_loss, g_act, g_layer)
     else:
-        act, temps = layer_act, layer_temps
+        act, temps, w_act, g_act = layer_act, layer_temps, w_layer, g_layer
     peak_act = w_act + g_act + o + act + temps
     # ---- the optimizer step: states at rest (fused optimizers allocate nothing more)
     peak_opt = w + g + o
@@ -464,7 +481,8 @@ def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
                            pp=s.pp, dense_full_bytes=dense_full, moe_full_bytes=moe_full, recompute_inputs=fi,
                            recompute_full=ff, recompute_transient=tl, offload_layers=s.offload_num_layers,
                            backward_bytes=back, head_act_bytes=head_act, device_extra_bytes=extra, eager=eager,
-                           norm_tokens=s.mbs * s.seq_len // s.cp / (s.tp if s.sp else 1))
+                           norm_tokens=s.mbs * s.seq_len // s.cp / (s.tp if s.sp else 1),
+                           selective_op=s.recompute == "selective")
         by_stage.append({"stage": i, "memory_peak_bytes": float(mem.allocated_bytes),
                          "memory_reserved_bytes": float(mem.reserved_bytes),
                          "memory_device_bytes": float(mem.total_bytes)})

@@ -190,6 +190,8 @@ class Stage(nn.Module):
         self.layers = nn.ModuleDict({str(i): Block(m, i, ep, ep_group, imbalance) for i in layers})
         self.norm = RMSNorm(m.hidden_size) if last else None
         self.output = nn.Linear(m.hidden_size, m.vocab_size, bias=False) if last else None
+        if self.output is not None and self.tok_embeddings is not None and m.tied_embeddings:
+            self.output.weight = self.tok_embeddings.weight  # tied (one matrix, sim.stages)
         half = m.dim_per_head // 2
         self.register_buffer("freqs_cis", torch.empty(seq_len, half, dtype=torch.complex64), persistent=False)
         self.autocast = False  # bf16 autocast (no FSDP): torchtitan's maybe_enable_amp
@@ -314,11 +316,20 @@ def apply_fsdp(stage: Stage, dp_mesh, *, pipelined: bool, expert_mesh=None) -> N
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     reshard = not pipelined
-    if stage.tok_embeddings is not None:
-        fully_shard(stage.tok_embeddings, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
-    if stage.norm is not None and stage.output is not None:
-        fully_shard([stage.norm, stage.output], mesh=dp_mesh, mp_policy=mp, reshard_after_forward=False)
-    blocks = list(stage.layers.values())
+    tied = stage.tok_embeddings is not None and stage.output is not None \
+        and stage.output.weight is stage.tok_embeddings.weight
+    if tied:  # one unit for the tied matrix (torchtitan: fully_shard([tok_embeddings, norm, lm_head]))
+        fully_shard([stage.tok_embeddings, stage.norm, stage.output], mesh=dp_mesh, mp_policy=mp,
+                    reshard_after_forward=False)
+    else:
+        if stage.tok_embeddings is not None:
+            fully_shard(stage.tok_embeddings, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
+        if stage.norm is not None and stage.output is not None:
+            fully_shard([stage.norm, stage.output], mesh=dp_mesh, mp_policy=mp, reshard_after_forward=False)
+    blocks = []
+    for unit in stage.layers.values():  # blocks, also inside a checkpointed group (one FSDP unit each)
+        inner = getattr(unit, "_checkpoint_wrapped_module", unit)
+        blocks.extend(inner.blocks if isinstance(inner, _Group) else [unit])
     for i, block in enumerate(blocks):
         keep = reshard and i < len(blocks) - 1
         inner = getattr(block, "_checkpoint_wrapped_module", block)
