@@ -362,7 +362,7 @@ class FastModel:
                                   weight_cast_bytes_per_param=cast, offload_optimizer=off_opt,
                                   offload_params=off_par, offload_activations=off_act,
                                   act_bytes=stage_activation_bytes(sh, dense_act, moe_act) if timed_offload else 0.0,
-                                  rates=rates)
+                                  rates=rates, pipelined_fsdp=p > 1 and probe.state_layout == "torch_amp")
             stages.append(stage_times(layer_fwd_s=lf, layer_bwd_s=lb, recompute_s=lr,
                                       layer_exposed_fwd_s=layer_sum(sh, "exposed_fwd_s"),
                                       layer_exposed_bwd_s=layer_sum(sh, "exposed_bwd_s"), extra_fwd_s=ef,

@@ -93,6 +93,7 @@ class StageCost:
     offload_bwd_s: float = 0.0
     offload_grad_s: float = 0.0  # per step
     offload_param_s: float = 0.0
+    fsdp_step_sync_s: float = 0.0  # FSDP with pipelining: gather + reduce-scatter once per step, exposed
 
     @property
     def pieces(self) -> StagePieces:
@@ -317,7 +318,8 @@ def stage_pieces_for(plan: Plan, net: Network, eff: KernelEfficiency, params: St
                             eff, s.precision, s.fp8_recipe, plan.fp8_weight_cache, s.num_microbatches),
                         offload_optimizer=s.offload_optimizer, offload_params=s.offload_params,
                         offload_activations=s.offload_activations, act_bytes=act_bytes,
-                        rates=strategy_rates(plan.cluster, s))
+                        rates=strategy_rates(plan.cluster, s),
+                        pipelined_fsdp=s.pp > 1 and plan.state_layout == "torch_amp")
 
 
 def moe_dispatch_s(plan: Plan, net: Network, eff: KernelEfficiency, nbytes: float) -> float:

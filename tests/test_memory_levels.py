@@ -49,6 +49,20 @@ def test_fsdp_with_pipelining_keeps_unsharded_weights_and_fp32_grad_accumulators
     assert nopp.gradients_bytes == pytest.approx(4 * 2 * params / 8, rel=0.01)  # fp32 shards of the whole model
 
 
+def test_fsdp_with_pipelining_gathers_and_reduces_once_per_step():
+    """torchtitan FSDP2 with pp: no per-micro-batch all-gathers/reduce-scatters; both once per
+    step, exposed (sim.step.stage_pieces pipelined_fsdp)."""
+    from sim.costs import step_costs
+
+    pp = step_costs(_plan("llama3-8b", 16, "pp=2,dp=8,mbs=1,gbs=64,seq=8192,zero=3,recompute=full", "torchtitan"))
+    flat = step_costs(_plan("llama3-8b", 8, "dp=8,mbs=1,gbs=64,seq=8192,zero=3,recompute=full", "torchtitan"))
+    for st in pp.stages:
+        assert st.zero3_exposed_fwd_s == 0 and st.zero3_exposed_bwd_s == 0 and st.fsdp_step_sync_s > 0
+    assert all(st.fsdp_step_sync_s == 0 for st in flat.stages)
+    mega = step_costs(_plan("llama3-8b", 16, "pp=2,dp=8,mbs=1,gbs=64,seq=8192,zero=3,recompute=full"))
+    assert all(st.fsdp_step_sync_s == 0 for st in mega.stages)  # Megatron-FSDP keeps its per-micro-batch traffic
+
+
 def test_fp8_saved_inputs_lower_transformer_engine_activations():
     bf16 = plan_memory(_plan("llama3-8b", 8, "tp=2,dp=4,mbs=1,gbs=64,seq=8192,sp=1,recompute=none,zero=1"))
     fp8 = plan_memory(_plan("llama3-8b", 8, "tp=2,dp=4,mbs=1,gbs=64,seq=8192,sp=1,recompute=none,zero=1,"
