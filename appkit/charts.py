@@ -33,7 +33,8 @@ MEMORY_PARTS: tuple[tuple[str, str, str], ...] = (
     ("gradients_bytes", "gradients", "#72b7b2"),
     ("optimizer_bytes", "optimizer states", "#54a24b"),
     ("activations_bytes", "activations", "#f58518"),
-    ("reserve_bytes", "workspace + fragmentation", "#bab0ac"),
+    ("temporaries_bytes", "backward temporaries", "#e45756"),
+    ("reserve_bytes", "allocator, CUDA context, NCCL", "#bab0ac"),
 )
 
 

@@ -230,7 +230,7 @@ def no_plan_view(ev: Evaluation) -> None:
         st.markdown("**What would fit:**")
         st.dataframe([{"change": x.get("what", x.get("change")), "best strategy": x.get("best_strategy", ""),
                        "step time (s)": x.get("step_time_s"),
-                       "peak memory (GiB)": (x.get("memory_peak_bytes") or 0) / present.GIB} for x in sugg],
+                       "peak memory (GiB, device)": (x.get("memory_device_bytes") or 0) / present.GIB} for x in sugg],
                      hide_index=True, key="suggestions_table")
     tabs = st.tabs(("Topology", "Compare"), key="tab_noplan")
     with tabs[0]:

@@ -58,12 +58,19 @@ def print_step_summary(out: dict, *, model: str, gpu: str, num_gpus: int) -> Non
         f"step time          {_fmt_s(out['step_time_s'])}" + _band_text(out),
         f"throughput         {out['tokens_per_s']:,.0f} tokens/s ({out['tokens_per_s_per_gpu']:,.0f} per GPU)",
         f"MFU / HFU          {out['mfu']:.1%} / {out['hfu']:.1%}   ({out['model_tflops_per_gpu']:.0f} model TFLOP/s per GPU)",
-        f"memory (peak GPU)  {_fmt_bytes(out['memory_peak_bytes'])} of {_fmt_bytes(out['memory_capacity_bytes'])}"
-        f"  -> {'fits' if out['fits_memory'] else 'DOES NOT FIT'}  (stage {mem['stage']})",
+        f"memory (peak GPU)  device {_fmt_bytes(out['memory_device_bytes'])} of {_fmt_bytes(out['memory_capacity_bytes'])}"
+        f"  -> {'fits' if out['fits_memory'] else 'DOES NOT FIT'}  (stage {mem['stage']} peaks)",
+        f"   allocated {_fmt_bytes(out['memory_peak_bytes'])} (max_memory_allocated), reserved "
+        f"{_fmt_bytes(out['memory_reserved_bytes'])} (max_memory_reserved), device {_fmt_bytes(out['memory_device_bytes'])} "
+        "(nvidia-smi)",
         f"   weights {_fmt_bytes(mem['weights_bytes'])}, grads {_fmt_bytes(mem['gradients_bytes'])}, "
         f"optimizer {_fmt_bytes(mem['optimizer_bytes'])}, activations {_fmt_bytes(mem['activations_bytes'])}, "
-        f"reserve {_fmt_bytes(mem['reserve_bytes'])}",
+        f"temporaries {_fmt_bytes(mem.get('temporaries_bytes', 0.0))}, context/NCCL/allocator {_fmt_bytes(mem['reserve_bytes'])}",
     ]
+    stages = out.get("memory_by_stage") or []
+    if len(stages) > 1:
+        lines.append("   per stage (device): " + ", ".join(
+            f"{x['stage']}: {_fmt_bytes(x['memory_device_bytes'])}" for x in stages))
     off = out.get("offload")
     if off:
         lines.append(f"offload            {off['mode']} to {off['device']}: host memory {_fmt_bytes(out['host_memory_bytes'])} "

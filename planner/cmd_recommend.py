@@ -190,9 +190,9 @@ def print_table(out: dict) -> None:
     if out["plans"]:
         obj = out["objective"]["kind"]
         extra_head = {"time": "  time to train", "cost": "  cost to train"}.get(obj, "")
-        lines.append(f"{'#':>2}  {'step time':>10}  {'tokens/s':>11}  {'MFU':>6}  {'memory':>14}{extra_head}  strategy")
+        lines.append(f"{'#':>2}  {'step time':>10}  {'tokens/s':>11}  {'MFU':>6}  {'memory (dev)':>14}{extra_head}  strategy")
         for p in out["plans"]:
-            mem = f"{p['memory_peak_bytes'] / GIB:.1f}/{p['memory_capacity_bytes'] / GIB:.0f} GiB"
+            mem = f"{p['memory_device_bytes'] / GIB:.1f}/{p['memory_capacity_bytes'] / GIB:.0f} GiB"  # device level
             extra = ""
             if obj == "time" and "time_to_train_s" in p:
                 extra = f"  {p['time_to_train_s'] / 86400:>10.2f} d"
@@ -218,7 +218,7 @@ def print_table(out: dict) -> None:
         lines.append("what would fit (each verified by re-running the search):")
         for sgg in out["suggestions"]:
             lines.append(f"  {sgg['what']}: {_short_strategy(sgg['best_strategy'])}, step {_fmt_s(sgg['step_time_s'])}, "
-                         f"{sgg['memory_peak_bytes'] / GIB:.1f} GiB")
+                         f"{sgg['memory_device_bytes'] / GIB:.1f} GiB (device)")
     for w in out["warnings"]:
         lines.append(f"warning: {w}")
     gap = out.get("framework_gap") or {}

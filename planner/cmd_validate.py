@@ -7,6 +7,8 @@ Subcommands (docs/validate.md)::
     planner validate measure [--quick] [--out DIR] [--launcher local|slurm] [...same]
     planner validate fit MEASUREMENTS.json [--id ID] [--base-gpu GPU] [--out FILE | --install]
     planner validate compare --calibration FILE|NAME MEASUREMENTS.json [--json]
+    planner validate memory [--json] [--sample K] [--model M --layers L --num-gpus N --strategy S
+                            [--framework F] [--moe-imbalance R]]
     planner validate slurm-script [--quick] --out DIR [--device cpu|cuda] [--nodes N] [--gpus-per-node N]
     planner validate k8s --image IMAGE [--quick] [--device cuda] [--nodes N] [--gpus-per-node N]
                          [--rdma-resource NAME[=COUNT]|none] [--host-network] [--out FILE]
@@ -257,6 +259,34 @@ def _script_machine(args: argparse.Namespace) -> tuple[str, int | None]:
     return args.device, args.ranks_per_node
 
 
+def cmd_memory(args: argparse.Namespace) -> int:
+    """The planner's memory per category against PyTorch's MemTracker/FSDPMemTracker
+    (``validate.memgrid``): the standing grid, a sample of it, or one plan."""
+    _need_torch()
+    from validate.memgrid import build_plan, compare, format_table, run_grid
+
+    if args.strategy:
+        if not args.model or not args.num_gpus:
+            raise InputError("memory", args.strategy, "--strategy needs --model and --num-gpus")
+        if args.layers is not None and args.layers < 1:
+            raise InputError("layers", args.layers, "must be >= 1")
+        plan = build_plan(args.model, args.layers or 2, args.num_gpus, args.strategy, framework=args.framework,
+                          moe_imbalance=args.moe_imbalance)
+        row = compare(plan)
+        result = {"plans": [row], "num_plans": 1, "num_within_tolerance": int(bool(row["within_tolerance"])),
+                  "tolerance": 0.03}
+    else:
+        if args.sample is not None and args.sample < 1:
+            raise InputError("sample", args.sample, "must be >= 1")
+        result = run_grid(sample=args.sample)
+    if args.json:
+        json.dump(result, sys.stdout, indent=2)
+        print()
+    else:
+        print(format_table(result))
+    return 0
+
+
 def cmd_slurm_script(args: argparse.Namespace) -> int:
     from validate.launch import write_job
     from validate.slurm import sbatch_script
@@ -363,6 +393,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     q.add_argument("--engine", choices=("analytic", "event"), default="analytic")
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=cmd_compare)
+
+    q = sub.add_parser("memory", help="the planner's memory per category against PyTorch's memory tracker "
+                                      "(FakeTensorMode, fake process group; no GPU needed)")
+    q.add_argument("--json", action="store_true")
+    q.add_argument("--sample", type=int, default=None, help="compare K plans of the grid drawn at random")
+    q.add_argument("--model", default=None, help="one plan: catalog model id")
+    q.add_argument("--layers", type=int, default=None, help="layers kept (width unchanged; default 2)")
+    q.add_argument("--num-gpus", type=int, default=None)
+    q.add_argument("--strategy", default=None)
+    q.add_argument("--framework", default="torchtitan")
+    q.add_argument("--moe-imbalance", type=float, default=1.0)
+    q.set_defaults(func=cmd_memory)
 
     for name, fn, helptext in (("slurm-script", cmd_slurm_script, "write sbatch scripts for the suite"),
                                ("k8s", cmd_k8s, "write a Kubeflow PyTorchJob manifest for the suite")):

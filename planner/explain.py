@@ -144,7 +144,7 @@ def explain_recommendation(rec: "Recommendation") -> dict[str, object]:
     win = rec.plans[0]
     wd = win.result.to_dict()
     label, shares = bound(wd)
-    mem_frac = wd["memory_peak_bytes"] / wd["memory_capacity_bytes"]
+    mem_frac = wd["memory_device_bytes"] / wd["memory_capacity_bytes"]
     fm = next(r.fastmodel for r in rec.searches if r.cluster.num_gpus == win.num_gpus)
     precisions = rec.space.precisions(win.cluster)
 
@@ -158,7 +158,7 @@ def explain_recommendation(rec: "Recommendation") -> dict[str, object]:
         rd = res.to_dict()
         delta = res.step_time_s / win.analytic_step_time_s - 1
         near.append({"change": change, "strategy": cand.to_string(), "step_time_s": res.step_time_s,
-                     "delta": delta, "fits_memory": res.fits_memory, "memory_peak_bytes": res.memory_peak_bytes,
+                     "delta": delta, "fits_memory": res.fits_memory, "memory_peak_bytes": res.memory_device_bytes,
                      "why": diff_reason(base, rd)})
     near.sort(key=lambda n: n["delta"])
     faster_oom = [n for n in near if n["delta"] < -rec.tie_tolerance and not n["fits_memory"]]
@@ -171,7 +171,7 @@ def explain_recommendation(rec: "Recommendation") -> dict[str, object]:
                      "delta": p.objective_value / win.objective_value - 1, "why": diff_reason(wd, pd)})
 
     lines = [bound_line(wd)]
-    mem_line = f"memory {wd['memory_peak_bytes'] / GIB:.1f} of {wd['memory_capacity_bytes'] / GIB:.0f} GiB ({mem_frac:.0%})"
+    mem_line = f"memory {wd['memory_device_bytes'] / GIB:.1f} of {wd['memory_capacity_bytes'] / GIB:.0f} GiB ({mem_frac:.0%})"
     if memory_bound:
         f = faster_oom[0]
         mem_line += (f"; memory-bound: {f['change']} would be {-f['delta']:.1%} faster but needs "

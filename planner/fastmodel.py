@@ -35,13 +35,14 @@ import numpy as np
 from sim.compute import KernelEfficiency, default_efficiency, fp8_weight_cast_bytes_per_param
 from sim.costs import (LayerCost, default_network, dp_collectives, end_costs, plan_layer_ops,
                        layer_cost, p2p_bytes, p2p_time_s)
-from sim.memory import activation_bytes_per_layer, inflight, stage_activation_bytes, stage_memory
+from sim.memory import (head_activation_bytes, inflight, layer_activations, layer_backward_bytes,
+                        recompute_time_fraction, split_of, stage_activation_bytes, stage_memory)
 from sim.network import Network
 from sim.offload import OffloadRates, host_spec, offload_constants, offload_rates
 from sim.plan import Plan
-from sim.runtime import default_comm_runtime, default_runtime
+from sim.runtime import default_comm_runtime, default_runtime, device_extra_bytes, state_layout
 from sim.specs import Cluster, Model, Strategy
-from sim.stages import StageShape, layer_params, stage_shapes
+from sim.stages import StageShape, layer_params, stage_index_shapes, stage_shapes
 from sim.step import DpCollectives, compose, stage_pieces, stage_times
 
 
@@ -84,6 +85,12 @@ class Grid:
     pipe_ok: tuple[tuple[bool, ...], ...]
     offload: tuple[str, ...] = ()
     offload_device: tuple[str, ...] = ()
+    # partial recomputation paired with ``recompute`` entry by entry (empty: none): Megatron's
+    # block method with N layers per model chunk (Strategy.recompute_num_layers)
+    recompute_layers: tuple[int | None, ...] = ()
+
+    def recompute_of(self, k: int) -> int | None:
+        return self.recompute_layers[k] if self.recompute_layers else None
 
     @property
     def shape(self) -> tuple[int, int, int, int, int]:
@@ -99,18 +106,19 @@ class Grid:
         return Strategy(tp=layout.tp, pp=layout.pp, dp=layout.dp, cp=layout.cp, ep=layout.ep, etp=layout.etp, vp=vp,
                         mbs=self.mbs[i], gbs=gbs, seq_len=seq_len, zero=self.zero[z], sp=self.sp[j],
                         recompute=self.recompute[k], precision=layout.precision, schedule=schedule,
-                        offload=off, offload_device=dev)
+                        offload=off, offload_device=dev, recompute_num_layers=self.recompute_of(int(k)),
+                        recompute_method="block" if self.recompute_of(int(k)) is not None else "uniform")
 
 
 @dataclass(frozen=True, slots=True)
 class LayoutEval:
-    """Arrays of ``Grid.shape``: ``valid`` (feasible), ``memory_peak_bytes`` (NaN where not
+    """Arrays of ``Grid.shape``: ``valid`` (feasible), ``memory_device_bytes`` (NaN where not
     valid), ``fits`` (GPU and host memory), ``fits_gpu``, ``dominated`` (offload points whose
     twin without offload fits: never timed, module docstring); ``step_time_s`` is None when
     nothing fits (timing skipped), NaN where not timed."""
 
     valid: np.ndarray
-    memory_peak_bytes: np.ndarray
+    memory_device_bytes: np.ndarray
     fits: np.ndarray
     step_time_s: np.ndarray | None
     fits_gpu: np.ndarray | None = None
@@ -123,7 +131,8 @@ _EXPOSED_FWD = ("exposed_tp_fwd_s", "exposed_cp_fwd_s", "exposed_ep_fwd_s")
 _EXPOSED_BWD = ("exposed_tp_bwd_s", "exposed_cp_bwd_s", "exposed_ep_bwd_s")
 _LAYER = ("fwd_s", "bwd_s", "recompute_s", "exposed_fwd_s", "exposed_bwd_s")
 _ENDS = ("embedding_fwd_s", "embedding_bwd_s", "head_fwd_s", "head_bwd_s")
-_ACTS = ("dense_act_bytes", "moe_act_bytes", "recomputed_layer_bytes")
+_ACTS = ("dense_act_bytes", "moe_act_bytes", "dense_full_bytes", "moe_full_bytes", "recomputed_layer_bytes",
+         "backward_bytes", "head_act_bytes")
 _FIELDS = tuple(f"dense_{n}" for n in _LAYER) + tuple(f"moe_{n}" for n in _LAYER) + _ENDS + _ACTS
 _COLUMN = {name: i for i, name in enumerate(_FIELDS)}
 
@@ -204,16 +213,16 @@ class FastModel:
             return layer_cost(plan, self.net, plan_layer_ops(plan, s, self.eff, moe=moe), self.eff,
                               layer_params(model, s, moe=moe).total)
 
-        def act(moe: bool, strategy: Strategy = s, **kw: object) -> float:
-            return activation_bytes_per_layer(model, strategy, moe=moe, attention=probe.attention, **kw)
-
         is_moe = model.moe is not None
         ends = end_costs(plan, self.eff)
+        acts = layer_activations(model, s, attention=probe.attention, selective_policy=probe.selective_policy,
+                                 eager=probe.eager_elementwise, fp8_saved_inputs=probe.fp8_saved_inputs,
+                                 moe_imbalance=probe.moe_imbalance)
+        back = max(layer_backward_bytes(model, s, moe=False),
+                   layer_backward_bytes(model, s, moe=True, moe_imbalance=probe.moe_imbalance) if is_moe else 0.0)
         vec = (_layer_vector(cost(False)) + _layer_vector(cost(True) if is_moe else None)
                + [getattr(ends, n) for n in _ENDS]
-               + [act(False, selective_policy=probe.selective_policy),
-                  act(True, selective_policy=probe.selective_policy) if is_moe else 0.0,
-                  act(is_moe, s.with_(recompute="none")) if recompute == "full" else 0.0])
+               + list(acts) + [back, head_activation_bytes(model, s, eager=probe.eager_elementwise)])
         got = np.array(vec, dtype=float)
         self._micro[key] = got
         return got
@@ -259,24 +268,40 @@ class FastModel:
         m_list = [self.gbs // (mbs * layout.dp) for mbs in grid.mbs]
         m = np.array(m_list, dtype=float).reshape(M, 1, 1, 1, 1)
         valid = np.broadcast_to(np.array(grid.pipe_ok, dtype=bool).reshape(M, 1, 1, 1, K), shape5)
+        if any(n is not None for n in grid.recompute_layers):  # sim.plan.check_feasible: N <= a chunk's layers
+            per_stage = min(sh.num_layers for sh in shapes)
+            rl = np.array([n or 0 for n in grid.recompute_layers], dtype=float).reshape(1, 1, R, 1, 1)
+            chunk = np.array([max(1, per_stage // v) for v, _ in grid.pipes], dtype=float).reshape(1, 1, 1, 1, K)
+            valid = valid & (rl <= chunk)
         full = np.array([rc == "full" for rc in grid.recompute], dtype=bool).reshape(1, 1, R, 1, 1)
+        selective = np.array([rc == "selective" for rc in grid.recompute], dtype=bool).reshape(1, 1, R, 1, 1)
 
         # ---- memory: sim.memory.stage_memory per stage shape -----------------------------
         tokens = np.array([mbs * self.seq_len // layout.cp for mbs in grid.mbs], dtype=float).reshape(M, 1, 1, 1, 1)
-        dense_act, moe_act, recomputed = (msr(n) for n in _ACTS)
+        dense_act, moe_act, dense_full, moe_full, recomputed, back, head_act = (msr(n) for n in _ACTS)
         oc, hs, _ = self._host() if any_offload else (None, None, None)
+        lay = state_layout(probe.state_layout)
+        stage_list = stage_index_shapes(model, self.representative(layout))
+        extra = device_extra_bytes(self.representative(layout), model)
+        norm_tok = np.array([[mbs * self.seq_len // layout.cp / (layout.tp if sp else 1) for sp in grid.sp]
+                             for mbs in grid.mbs], dtype=float).reshape(M, S, 1, 1, 1)
 
         def memory(zs: np.ndarray) -> tuple[np.ndarray, np.ndarray | float, np.ndarray | float]:
             """(peak, host, nvme) bytes of the Z entries ``zs`` (per GPU; arrays over M,S,R,len(zs),K)."""
             pick = (lambda a: a[:, :, :, zs, :]) if zs.size < Z else (lambda a: a)
             peak = host = nvme = 0.0
-            for sh in shapes:
+            for idx, sh in stage_list:  # every stage: the peak moment depends on its in-flight count
+                fi, ff, tl = self._splits(grid, sh.num_layers)
                 mem = stage_memory(model, sh, zero=pick(zero), shard=dpcp, expert_shard=layout.expert_dp, tp=layout.tp,
                                    loss=probe.loss, dense_act_bytes=dense_act, moe_act_bytes=moe_act,
                                    full_recompute=full, recomputed_layer_bytes=recomputed,
-                                   inflight_mb=inflight(p, m, vp, gpipe, sh.index), tokens=tokens, rt=self.mem_rt,
+                                   inflight_mb=inflight(p, m, vp, gpipe, idx), tokens=tokens, rt=self.mem_rt,
                                    offload_optimizer=pick(off_opt), offload_params=pick(off_par),
-                                   offload_activations=pick(off_act), on_nvme=pick(on_nvme), oc=oc)
+                                   offload_activations=pick(off_act), on_nvme=pick(on_nvme), oc=oc, layout=lay,
+                                   microbatches=m, pp=p, dense_full_bytes=dense_full, moe_full_bytes=moe_full,
+                                   recompute_inputs=fi, recompute_full=ff, recompute_transient=tl,
+                                   backward_bytes=back, head_act_bytes=head_act, device_extra_bytes=extra,
+                                   eager=probe.eager_elementwise, norm_tokens=norm_tok, selective_op=selective)
                 peak = np.maximum(peak, mem.total_bytes)
                 if any_offload:
                     host, nvme = np.maximum(host, mem.host_bytes), np.maximum(nvme, mem.nvme_bytes)
@@ -296,7 +321,7 @@ class FastModel:
                     dominated[:, :, :, z, :] = fits[:, :, :, twin, :]
             fits = fits & ~dominated
         if not fits.any():
-            return LayoutEval(valid=valid, memory_peak_bytes=peak, fits=fits, step_time_s=None, fits_gpu=fits_gpu,
+            return LayoutEval(valid=valid, memory_device_bytes=peak, fits=fits, step_time_s=None, fits_gpu=fits_gpu,
                               dominated=dominated)
         # time only the Z entries where something fits (offload entries are mostly dominated)
         sel = np.flatnonzero(fits.any(axis=(0, 1, 2, 4)))
@@ -326,6 +351,7 @@ class FastModel:
         stages = []
         for sh in shapes:
             lf, lb, lr = (layer_sum(sh, n) for n in ("fwd_s", "bwd_s", "recompute_s"))
+            lr = lr * self._rc_fraction(grid, sh.num_layers)
             ef, eb = end(sh, "fwd"), end(sh, "bwd")
             pieces = stage_pieces(coll=self._dp_collectives(layout, sh), zero=zero, dp_size=dpcp,
                                   expert_dp=layout.expert_dp,
@@ -337,7 +363,7 @@ class FastModel:
                                   weight_cast_bytes_per_param=cast, offload_optimizer=off_opt,
                                   offload_params=off_par, offload_activations=off_act,
                                   act_bytes=stage_activation_bytes(sh, dense_act, moe_act) if timed_offload else 0.0,
-                                  rates=rates)
+                                  rates=rates, pipelined_fsdp=p > 1 and probe.state_layout == "torch_amp")
             stages.append(stage_times(layer_fwd_s=lf, layer_bwd_s=lb, recompute_s=lr,
                                       layer_exposed_fwd_s=layer_sum(sh, "exposed_fwd_s"),
                                       layer_exposed_bwd_s=layer_sum(sh, "exposed_bwd_s"), extra_fwd_s=ef,
@@ -351,8 +377,30 @@ class FastModel:
             full_step[:, :, :, sel, :] = sub
             sub = full_step
         step = np.where(valid, sub, np.nan)
-        return LayoutEval(valid=valid, memory_peak_bytes=peak, fits=fits, step_time_s=step, fits_gpu=fits_gpu,
+        return LayoutEval(valid=valid, memory_device_bytes=peak, fits=fits, step_time_s=step, fits_gpu=fits_gpu,
                           dominated=dominated)
+
+    def _splits(self, grid: Grid, num_layers: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``sim.memory.split_of`` over the R (recompute entry) x K (vp) axes."""
+        R, K = len(grid.recompute), len(grid.pipes)
+        out = np.zeros((3, R, K))
+        for r, rc in enumerate(grid.recompute):
+            n = grid.recompute_of(r)
+            for q, (vp, _) in enumerate(grid.pipes):
+                out[:, r, q] = split_of(rc, n, "block" if n is not None else "uniform", vp, num_layers)
+        return tuple(out[i].reshape(1, 1, R, 1, K) for i in range(3))  # type: ignore[return-value]
+
+    def _rc_fraction(self, grid: Grid, num_layers: int) -> np.ndarray | float:
+        """``sim.memory.recompute_time_fraction`` over the R x K axes (1 without partial entries)."""
+        if not any(n is not None for n in grid.recompute_layers):
+            return 1.0
+        R, K = len(grid.recompute), len(grid.pipes)
+        out = np.ones((R, K))
+        for r, rc in enumerate(grid.recompute):
+            n = grid.recompute_of(r)
+            for q, (vp, _) in enumerate(grid.pipes):
+                out[r, q] = recompute_time_fraction(rc, n, "block" if n is not None else "uniform", vp, num_layers)
+        return out.reshape(1, 1, R, 1, K)
 
     def _z_axis(self, grid: Grid, dpcp: int) -> tuple:
         """The grid's Z axis as arrays (ZeRO stage, offload flags, NVMe), its (offload, device)

@@ -33,7 +33,6 @@ from sim.framework import apply_framework
 from sim.network import Network
 from sim.plan import Plan
 from sim.result import StepResult
-from sim.runtime import device_memory_bytes
 from sim.specs import Strategy
 
 from planner.fit import FIT_SOURCES, fit_all
@@ -60,10 +59,11 @@ class Comparison:
 
     @property
     def predicted_memory_bytes(self) -> float:
-        """Peak memory as the source measured it (``Published.memory_kind``)."""
-        if self.published.memory_kind == "device":
-            return device_memory_bytes(self.predicted.memory_peak_bytes, self.plan)
-        return self.predicted.memory_peak_bytes
+        """Peak memory at the level the source measured (``Published.memory_kind``: allocated,
+        reserved or device)."""
+        mem = self.predicted.memory
+        return {"device": mem.device_bytes, "reserved": mem.reserved_bytes}.get(self.published.memory_kind,
+                                                                               mem.allocated_bytes)
 
     @property
     def memory_error(self) -> float | None:

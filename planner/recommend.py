@@ -313,6 +313,8 @@ def framework_space(space: SearchSpace, fw_id: str, cluster: Cluster) -> SearchS
     ch["zero"] = cut("zero", space.zero, caps.zero)
     ch["offload"] = cut("offload", space.offload, caps.offloads)
     ch["offload_device"] = cut("offload-device", space.offload_device, caps.offload_devices)
+    if not caps.partial_recompute:
+        ch["recompute_layers"] = ()
     if caps.pp and caps.schedules:
         ch["schedule"] = cut("schedule", space.schedule, caps.schedules)
     else:
@@ -647,6 +649,6 @@ def suggest_fixes(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, spa
                     "num_gpus": r.cluster.num_gpus, "gpu": r.cluster.gpu.id, "gbs": r.gbs,
                     "best_strategy": r.strategy(j).to_string(),
                     "step_time_s": float(r.candidates.step_time_s[j]),
-                    "memory_peak_bytes": float(r.candidates.memory_peak_bytes[j]),
+                    "memory_device_bytes": float(r.candidates.memory_device_bytes[j]),
                     "candidates_evaluated": r.evaluated})
     return out

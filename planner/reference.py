@@ -373,7 +373,7 @@ class Published:
     mfu: float | None
     hfu: float | None
     memory_bytes: float | None
-    memory_kind: str  # "reserved" (PyTorch peak reserved) | "device" (nvidia-smi used) | "none"
+    memory_kind: str  # "allocated" | "reserved" (PyTorch peaks) | "device" (nvidia-smi used) | "none"
     how: str  # how the step time was derived from what the source prints
     out_of_memory: bool = False  # the source reports the run did not fit
 
@@ -433,8 +433,12 @@ def published_of(row: dict, model: Model, strategy: Strategy) -> Published:
         mem_kind = "none"
     elif "device" in kind or "nvidia-smi" in kind:
         mem_kind = "device"
-    else:
-        mem_kind = "reserved"  # torchtitan: max_reserved_gib (notes)
+    elif "reserved" in kind:
+        mem_kind = "reserved"
+    elif "allocated" in kind:
+        mem_kind = "allocated"
+    else:  # every row that publishes memory says at which level (catalogs/reference/README.md)
+        raise NotSimulable(row["id"], f"memory_gib_per_gpu without a memory_kind (allocated, reserved or device): {kind!r}")
     mem_b = mem * GIB if mem is not None else None
     common = dict(mfu=me.get("mfu"), hfu=me.get("hfu"), memory_bytes=mem_b, memory_kind=mem_kind)
     if "out-of-memory" in notes or "out of memory" in notes:

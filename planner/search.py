@@ -45,6 +45,7 @@ from sim.errors import InfeasibleError, InputError
 from sim.placement import group_shape
 from sim.plan import check_feasible, check_offload
 from sim.specs import OFFLOAD_DEVICES, OFFLOADS, RECOMPUTES, SCHEDULES, TRAIN_PRECISIONS, Cluster, Model, Strategy
+from sim.stages import stage_layers
 
 from planner.fastmodel import FastModel, Grid, Layout
 
@@ -86,6 +87,9 @@ class SearchSpace:
     fp8_recipe: str = "delayed"  # the recipe fp8 candidates use (sim.specs.FP8_RECIPES)
     offload: tuple[str, ...] = ("none", "optimizer", "params")
     offload_device: tuple[str, ...] = ("cpu",)
+    # partial recomputation (Megatron --recompute-method block --recompute-num-layers N) next to
+    # recompute=full: None = N at a quarter, half and three quarters of a stage's layers; () = none
+    recompute_layers: tuple[int, ...] | None = None
     max_tp: int = 64
     max_cp: int = 16
     max_vp: int = 8
@@ -140,7 +144,7 @@ class Candidates:
     layout_id: np.ndarray
     flat_index: np.ndarray
     step_time_s: np.ndarray
-    memory_peak_bytes: np.ndarray
+    memory_device_bytes: np.ndarray
 
     def __len__(self) -> int:
         return int(self.step_time_s.size)
@@ -276,6 +280,15 @@ def _evaluate_layouts(fm: FastModel, space: SearchSpace, work: list[tuple[int, L
         if not zeros:
             continue  # offload modes whose ZeRO stages the space leaves out: not candidates
         rcs = tuple(dict.fromkeys(space.recompute))
+        rc_layers: tuple[int | None, ...] = ()
+        if "full" in rcs and space.recompute_layers != ():
+            per_stage = min(len(ls) for ls in stage_layers(model, fm.representative(lay)))
+            ns = space.recompute_layers if space.recompute_layers is not None else \
+                sorted({max(1, round(per_stage * f)) for f in (0.25, 0.5, 0.75)})
+            ns = tuple(n for n in ns if n < per_stage)
+            if ns:
+                rc_layers = (None,) * len(rcs) + ns
+                rcs = rcs + ("full",) * len(ns)
         pipes = _pipes(space, lay.pp)
         if not pipes:
             continue
@@ -322,7 +335,13 @@ def _evaluate_layouts(fm: FastModel, space: SearchSpace, work: list[tuple[int, L
         if not any(any(r) for r in pipe_ok):
             continue
         grid = Grid(mbs=tuple(mbs_ok), sp=sps, recompute=rcs, zero=zeros, pipes=tuple(pipes), pipe_ok=tuple(pipe_ok),
-                    offload=offs, offload_device=devs)
+                    offload=offs, offload_device=devs, recompute_layers=rc_layers)
+        if rc_layers:  # partial recomputation deeper than a model chunk (sim.plan.check_feasible)
+            for row in pipe_ok:
+                for (vp, _), ok in zip(pipes, row):
+                    if ok:
+                        deep = sum(1 for n in rc_layers if n is not None and n > max(1, per_stage // vp))
+                        rejected["layers"] += deep * len(sps) * len(zeros)
         ev = fm.evaluate(lay, grid)
         n_valid = int(ev.valid.sum())
         n_fit = int(ev.fits.sum())
@@ -337,7 +356,7 @@ def _evaluate_layouts(fm: FastModel, space: SearchSpace, work: list[tuple[int, L
             if n:
                 rejected[reason] += n
         if unfit.any():
-            over = np.where(unfit, ev.memory_peak_bytes, np.inf).ravel()
+            over = np.where(unfit, ev.memory_device_bytes, np.inf).ravel()
             j = int(np.argmin(over))
             if closest is None or over[j] < closest[0]:
                 closest = (float(over[j]), grid.strategy(lay, j, gbs=gbs, seq_len=seq_len))
@@ -345,7 +364,7 @@ def _evaluate_layouts(fm: FastModel, space: SearchSpace, work: list[tuple[int, L
             continue
         flat = np.flatnonzero(ev.fits.ravel())
         timed.append((order, lay, grid, flat.astype(np.int64), ev.step_time_s.ravel()[flat],
-                      ev.memory_peak_bytes.ravel()[flat]))
+                      ev.memory_device_bytes.ravel()[flat]))
     return _Chunk(considered=considered, rejected=rejected, timed=timed, closest=closest)
 
 
@@ -447,7 +466,7 @@ def search(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: Sea
     cands = Candidates(layouts=[t[1] for t in timed], grids=[t[2] for t in timed],
                        layout_id=cat([np.full(t[3].size, i, dtype=np.int32) for i, t in enumerate(timed)], np.int32),
                        flat_index=cat([t[3] for t in timed], np.int64), step_time_s=cat([t[4] for t in timed], float),
-                       memory_peak_bytes=cat([t[5] for t in timed], float))
+                       memory_device_bytes=cat([t[5] for t in timed], float))
     return SearchResult(model=model, cluster=cluster, gbs=gbs, seq_len=seq_len, candidates=cands,
                         considered=sum(ch.considered for ch in chunks), rejected=rejected,
                         search_time_s=time.perf_counter() - t0, fastmodel=fm, layouts_timed=len(timed),

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from sim.conventions import conventions
 from sim.compute import (KernelEfficiency, default_efficiency, fp8_weight_cast_bytes_per_param, network_kwargs,
                           ops_time)
-from sim.memory import activation_bytes_per_layer, stage_activation_bytes
+from sim.memory import layer_activations, recompute_time_fraction, stage_activation_bytes
 from sim.network import Network
 from sim.offload import offload_bytes, strategy_rates
 from sim.ops import LayerOps, embedding_ops, head_ops, layer_ops
@@ -93,6 +93,7 @@ class StageCost:
     offload_bwd_s: float = 0.0
     offload_grad_s: float = 0.0  # per step
     offload_param_s: float = 0.0
+    fsdp_step_sync_s: float = 0.0  # FSDP with pipelining: gather + reduce-scatter once per step, exposed
 
     @property
     def pieces(self) -> StagePieces:
@@ -317,7 +318,8 @@ def stage_pieces_for(plan: Plan, net: Network, eff: KernelEfficiency, params: St
                             eff, s.precision, s.fp8_recipe, plan.fp8_weight_cache, s.num_microbatches),
                         offload_optimizer=s.offload_optimizer, offload_params=s.offload_params,
                         offload_activations=s.offload_activations, act_bytes=act_bytes,
-                        rates=strategy_rates(plan.cluster, s))
+                        rates=strategy_rates(plan.cluster, s),
+                        pipelined_fsdp=s.pp > 1 and plan.state_layout == "torch_amp")
 
 
 def moe_dispatch_s(plan: Plan, net: Network, eff: KernelEfficiency, nbytes: float) -> float:
@@ -382,6 +384,10 @@ def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | N
         sh = shape_of[i]
         costs = (tuple(moe_cost if model.is_moe_layer(j) else dense_cost for j in layers) if moe_layers[i]
                  else (dense_cost,) * len(layers))
+        frac = recompute_time_fraction(s.recompute, s.recompute_num_layers, s.recompute_method, s.vp, len(layers))
+        if frac < 1.0:  # partial (block) recomputation: that share of the stage's recompute work
+            costs = tuple(replace(c, recompute_s=c.recompute_s * frac, recompute_flops=c.recompute_flops * frac)
+                          for c in costs)
         extra_f = (ends.embedding_fwd_s if first else 0.0) + (ends.head_fwd_s if last else 0.0)
         extra_b = (ends.embedding_bwd_s if first else 0.0) + (ends.head_bwd_s if last else 0.0)
         pieces = pieces_of.get(sh.index)
@@ -400,10 +406,10 @@ def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | N
 def _layer_act_bytes(plan: Plan) -> tuple[float, float]:
     """Saved activations of a dense and of an MoE layer per micro-batch, as ``sim.memory``
     counts them."""
-    model, s = plan.model, plan.strategy
-    kw = {"attention": plan.attention, "selective_policy": plan.selective_policy}
-    return (activation_bytes_per_layer(model, s, moe=False, **kw),
-            activation_bytes_per_layer(model, s, moe=True, **kw) if model.moe is not None else 0.0)
+    dense, moe, *_ = layer_activations(plan.model, plan.strategy, attention=plan.attention,
+                                       selective_policy=plan.selective_policy, eager=plan.eager_elementwise,
+                                       fp8_saved_inputs=plan.fp8_saved_inputs, moe_imbalance=plan.moe_imbalance)
+    return dense, moe
 
 
 def offload_report(plan: Plan) -> dict[str, object]:

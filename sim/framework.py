@@ -17,6 +17,7 @@ from sim.plan import ATTENTION_IMPLS, GRAD_ACCUMULATION, LOSS_IMPLS, MOE_DISPATC
 from sim.specs import (DEFAULT_ORDER, DP_IMPLS, FP8_RECIPES, OFFLOAD_DEVICES, OFFLOADS, ORDERS, SCHEDULES,
                        TRAIN_PRECISIONS, Strategy)
 from sim.records import Record
+from sim.runtime import STATE_LAYOUTS
 
 
 FAMILIES: tuple[str, ...] = ("megatron", "fsdp", "xla", "tensorflow")
@@ -57,6 +58,8 @@ class Capabilities:
     offloads: tuple[str, ...] = OFFLOADS  # Strategy.offload modes it can run
     offload_devices: tuple[str, ...] = OFFLOAD_DEVICES
     dp_impls: tuple[str, ...] = ("ddp", "dataparallel")  # how data parallelism runs (Strategy.dp_impl)
+    # Megatron's partial recomputation (--recompute-method block|uniform --recompute-num-layers N)
+    partial_recompute: bool = True
     source: str = ""
 
     def refusal(self, s: Strategy) -> tuple[str, object, str] | None:
@@ -85,6 +88,8 @@ class Capabilities:
             return "offload_device", s.offload_device, f"not supported (devices: {', '.join(self.offload_devices)})"
         if s.dp_impl not in self.dp_impls:
             return "dp_impl", s.dp_impl, f"not supported (data parallelism: {', '.join(self.dp_impls)})"
+        if s.recompute_num_layers is not None and not self.partial_recompute:
+            return "recompute_num_layers", s.recompute_num_layers, "not supported (no partial recomputation)"
         if s.precision not in self.precisions:
             return "precision", s.precision, f"not supported (precisions: {', '.join(self.precisions)})"
         if s.precision == "fp8" and s.fp8_recipe not in self.fp8_recipes:
@@ -109,7 +114,7 @@ def _capabilities(r: Record) -> Capabilities:
         return Capabilities(source="runs everything the model prices")
     c = r.mapping("capabilities", allowed=("schedules", "zero", "precisions", "fp8_recipes", *_DIMS, *_SWITCHES,
                                            "uneven_vp", "sp_with_tp", "zero_bubble_min_vp", "orders", "zero_with_pp",
-                                           "offloads", "offload_devices", "dp_impls", "source"))
+                                           "offloads", "offload_devices", "dp_impls", "partial_recompute", "source"))
     def choices(key: str, allowed: tuple, default: tuple) -> tuple:
         if not c.has(key):
             return default
@@ -129,7 +134,7 @@ def _capabilities(r: Record) -> Capabilities:
                         offloads=choices("offloads", OFFLOADS, ("none",)),
                         offload_devices=choices("offload_devices", OFFLOAD_DEVICES, ("cpu",)),
                         dp_impls=choices("dp_impls", DP_IMPLS, ("ddp", "dataparallel")),
-                        source=c.text("source"))
+                        partial_recompute=c.flag("partial_recompute"), source=c.text("source"))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -153,13 +158,17 @@ class Framework:
     moe_dispatcher: str = "alltoall"  # how MoE tokens are dispatched (sim.costs.moe_dispatch_s)
     optimizer: str = "fused"  # fused (multi-tensor Adam) | keras (unfused ops; runtime.yaml)
     dp_impl: str = "ddp"  # how it runs data parallelism: ddp (all-reduce) | parameter-server (async)
+    model_states: str = "deepspeed"  # runtime.yaml model_states layout (Plan.state_layout)
+    fp8_saved_inputs: bool = False  # fp8 GEMM inputs saved in 1-byte form (Transformer Engine)
     aliases: tuple[str, ...] = ()
     source: str = ""
     notes: str = ""
 
 
 _KEYS = ("id", "name", "aliases", "attention", "dp_overlap", "elementwise", "selective_recompute",
-         "grad_accumulation", "fsdp_copies", "loss", "sequence_parallel_default", "tp_overlap_default", "zero_default", "fp8_weight_cache", "family", "capabilities", "moe_dispatcher", "optimizer", "dp_impl", "source", "notes")
+         "grad_accumulation", "fsdp_copies", "loss", "sequence_parallel_default", "tp_overlap_default", "zero_default",
+         "fp8_weight_cache", "family", "capabilities", "moe_dispatcher", "optimizer", "dp_impl", "model_states",
+         "fp8_saved_inputs", "source", "notes")
 
 
 @functools.cache
@@ -182,6 +191,8 @@ def _frameworks() -> dict[str, Framework]:
                        moe_dispatcher=r.text("moe_dispatcher", default="alltoall", choices=MOE_DISPATCHERS),
                        optimizer=r.text("optimizer", default="fused", choices=OPTIMIZER_IMPLS),
                        dp_impl=r.text("dp_impl", default="ddp", choices=DP_IMPLS),
+                       model_states=r.text("model_states", choices=STATE_LAYOUTS),
+                       fp8_saved_inputs=r.flag("fp8_saved_inputs"),
                        aliases=r.strings("aliases", lower=False),
                        source=r.text("source"), notes=r.text("notes", default=""))
         for key in (fw.id, *fw.aliases):
@@ -200,13 +211,13 @@ def get_framework(name: str) -> Framework:
 
 def apply_framework(plan_kwargs: dict, fw: Framework) -> dict:
     """Plan keyword arguments for ``fw`` (attention kernel, element-wise fusion, policy,
-    optimizer implementation); a ``strategy`` among them runs data parallelism the profile's
-    way when the profile has only one (``dp_impl``: TensorFlow's parameter servers)."""
+    optimizer implementation, model-state layout); a ``strategy`` among them runs data parallelism
+    the profile's way when the profile has only one (``dp_impl``: TensorFlow's parameter servers)."""
     out = {**plan_kwargs, "attention": fw.attention, "eager_elementwise": fw.eager_elementwise,
            "selective_policy": fw.selective_recompute, "grad_accumulation": fw.grad_accumulation,
            "fsdp_copies": fw.fsdp_copies, "loss": fw.loss, "fp8_weight_cache": fw.fp8_weight_cache,
            "uneven_vp": fw.capabilities.uneven_vp, "moe_dispatcher": fw.moe_dispatcher,
-           "optimizer_impl": fw.optimizer}
+           "optimizer_impl": fw.optimizer, "state_layout": fw.model_states, "fp8_saved_inputs": fw.fp8_saved_inputs}
     s = out.get("strategy")
     if isinstance(s, Strategy) and fw.dp_impl != "ddp" and s.dp_impl == "ddp":
         out["strategy"] = s.with_(dp_impl=fw.dp_impl)

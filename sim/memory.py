@@ -36,21 +36,29 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from sim.activations import BYTES_ACT, activation_bytes_per_layer, model_has_dropout
 from sim.offload import OffloadConstants, host_spec, offload_constants
-from sim.runtime import MemoryRuntime, default_runtime
+from sim.runtime import MemoryRuntime, StateLayout, default_runtime, device_extra_bytes, state_layout
 from sim.specs import Cluster, Model, Strategy
-from sim.stages import StageParams, StageShape, stage_shapes
+from sim.stages import StageParams, StageShape, stage_index_shapes
 from sim.step import Num
 
 if TYPE_CHECKING:
     from sim.plan import Plan
 
-BYTES_ACT = 2
+__all__ = ["BYTES_ACT", "activation_bytes_per_layer", "model_has_dropout", "MemoryBreakdown", "StageMemory",
+           "stage_memory", "plan_memory", "memory_breakdown", "inflight", "inflight_microbatches"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MemoryBreakdown:
-    """Bytes on one GPU (the most loaded one unless stated)."""
+    """Bytes on one GPU of the stage that peaks (``stage``), at its peak: the categories sum to
+    the allocated peak (``allocated_bytes``, as ``torch.cuda.max_memory_allocated``);
+    ``reserved_bytes`` adds the caching allocator's slack and workspaces
+    (``torch.cuda.max_memory_reserved``), ``device_bytes`` the CUDA context and communication
+    buffers (``nvidia-smi``); ``reserve_bytes`` is device minus allocated, so the categories and
+    it sum to the device level that feasibility uses.  ``by_stage``: the three levels of every
+    pipeline stage."""
 
     weights_bytes: float
     gradients_bytes: float
@@ -59,17 +67,29 @@ class MemoryBreakdown:
     reserve_bytes: float
     stage: int
     capacity_bytes: float
+    temporaries_bytes: float = 0.0
+    reserved_bytes: float = 0.0
     # Offloaded (per node: the most loaded stage's GPU times the node's GPUs); see the module docstring.
     host_states_bytes: float = 0.0  # model states in host DRAM
     host_activations_bytes: float = 0.0
     nvme_bytes: float = 0.0  # model states on NVMe (offload_device=nvme)
     host_capacity_bytes: float = float("inf")
     nvme_capacity_bytes: float = float("inf")
+    by_stage: tuple[dict[str, float], ...] = ()
+
+    @property
+    def allocated_bytes(self) -> float:
+        return (self.weights_bytes + self.gradients_bytes + self.optimizer_bytes + self.activations_bytes
+                + self.temporaries_bytes)
+
+    @property
+    def device_bytes(self) -> float:
+        return self.allocated_bytes + self.reserve_bytes
 
     @property
     def total_bytes(self) -> float:
-        return (self.weights_bytes + self.gradients_bytes + self.optimizer_bytes
-                + self.activations_bytes + self.reserve_bytes)
+        """The device level (what must fit in the GPU's memory)."""
+        return self.device_bytes
 
     @property
     def host_bytes(self) -> float:
@@ -88,13 +108,17 @@ class MemoryBreakdown:
     def fits(self) -> bool:
         return self.fits_gpu and self.fits_host
 
-    def as_dict(self) -> dict[str, float]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "weights_bytes": self.weights_bytes,
             "gradients_bytes": self.gradients_bytes,
             "optimizer_bytes": self.optimizer_bytes,
             "activations_bytes": self.activations_bytes,
+            "temporaries_bytes": self.temporaries_bytes,
             "reserve_bytes": self.reserve_bytes,
+            "allocated_bytes": self.allocated_bytes,
+            "reserved_bytes": self.reserved_bytes,
+            "device_bytes": self.device_bytes,
             "total_bytes": self.total_bytes,
             "capacity_bytes": self.capacity_bytes,
             "stage": self.stage,
@@ -104,97 +128,8 @@ class MemoryBreakdown:
             "host_capacity_bytes": self.host_capacity_bytes,
             "nvme_bytes": self.nvme_bytes,
             "nvme_capacity_bytes": self.nvme_capacity_bytes,
+            "by_stage": [dict(x) for x in self.by_stage],
         }
-
-
-def activation_bytes_per_layer(model: Model, strategy: Strategy, *, moe: bool = False,
-                               attention: str = "flash", dropout: bool | None = None,
-                               selective_policy: str = "attention") -> float:
-    """Saved activations of one layer for one micro-batch on one GPU (bytes).
-
-    With ``attention="unfused"``, ``dropout=True`` and a GPT layer this equals Korthikanti et
-    al. eq. (1)/(2) and Table 2 exactly (tested).
-    """
-    tp, cp = strategy.tp, strategy.cp
-    b, s = strategy.mbs, strategy.seq_len
-    s_loc = s // cp
-    tok = b * s_loc
-    h = model.hidden_size
-    drop = model_has_dropout(model) if dropout is None else dropout
-    rep = tok if not strategy.sp else tok / tp  # tensors replicated across TP without SP
-    if strategy.recompute == "full":
-        return BYTES_ACT * rep * h  # only the layer input (Korthikanti eq. in Sec. 5)
-    if strategy.recompute == "selective" and selective_policy == "op":
-        return _op_sac_bytes(model, strategy, moe=moe, tokens=tok, rep=rep)
-
-    q_w, kv_w = model.q_size, model.kv_size
-    v_w = model.num_attention_heads * model.v_dim_per_head if model.is_mla else kv_w
-    k_w = model.num_attention_heads * model.qk_head_dim if model.is_mla else kv_w
-    q_w = model.num_attention_heads * model.qk_head_dim if model.is_mla else q_w
-    o_w = model.num_attention_heads * model.v_dim_per_head if model.is_mla else model.q_size
-
-    policy = selective_policy if strategy.recompute == "selective" else ""
-    # Replicated across TP (without SP): two norm inputs, QKV input, MLP input, dropout masks.
-    replicated = BYTES_ACT * 4 * h + (2 if drop else 0) * h
-    # Sharded across TP: Q, K, V, attention output (out-proj input), MLP internals.
-    # mla_up_proj recomputes per-head Q, K, V from the saved latents.
-    sharded = BYTES_ACT * ((0 if policy == "mla_up_proj" and model.is_mla else q_w + k_w + v_w) + o_w)
-    if model.is_mla:  # the compressed latents are inputs of the up-projections
-        sharded += BYTES_ACT * ((model.q_lora_rank or 0) + (model.kv_lora_rank or 0)) * tp
-    if moe:
-        spec = model.moe
-        assert spec is not None
-        f = spec.expert_ffn_hidden_size
-        etp = strategy.expert_tp
-        # Each routed copy keeps its input and its MLP internals.  An expert's etp ranks gather
-        # each other's tokens (sim.ops): the inputs are replicated over etp, the internals split.
-        # Per token of this TP rank (sharded by tp below): top_k copies x (internals + etp x input).
-        routed = spec.top_k * (_mlp_saved(model.ffn_type, f, policy) + etp * h)
-        shared = spec.num_shared_experts * (_mlp_saved(model.ffn_type, f, policy) + h)
-        ffn = BYTES_ACT * (routed + shared)
-    else:
-        ffn = BYTES_ACT * _mlp_saved(model.ffn_type, model.ffn_hidden_size, "" if policy == "moe_act" else policy)
-    sharded += ffn
-    per_token = replicated * (rep / tok) + sharded / tp
-    total = per_token * tok
-
-    if attention in ("flash", "flash2"):
-        total += 4 * b * (model.num_attention_heads / tp) * s_loc  # fp32 logsumexp
-    elif strategy.recompute != "selective":
-        a = model.num_attention_heads
-        # softmax output (2) + dropout mask (1) + dropout output (2) per score element
-        per_elem = 2 + ((1 + 2) if drop else 0)
-        total += per_elem * a * s_loc * s * b / tp
-    return total
-
-
-def _op_sac_bytes(model: Model, strategy: Strategy, *, moe: bool, tokens: float, rep: float) -> float:
-    """torchtitan's op-level selective checkpointing (Liang et al. 2024, Sec. 3.2.3): keep the
-    layer input, the attention output and every other matmul output; recompute the rest."""
-    tp, h = strategy.tp, model.hidden_size
-    if moe and model.moe is not None:
-        f = model.moe.expert_ffn_hidden_size * (model.moe.top_k + model.moe.num_shared_experts)
-    else:
-        f = model.ffn_hidden_size
-    mm_out = model.q_size + 2 * model.kv_size + h + (model.num_ffn_matrices - 1) * f + h
-    sharded = model.q_size + mm_out / 2
-    return BYTES_ACT * (rep * h + tokens * sharded / tp) + 4 * strategy.mbs * model.num_attention_heads / tp * (
-        strategy.seq_len // strategy.cp)
-
-
-def _mlp_saved(ffn_type: str, f: int, policy: str = "") -> float:
-    """Elements saved per token inside the MLP (inputs of the activation and of fc2); a
-    selective ``policy`` that recomputes the up-projection (``mlp_up``, ``mlp``) keeps none,
-    one that recomputes the activation (``moe_act``) keeps only its input."""
-    if policy in ("mlp_up", "mlp"):
-        return 0.0
-    act_in = 2 * f if ffn_type == "swiglu" else f
-    return act_in if policy == "moe_act" else act_in + f
-
-
-def model_has_dropout(model: Model) -> bool:
-    """GPT-style (GeLU) models in Megatron train with dropout; Llama-style ones do not."""
-    return model.ffn_type == "gelu"
 
 
 def inflight_microbatches(strategy: Strategy, stage: int) -> float:
@@ -212,44 +147,97 @@ def inflight(pp: int, m: Num, vp: Num, gpipe: Num, stage: int) -> Num:
     return np.where(gpipe, m, np.where(vp > 1, interleaved, one_f1b)) + 0.0
 
 
-def model_state_bytes(params: StageParams, strategy: Strategy) -> tuple[float, float, float]:
-    """(weights, gradients, optimizer) bytes under mixed-precision Adam and ZeRO."""
-    w, g, o = state_bytes(params, strategy.zero, strategy.dp * strategy.cp, strategy.expert_dp)
-    return float(w), float(g), float(o)
+def recompute_split(strategy: Strategy, num_layers: int) -> tuple[float, float, float]:
+    """How a stage of ``num_layers`` layers keeps its activations under ``strategy``'s
+    recomputation: (fraction of layers that keep only their checkpointed input, fraction that
+    keep everything, layers whose full activations are rebuilt at once in backward).
+
+    ``recompute=full`` alone recomputes every layer (Megatron ``uniform`` with groups of 1);
+    ``block`` with N (Megatron ``--recompute-method block``) recomputes the first N layers of
+    each model chunk and keeps everything of the rest; ``uniform`` with N checkpoints the input
+    of each group of N layers and rebuilds a whole group at once (megatron/core/transformer/
+    transformer_block.py ``_checkpointed_forward``)."""
+    s = strategy
+    return split_of(s.recompute, s.recompute_num_layers, s.recompute_method, s.vp, num_layers)
 
 
-def state_bytes(params: StageParams, zero: Num, shard: int, expert_shard: int) -> tuple[Num, Num, Num]:
-    """``model_state_bytes`` for a ZeRO stage or an array of them; dense states shard over
-    ``shard`` = dp * cp ranks, expert states over ``expert_shard`` (the expert data
-    parallelism, ``Strategy.expert_dp``)."""
+def split_of(recompute: str, num_layers_key: int | None, method: str, vp: int, num_layers: int
+             ) -> tuple[float, float, float]:
+    """``recompute_split`` from the strategy's fields (the search calls it per grid entry)."""
+    n = max(1, num_layers)
+    if recompute != "full":
+        return 1.0, 0.0, 0.0
+    if num_layers_key is None:
+        return 1.0, 0.0, 1.0
+    per_chunk = max(1, -(-n // vp))
+    k = min(num_layers_key, per_chunk)
+    if method == "block":
+        rc = min(n, k * vp)
+        return rc / n, (n - rc) / n, 1.0
+    groups = -(-per_chunk // k) * vp
+    return min(1.0, groups / n), 0.0, float(k)
+
+
+def recompute_time_fraction(recompute: str, num_layers_key: int | None, method: str, vp: int,
+                            num_layers: int) -> float:
+    """Share of a stage's layers whose forward is recomputed in backward: the ``block``
+    method's first N layers of each chunk, else all of them (``uniform`` groups are each
+    recomputed once)."""
+    if recompute != "full" or num_layers_key is None or method != "block":
+        return 1.0
+    return split_of(recompute, num_layers_key, method, vp, num_layers)[0]
+
+
+def state_bytes(params: StageParams, zero: Num, shard: int, expert_shard: int,
+                layout: StateLayout | None = None) -> tuple[Num, Num, Num]:
+    """(weights, gradients, optimizer) bytes of a stage's model states at rest under a ZeRO
+    stage or an array of them (``layout``: ``catalogs/runtime.yaml`` ``model_states``; default
+    ZeRO's 2 + 2 + 12); dense states shard over ``shard`` = dp * cp ranks, expert states over
+    ``expert_shard`` (the expert data parallelism, ``Strategy.expert_dp``)."""
     z = np.asarray(zero)
+    lay = layout or state_layout("deepspeed")
 
     def split(p: float, n: int) -> tuple[Num, Num, Num]:
-        return (np.where(z >= 3, 2 * p / n, 2 * p), np.where(z >= 2, 2 * p / n, 2 * p),
-                np.where(z >= 1, 12 * p / n, 12 * p))
+        return (np.where(z >= 3, lay.weights_bytes_per_param * p / n, lay.weights_bytes_per_param * p),
+                np.where(z >= 2, lay.gradient_bytes_per_param * p / n, lay.gradient_bytes_per_param * p),
+                np.where(z >= 1, lay.optimizer_bytes_per_param * p / n, lay.optimizer_bytes_per_param * p))
 
     a = split(params.dense_params, shard)
     b = split(params.expert_params, expert_shard)
     return a[0] + b[0], a[1] + b[1], a[2] + b[2]
 
 
+def model_state_bytes(params: StageParams, strategy: Strategy, layout: StateLayout | None = None
+                      ) -> tuple[float, float, float]:
+    """``state_bytes`` of one strategy, as floats."""
+    w, g, o = state_bytes(params, strategy.zero, strategy.zero_shard, strategy.expert_dp, layout)
+    return float(w), float(g), float(o)
+
+
 @dataclass(frozen=True, slots=True)
 class StageMemory:
-    """Bytes on one GPU of a stage (floats or arrays, as the inputs of ``stage_memory``)."""
+    """Bytes on one GPU of a stage at its peak (floats or arrays, as the inputs of
+    ``stage_memory``); ``total_bytes`` is the device level."""
 
     weights_bytes: Num
     gradients_bytes: Num
     optimizer_bytes: Num
     activations_bytes: Num
-    reserve_bytes: Num
+    reserve_bytes: Num  # device level minus allocated
+    temporaries_bytes: Num = 0.0
+    reserved_bytes: Num = 0.0
     host_states_bytes: Num = 0.0  # per GPU, offloaded model states in host DRAM
     host_activations_bytes: Num = 0.0
     nvme_bytes: Num = 0.0
 
     @property
-    def total_bytes(self) -> Num:
+    def allocated_bytes(self) -> Num:
         return (self.weights_bytes + self.gradients_bytes + self.optimizer_bytes + self.activations_bytes
-                + self.reserve_bytes)
+                + self.temporaries_bytes)
+
+    @property
+    def total_bytes(self) -> Num:
+        return self.allocated_bytes + self.reserve_bytes
 
     @property
     def host_bytes(self) -> Num:
@@ -262,83 +250,242 @@ def stage_activation_bytes(shape: StageShape, dense_act_bytes: Num, moe_act_byte
     return shape.num_dense_layers * dense_act_bytes + shape.num_moe_layers * moe_act_bytes
 
 
+def layer_backward_bytes(model: Model, strategy: Strategy, *, moe: bool, moe_imbalance: float = 1.0) -> float:
+    """Temporaries of one layer's backward on one GPU (bytes): the gradients of the widest
+    intermediate (the MLP's up-projection outputs, two of them live with SwiGLU), and for an
+    MoE layer the all-to-all buffers of the routed rows in both directions."""
+    tp, h = strategy.tp, model.hidden_size
+    tok = strategy.mbs * strategy.seq_len // strategy.cp
+    if moe and model.moe is not None:
+        spec = model.moe
+        rows = tok * spec.top_k * moe_imbalance
+        f = spec.expert_ffn_hidden_size / strategy.expert_tp
+        return BYTES_ACT * rows * (2 * f + 2 * h)
+    return BYTES_ACT * tok * 2 * model.ffn_hidden_size / tp
+
+
+def head_activation_bytes(model: Model, strategy: Strategy, *, eager: bool = False) -> float:
+    """Saved activations of the final norm and the output layer for one micro-batch: the
+    output GEMM's input (all-gathered over the sequence with SP), and an eager RMSNorm's fp32
+    upcast and bf16 normalised output (``sim.activations``); a fused norm keeps its input."""
+    s, h = strategy, model.hidden_size
+    tok = s.mbs * s.seq_len // s.cp
+    shard = tok / s.tp if s.sp else tok
+    norm = (6 * h if model.ffn_type == "swiglu" else 0.0) if eager else BYTES_ACT * h
+    return BYTES_ACT * h * tok + norm * shard
+
+
 def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expert_shard: int, tp: int, loss: str,
                  dense_act_bytes: Num, moe_act_bytes: Num, full_recompute: Num, recomputed_layer_bytes: Num,
                  inflight_mb: Num, tokens: Num, rt: MemoryRuntime, offload_optimizer: Num = False,
                  offload_params: Num = False, offload_activations: Num = False, on_nvme: Num = False,
-                 oc: OffloadConstants | None = None) -> StageMemory:
-    """Peak bytes of one GPU of a stage of ``shape`` (module docstring), for one plan or over
-    arrays: ``zero`` (ZeRO stage), per-layer activations ``dense_act_bytes`` / ``moe_act_bytes``,
-    ``full_recompute`` (bool), ``inflight_mb`` (``inflight``), ``tokens`` per micro-batch and
-    CP rank; ``offload_*`` (bools) what leaves the GPU, ``on_nvme`` whether offloaded states
-    go to NVMe, ``oc`` the host bytes per parameter (``sim.offload``, needed with offload)."""
+                 oc: OffloadConstants | None = None, layout: StateLayout | None = None, microbatches: Num = 1.0,
+                 pp: int = 1, dense_full_bytes: Num = 0.0, moe_full_bytes: Num = 0.0,
+                 recompute_inputs: Num = 1.0, recompute_full: Num = 0.0, recompute_transient: Num = 1.0,
+                 offload_layers: Num | None = None, backward_bytes: Num = 0.0, head_act_bytes: Num = 0.0,
+                 device_extra_bytes: Num = 0.0, eager: bool = False, norm_tokens: Num = 0.0,
+                 selective_op: Num = False) -> StageMemory:
+    """Peak bytes of one GPU of a stage of ``shape`` for one plan or over arrays (module
+    docstring): the larger of two moments, the start of the stage's first backward with
+    ``inflight_mb`` micro-batches' activations held (the loss of the last stage, or a layer's
+    backward, in flight) and the optimizer step.
+
+    ``zero`` (ZeRO stage), per-layer activations ``dense_act_bytes`` / ``moe_act_bytes`` as the
+    recomputation keeps them and ``dense_full_bytes`` / ``moe_full_bytes`` without it;
+    ``recompute_inputs`` / ``recompute_full`` / ``recompute_transient`` from
+    ``recompute_split``; ``recomputed_layer_bytes`` the largest layer rebuilt in backward;
+    ``microbatches`` per step (gradients accumulated from earlier micro-batches exist at the
+    peak when there are more than are in flight); ``layout`` the framework's model states
+    (``sim.runtime.StateLayout``); ``offload_*`` (bools) what leaves the GPU, ``offload_layers``
+    how many of the stage's layers offload their activations (None: all), ``on_nvme`` whether
+    offloaded states go to NVMe, ``oc`` the host bytes per parameter; ``backward_bytes`` one
+    layer's backward temporaries (``layer_backward_bytes``); ``head_act_bytes`` what the final
+    norm and the output layer save per micro-batch (``head_activation_bytes``); ``device_extra_bytes`` the CUDA
+    context and communication buffers (``sim.runtime.device_extra_bytes``)."""
+    lay = layout or state_layout("deepspeed")
     z = np.asarray(zero)
-    w, g, o = state_bytes(shape.params, zero, shard, expert_shard)
+    p = shape.params
+    w, g, o = state_bytes(p, zero, shard, expert_shard, lay)
+    if lay.name == "torch_amp":  # FSDP2 shards the fp32 master weights at rest for ZeRO-2 too (no reshard after forward)
+        w = np.where(z == 2, state_bytes(p, 3, shard, expert_shard, lay)[0], w)
     off_opt, off_par, off_act = np.asarray(offload_optimizer), np.asarray(offload_params), np.asarray(offload_activations)
     host_states = 0.0
     if np.any(off_opt):
         assert oc is not None
-        p = shape.params
         local = p.dense_params / np.where(z >= 1, shard, 1) + p.expert_params / np.where(z >= 1, expert_shard, 1)
         host_states = np.where(off_opt, local * oc.host_bytes_per_param, 0.0)
         o = np.where(off_opt, 0.0, o)
         g = np.where(off_opt & (z >= 2), 0.0, g)  # the gradient shard goes to the host (ZeRO-1 keeps it whole)
         w = np.where(off_par, 0.0, w)  # the weight shard lives on the host
-    # FSDP gathers one layer ahead: two unsharded layers live
-    w = w + np.where(z >= 3, 2 * 2 * shape.params.total / max(1, shape.num_layers), 0.0)
-    layers = stage_activation_bytes(shape, dense_act_bytes, moe_act_bytes) * inflight_mb
+    n_layers = max(1, shape.num_layers)
+    gb = lay.gathered_bytes_per_param
+    torch_amp = lay.name == "torch_amp"
+    head = (model.embedding_params / tp + model.hidden_size) if shape.last else 0.0
+    embedding = model.embedding_params / tp if shape.first else 0.0
+    if shape.first and shape.last and model.tied_embeddings and pp == 1:
+        embedding = 0.0  # one tied matrix (sim.stages.stage_params)
+    layer_params = max(0.0, p.total - head - embedding) / n_layers if shape.num_layers else 0.0
+    accumulated = np.asarray(microbatches) > np.asarray(inflight_mb)  # earlier micro-batches' gradients exist
+
+    # ---- the start of the first backward: weights, gradients, activations, temporaries
+    if torch_amp:
+        # FSDP2 (torchtitan apply_fsdp): with pipelining nothing is resharded until the last
+        # backward (unsharded bf16 weights + fp32 unsharded gradient accumulators,
+        # torch/distributed/fsdp/_fully_shard/_fsdp_param.py to_accumulated_grad_if_needed);
+        # ZeRO-2 class = reshard_after_forward=False keeps every gathered weight; otherwise the
+        # last block and the output layer stay gathered; ZeRO 0-1: torch.autocast's casts
+        # (counted with the activations, below).
+        gathered = np.where(z >= 3, np.where(pp > 1, gb * p.total, gb * (layer_params + head)),
+                            np.where(z == 2, gb * p.total, 0.0))
+        unsharded_grads = np.where((z >= 3) & (pp > 1), lay.gradient_bytes_per_param * p.total, 0.0)
+        g_act = np.where(accumulated, np.where((z >= 3) & (pp > 1), unsharded_grads, g), 0.0)
+    else:
+        gathered = np.where(z >= 3, 2 * gb * layer_params, 0.0)  # FSDP gathers one layer ahead
+        g_act = g if lay.persistent_gradients else np.where(accumulated, g, 0.0)
+    w_act = w + gathered
+
+    per_mb_keep = (recompute_inputs * stage_activation_bytes(shape, dense_act_bytes, moe_act_bytes)
+                   + recompute_full * stage_activation_bytes(shape, dense_full_bytes, moe_full_bytes))
+    layers = per_mb_keep * inflight_mb
     host_act = 0.0
-    if np.any(off_act):  # two layers' activations of one micro-batch stay (computed, in transfer)
+    if np.any(off_act):  # offloaded layers leave; two layers of one micro-batch stay (computed, in transfer)
+        n_off = n_layers if offload_layers is None else np.minimum(offload_layers, n_layers)
         one = np.maximum(dense_act_bytes if shape.num_dense_layers else 0.0,
                          moe_act_bytes if shape.num_moe_layers else 0.0)
-        host_act = np.where(off_act, layers, 0.0)
-        layers = np.where(off_act, min(2, shape.num_layers) * one, layers)
+        frac = n_off / n_layers
+        host_act = np.where(off_act, layers * frac, 0.0)
+        layers = np.where(off_act, layers * (1 - frac) + np.minimum(2, n_off) * one, layers)
     act = layers
-    if shape.num_layers:  # the layer being recomputed holds its full activations once
-        act = act + np.where(full_recompute, recomputed_layer_bytes, 0.0)
-    if shape.first and model_has_dropout(model):
+    transient = np.where(full_recompute, recompute_transient * recomputed_layer_bytes, 0.0) if shape.num_layers else 0.0
+    if torch_amp:  # torch.autocast caches a 16-bit copy of every linear weight per forward, saved for backward;
+        # the residual stream stays fp32 (the embedding is not autocast), so each eager norm keeps
+        # its scaled output in fp32 (2 more bytes per element)
+        linear = p.total - embedding - shape.num_layers * model.norm_params_per_layer \
+            - (model.hidden_size if shape.last else 0.0)
+        norms = 2 * shape.num_layers + (1 if shape.last else 0)
+        fp32_norms = BYTES_ACT * model.hidden_size * norm_tokens * norms if eager else 0.0
+        # checkpointed layers keep only their inputs (not the casts); the output layer is never checkpointed
+        head_linear = model.embedding_params / tp if shape.last else 0.0
+        kept = np.where(full_recompute, recompute_full, np.where(selective_op, 0.0, 1.0))
+        act = act + np.where(z < 2, (gb * ((linear - head_linear) * kept + head_linear) + fp32_norms * kept)
+                             * inflight_mb, 0.0)
+    if shape.first and model_has_dropout(model) and not torch_amp:
         act = act + tokens * model.hidden_size * inflight_mb  # embedding dropout mask
-    if shape.last:  # loss peak, one micro-batch at a time (runtime.yaml loss, by implementation)
-        act = act + tokens * model.vocab_size / tp * rt.loss_bytes_per_logit[loss]
-    reserve = rt.workspace_bytes + rt.fragmentation_fraction * (w + g + o + act)
+    # a layer's backward: the layer being recomputed holds its full activations once, with the
+    # layer's backward temporaries (FSDP2 without pipelining: its unsharded bf16 gradients and
+    # the fp32 reduce-scatter input)
+    layer_temps = backward_bytes + 0.0 * z
+    layer_act = act + transient
+    w_layer, g_layer = w_act, g_act
+    if torch_amp:
+        # FSDP2 without pipelining, at a block's post-backward (the reduce-scatter): the block's
+        # activations are freed and its unsharded weights resharded, its bf16 unsharded gradients
+        # (2 B) and the fp32 reduce-scatter input (4 B) live (measured: planner validate memory)
+        rs = (z >= 3) & (pp == 1)
+        one_layer = per_mb_keep / n_layers
+        layer_act = np.where(rs, np.maximum(0.0, act - one_layer), layer_act)
+        layer_temps = layer_temps + np.where(rs, lay.gradient_bytes_per_param * layer_params, 0.0)
+        g_layer = g_act + np.where(rs, gb * layer_params, 0.0)
+        w_layer = np.where(rs, w, w_act)
+    if shape.last:  # final norm and output-layer input, and the loss peak (runtime.yaml loss)
+        act = act + head_act_bytes * inflight_mb
+        logits = tokens * model.vocab_size / tp
+        saved = rt.loss_saved_bytes_per_logit.get(loss, 0.0)
+        loss_act = act + logits * saved
+        loss_temps = logits * (rt.loss_bytes_per_logit[loss] - saved) + 0.0 * z
+        at_loss = w_act + g_act + loss_act + loss_temps >= w_layer + g_layer + layer_act + layer_temps
+        act = np.where(at_loss, loss_act, layer_act)
+        temps = np.where(at_loss, loss_temps, layer_temps)
+        w_act, g_act = np.where(at_loss, w_act, w_layer), np.where(at_loss, g_act, g_layer)
+    else:
+        act, temps, w_act, g_act = layer_act, layer_temps, w_layer, g_layer
+    peak_act = w_act + g_act + o + act + temps
+    # ---- the optimizer step: states at rest (fused optimizers allocate nothing more)
+    peak_opt = w + g + o
+    at_opt = peak_opt > peak_act
+    zero_ = 0.0 * peak_act
+    weights = np.where(at_opt, w + zero_, w_act)
+    grads = np.where(at_opt, g + zero_, g_act + zero_)
+    optim = o + zero_
+    acts = np.where(at_opt, zero_, act)
+    temps = np.where(at_opt, zero_, temps + zero_)
+    allocated = np.maximum(peak_opt, peak_act)
+    reserved = allocated * (1 + rt.fragmentation_fraction) + rt.workspace_bytes
+    device = reserved + device_extra_bytes
     nvme = np.where(on_nvme, host_states, 0.0) if np.any(on_nvme) else 0.0
     host_states = np.where(on_nvme, 0.0, host_states) if np.any(on_nvme) else host_states
-    return StageMemory(weights_bytes=w, gradients_bytes=g, optimizer_bytes=o, activations_bytes=act,
-                       reserve_bytes=reserve, host_states_bytes=host_states, host_activations_bytes=host_act,
-                       nvme_bytes=nvme)
+    return StageMemory(weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=optim, activations_bytes=acts,
+                       temporaries_bytes=temps, reserve_bytes=device - allocated, reserved_bytes=reserved,
+                       host_states_bytes=host_states, host_activations_bytes=host_act, nvme_bytes=nvme)
 
 
 def plan_memory(plan: "Plan") -> MemoryBreakdown:
-    """``memory_breakdown`` with everything a ``Plan`` says (attention kernel, selective policy);
-    both engines report memory through this one call."""
+    """``memory_breakdown`` with everything a ``Plan`` says (attention kernel, selective policy,
+    saved-activation accounting, model-state layout, MoE imbalance); both engines report memory
+    through this one call."""
     return memory_breakdown(plan.model, plan.cluster, plan.strategy, attention=plan.attention,
-                            selective_policy=plan.selective_policy, loss=plan.loss)
+                            selective_policy=plan.selective_policy, loss=plan.loss, eager=plan.eager_elementwise,
+                            fp8_saved_inputs=plan.fp8_saved_inputs, layout=state_layout(plan.state_layout),
+                            moe_imbalance=plan.moe_imbalance)
+
+
+def layer_activations(model: Model, s: Strategy, *, attention: str = "flash", selective_policy: str = "attention",
+                      eager: bool = False, fp8_saved_inputs: bool = False, moe_imbalance: float = 1.0
+                      ) -> tuple[float, float, float, float, float]:
+    """(dense, MoE) saved bytes per layer as ``s`` recomputes, (dense, MoE) without
+    recomputation, and the largest layer rebuilt in backward."""
+    kw = {"attention": attention, "selective_policy": selective_policy, "eager": eager,
+          "fp8_saved_inputs": fp8_saved_inputs, "moe_imbalance": moe_imbalance}
+    is_moe = model.moe is not None
+    dense = activation_bytes_per_layer(model, s, moe=False, **kw)
+    moe = activation_bytes_per_layer(model, s, moe=True, **kw) if is_moe else 0.0
+    if s.recompute != "full":
+        return dense, moe, dense, moe, 0.0
+    plain = s.with_(recompute="none", recompute_num_layers=None, recompute_method="uniform")
+    dense_full = activation_bytes_per_layer(model, plain, moe=False, **kw)
+    moe_full = activation_bytes_per_layer(model, plain, moe=True, **kw) if is_moe else 0.0
+    return dense, moe, dense_full, moe_full, max(dense_full, moe_full)
 
 
 def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
                      attention: str = "flash", runtime: MemoryRuntime | None = None,
-                     selective_policy: str = "attention", loss: str = "upcast") -> MemoryBreakdown:
-    """Memory of the most loaded GPU (the pipeline stage with the largest total)."""
+                     selective_policy: str = "attention", loss: str = "upcast", eager: bool = False,
+                     fp8_saved_inputs: bool = False, layout: StateLayout | None = None,
+                     moe_imbalance: float = 1.0) -> MemoryBreakdown:
+    """Memory of the most loaded GPU (the pipeline stage with the largest device-level peak),
+    with the three levels of every stage in ``by_stage``."""
     rt = runtime or default_runtime()
     s = strategy
-    kw = {"attention": attention, "selective_policy": selective_policy}
-    dense_act = activation_bytes_per_layer(model, s, moe=False, **kw)
-    moe_act = activation_bytes_per_layer(model, s, moe=True, **kw) if model.moe is not None else 0.0
-    recomputed = (activation_bytes_per_layer(model, s.with_(recompute="none"), attention=attention,
-                                             moe=model.moe is not None) if s.recompute == "full" else 0.0)
-    best: MemoryBreakdown | None = None
+    lay = layout or state_layout("deepspeed")
+    dense_act, moe_act, dense_full, moe_full, recomputed = layer_activations(
+        model, s, attention=attention, selective_policy=selective_policy, eager=eager,
+        fp8_saved_inputs=fp8_saved_inputs, moe_imbalance=moe_imbalance)
+    back = max(layer_backward_bytes(model, s, moe=False),
+               layer_backward_bytes(model, s, moe=True, moe_imbalance=moe_imbalance) if model.moe is not None else 0.0)
+    extra = device_extra_bytes(s, model)
+    head_act = head_activation_bytes(model, s, eager=eager)
     host = host_spec(cluster)
     per_node = min(cluster.gpus_per_node, cluster.num_gpus)
     oc = offload_constants() if s.offload != "none" else None
+    best: MemoryBreakdown | None = None
     host_states = host_acts = nvme = 0.0
-    for shape in stage_shapes(model, s):
+    by_stage = []
+    for i, shape in stage_index_shapes(model, s):
+        fi, ff, tl = recompute_split(s, shape.num_layers)
         mem = stage_memory(model, shape, zero=s.zero, shard=s.zero_shard, expert_shard=s.expert_dp, tp=s.tp, loss=loss,
-                           dense_act_bytes=dense_act,
-                           moe_act_bytes=moe_act, full_recompute=s.recompute == "full",
-                           recomputed_layer_bytes=recomputed, inflight_mb=inflight_microbatches(s, shape.index),
+                           dense_act_bytes=dense_act, moe_act_bytes=moe_act, full_recompute=s.recompute == "full",
+                           recomputed_layer_bytes=recomputed, inflight_mb=inflight_microbatches(s, i),
                            tokens=s.mbs * s.seq_len // s.cp, rt=rt, offload_optimizer=s.offload_optimizer,
                            offload_params=s.offload_params, offload_activations=s.offload_activations,
-                           on_nvme=s.offload_device == "nvme", oc=oc)
+                           on_nvme=s.offload_device == "nvme", oc=oc, layout=lay, microbatches=s.num_microbatches,
+                           pp=s.pp, dense_full_bytes=dense_full, moe_full_bytes=moe_full, recompute_inputs=fi,
+                           recompute_full=ff, recompute_transient=tl, offload_layers=s.offload_num_layers,
+                           backward_bytes=back, head_act_bytes=head_act, device_extra_bytes=extra, eager=eager,
+                           norm_tokens=s.mbs * s.seq_len // s.cp / (s.tp if s.sp else 1),
+                           selective_op=s.recompute == "selective")
+        by_stage.append({"stage": i, "memory_peak_bytes": float(mem.allocated_bytes),
+                         "memory_reserved_bytes": float(mem.reserved_bytes),
+                         "memory_device_bytes": float(mem.total_bytes)})
         # the node holds its GPUs' offloaded bytes: the most loaded stage's, per_node times
         if float(mem.host_bytes) + float(mem.nvme_bytes) > host_states + host_acts + nvme:
             host_states, host_acts, nvme = (float(mem.host_states_bytes), float(mem.host_activations_bytes),
@@ -346,11 +493,12 @@ def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
         cand = MemoryBreakdown(weights_bytes=float(mem.weights_bytes), gradients_bytes=float(mem.gradients_bytes),
                                optimizer_bytes=float(mem.optimizer_bytes),
                                activations_bytes=float(mem.activations_bytes),
-                               reserve_bytes=float(mem.reserve_bytes), stage=shape.index,
-                               capacity_bytes=cluster.gpu.hbm_bytes)
+                               temporaries_bytes=float(mem.temporaries_bytes),
+                               reserve_bytes=float(mem.reserve_bytes), reserved_bytes=float(mem.reserved_bytes),
+                               stage=i, capacity_bytes=cluster.gpu.hbm_bytes)
         if best is None or cand.total_bytes > best.total_bytes:
             best = cand
     assert best is not None
     return replace(best, host_states_bytes=host_states * per_node, host_activations_bytes=host_acts * per_node,
                    nvme_bytes=nvme * per_node, host_capacity_bytes=host.host_dram_bytes,
-                   nvme_capacity_bytes=host.nvme_bytes)
+                   nvme_capacity_bytes=host.nvme_bytes, by_stage=tuple(by_stage))

@@ -9,6 +9,7 @@ from sim.errors import InfeasibleError, InputError
 from sim.specs import OFFLOAD_DEVICES, OFFLOADS, Cluster, Model, Strategy
 from sim.placement import group_shape
 from sim.psspecs import ParameterServers
+from sim.runtime import STATE_LAYOUTS
 from sim.stages import stage_layers
 
 ATTENTION_IMPLS: tuple[str, ...] = ("flash", "flash2", "unfused")
@@ -20,9 +21,11 @@ LOSS_IMPLS: tuple[str, ...] = ("upcast", "inplace", "fused")
 # MoE token dispatch (Megatron-Core --moe-token-dispatcher-type alltoall|allgather|flex with DeepEP)
 MOE_DISPATCHERS: tuple[str, ...] = ("alltoall", "allgather", "deepep")
 
-_INT_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "mbs", "gbs", "zero", "seq_len", "dp_shard")
+_INT_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "mbs", "gbs", "zero", "seq_len", "dp_shard",
+             "recompute_num_layers", "offload_num_layers")
 _BOOL_KEYS = ("sp", "tp_overlap", "dp_overlap", "ep_overlap", "pp_overlap", "cuda_graphs")
-_STR_KEYS = ("recompute", "precision", "schedule", "fp8_recipe", "order", "dp_impl", "offload", "offload_device")
+_STR_KEYS = ("recompute", "precision", "schedule", "fp8_recipe", "order", "dp_impl", "offload", "offload_device",
+             "recompute_method")
 _ALIASES = {"seq": "seq_len", "micro_batch": "mbs", "global_batch": "gbs", "zero_stage": "zero",
             "sequence_parallel": "sp", "interleave": "vp"}
 
@@ -62,6 +65,11 @@ class Plan:
     optimizer_impl: str = "fused"  # OPTIMIZER_IMPLS: fused multi-tensor Adam | keras (unfused ops)
     # where the PS tasks run with dp_impl=parameter-server (sim.parameter_server)
     parameter_servers: ParameterServers = ParameterServers()
+    # how the framework keeps model states (catalogs/runtime.yaml model_states: megatron |
+    # torch_amp | deepspeed) and whether fp8 GEMM inputs are saved in their 1-byte form
+    # (Transformer Engine) for the weight gradient
+    state_layout: str = "deepspeed"
+    fp8_saved_inputs: bool = False
 
     def __post_init__(self) -> None:
         if self.grad_accumulation not in GRAD_ACCUMULATION:
@@ -76,6 +84,8 @@ class Plan:
                              f"must be one of {', '.join(SELECTIVE_POLICIES)}")
         if self.optimizer_impl not in OPTIMIZER_IMPLS:
             raise InputError("optimizer_impl", self.optimizer_impl, f"must be one of {', '.join(OPTIMIZER_IMPLS)}")
+        if self.state_layout not in STATE_LAYOUTS:
+            raise InputError("state_layout", self.state_layout, f"must be one of {', '.join(STATE_LAYOUTS)}")
         if self.moe_dispatcher not in MOE_DISPATCHERS:
             raise InputError("moe-dispatcher", self.moe_dispatcher, f"must be one of {', '.join(MOE_DISPATCHERS)}")
         if isinstance(self.moe_imbalance, bool) or not isinstance(self.moe_imbalance, (int, float)) \
@@ -235,6 +245,16 @@ def check_feasible(model: Model, cluster: Cluster, s: Strategy, *, uneven_vp: bo
         raise InfeasibleError("indivisible", "gbs", s.gbs,
                               f"{s.schedule} schedule with vp={s.vp} needs micro-batches ({s.num_microbatches}) "
                               f"divisible by pp={s.pp}")
+    if s.recompute_num_layers is not None or s.offload_num_layers is not None:
+        per_stage = min(len(ls) for ls in stage_layers(model, s))
+        per_chunk = max(1, per_stage // s.vp)
+        if s.recompute_num_layers is not None and s.recompute_num_layers > per_chunk:
+            # Megatron TransformerConfig: 1 <= recompute_num_layers <= layers per pipeline rank (per model chunk)
+            raise InfeasibleError("layers", "recompute_num_layers", s.recompute_num_layers,
+                                  f"exceeds the {per_chunk} layers of a model chunk")
+        if s.offload_num_layers is not None and s.offload_num_layers > per_stage:
+            raise InfeasibleError("layers", "offload_num_layers", s.offload_num_layers,
+                                  f"exceeds the {per_stage} layers of a pipeline stage")
     if s.ep > 1 or s.etp is not None:
         if model.moe is None:
             key, value = ("ep", s.ep) if s.ep > 1 else ("etp", s.etp)

@@ -64,7 +64,13 @@ class StepResult:
 
     @property
     def memory_peak_bytes(self) -> float:
-        return self.memory.total_bytes
+        """Allocated peak of the most loaded GPU (as ``torch.cuda.max_memory_allocated``)."""
+        return self.memory.allocated_bytes
+
+    @property
+    def memory_device_bytes(self) -> float:
+        """Device-level peak (as ``nvidia-smi``): what feasibility and headroom use."""
+        return self.memory.device_bytes
 
     @property
     def fits_memory(self) -> bool:
@@ -82,6 +88,9 @@ class StepResult:
             "model_tflops_per_gpu": self.model_flops_per_step / self.step_time_s / self.num_gpus / 1e12,
             "peak_flops_per_s": self.peak_flops_per_s,
             "memory_peak_bytes": self.memory_peak_bytes,
+            "memory_reserved_bytes": self.memory.reserved_bytes,
+            "memory_device_bytes": self.memory.device_bytes,
+            "memory_by_stage": [dict(x) for x in self.memory.by_stage],
             "memory_capacity_bytes": self.memory.capacity_bytes,
             "fits_memory": self.fits_memory,
             "host_memory_bytes": self.memory.host_bytes,

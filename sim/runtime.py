@@ -21,7 +21,7 @@ from sim.catalog import catalog_document
 from sim.records import Record
 
 if TYPE_CHECKING:
-    from sim.plan import Plan
+    from sim.specs import Model, Strategy
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -58,10 +58,37 @@ class CommRuntime:
 class MemoryRuntime:
     """Framework-level memory not tied to the model."""
 
-    workspace_bytes: float  # cuBLAS/cuDNN/NCCL workspaces
+    workspace_bytes: float  # cuBLAS/cuBLASLt workspaces held by the caching allocator
     fragmentation_fraction: float  # caching-allocator slack on top of live tensors
     loss_bytes_per_logit: Mapping[str, float] = field(default_factory=dict)  # by loss implementation
+    loss_saved_bytes_per_logit: Mapping[str, float] = field(default_factory=dict)  # of which saved
     source: str = ""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StateLayout:
+    """How a framework keeps its model states (``catalogs/runtime.yaml`` ``model_states``)."""
+
+    name: str
+    weights_bytes_per_param: float
+    gradient_bytes_per_param: float
+    optimizer_bytes_per_param: float
+    gathered_bytes_per_param: float
+    persistent_gradients: bool
+
+
+STATE_LAYOUTS: tuple[str, ...] = ("megatron", "torch_amp", "deepspeed")
+
+
+@functools.cache
+def state_layout(name: str) -> StateLayout:
+    layouts = _doc().mapping("model_states").mapping("layouts")
+    r = layouts.mapping(name)
+    return StateLayout(name=name, weights_bytes_per_param=r.req("weights_bytes_per_param", positive=True),
+                       gradient_bytes_per_param=r.req("gradient_bytes_per_param", positive=True),
+                       optimizer_bytes_per_param=r.req("optimizer_bytes_per_param", positive=True),
+                       gathered_bytes_per_param=r.req("gathered_bytes_per_param", positive=True),
+                       persistent_gradients=r.flag("persistent_gradients"))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -104,14 +131,14 @@ def device_memory() -> DeviceMemory:
                         nccl_p2p_bytes_per_peer=d.req("nccl_p2p_bytes_per_peer"))
 
 
-def device_memory_bytes(reserved_bytes: float, plan: "Plan") -> float:
-    """Peak memory as ``nvidia-smi`` shows it: PyTorch's reserved peak plus the CUDA context
-    and the NCCL buffers of every communicator the rank uses (``catalogs/runtime.yaml``):
-    ring communicators for tp, cp, the data-parallel gradient group and (MoE) the expert
+def device_extra_bytes(strategy: "Strategy", model: "Model") -> float:
+    """What ``nvidia-smi`` shows beyond PyTorch's reserved pool: the CUDA context and the NCCL
+    buffers of every communicator the rank uses (``catalogs/runtime.yaml``): ring
+    communicators for tp, cp, the data-parallel gradient group and (MoE) the expert
     data-parallel group, every peer of the expert all-to-all, and the pipeline neighbours."""
-    s, d = plan.strategy, device_memory()
+    s, d = strategy, device_memory()
     rings = sum(n > 1 for n in (s.tp, s.cp, s.dp * s.cp))
-    if plan.model.moe is not None:
+    if model.moe is not None:
         rings += s.expert_dp > 1 and s.expert_dp != s.dp * s.cp
         if s.expert_tp != s.tp:
             rings += s.expert_tp > 1
@@ -120,16 +147,18 @@ def device_memory_bytes(reserved_bytes: float, plan: "Plan") -> float:
         nccl += (s.ep - 1) * d.nccl_bytes_per_alltoall_peer
     if s.pp > 1:
         nccl += 2 * d.nccl_p2p_bytes_per_peer
-    return reserved_bytes + d.cuda_context_bytes + nccl
+    return d.cuda_context_bytes + nccl
 
 
 @functools.cache
 def default_runtime() -> MemoryRuntime:
     doc = _doc()
     m, loss = doc.mapping("memory"), doc.mapping("loss").mapping("bytes_per_logit")
+    saved = doc.mapping("loss").mapping("saved_bytes_per_logit")
     return MemoryRuntime(workspace_bytes=m.req("workspace_bytes"),
                          fragmentation_fraction=m.fraction("fragmentation_fraction"),
                          loss_bytes_per_logit={k: loss.req(k, positive=True) for k in loss.rec},
+                         loss_saved_bytes_per_logit={k: saved.req(k) for k in saved.rec},
                          source=m.text("source"))
 
 

@@ -25,6 +25,8 @@ PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")
 TRAIN_PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8")
 FFN_TYPES: tuple[str, ...] = ("gelu", "swiglu")
 RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
+# Megatron's --recompute-method with --recompute-granularity full (partial recomputation)
+RECOMPUTE_METHODS: tuple[str, ...] = ("uniform", "block")
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zero-bubble")
 FP8_RECIPES: tuple[str, ...] = ("delayed", "tensorwise", "blockwise", "mxfp8")
 ORDER_DIMS: tuple[str, ...] = ("tp", "cp", "dp", "pp")
@@ -515,6 +517,16 @@ class Strategy:
     dp_impl: str = "ddp"
     offload: str = "none"
     offload_device: str = "cpu"
+    # Partial recomputation (Megatron --recompute-num-layers / --recompute-method, with
+    # recompute=full): ``block`` recomputes the first N layers of each model chunk and keeps
+    # every activation of the rest; ``uniform`` checkpoints the input of each group of N
+    # layers.  None: every layer recomputed (uniform groups of 1).
+    recompute_num_layers: int | None = None
+    recompute_method: str = "uniform"
+    # Partial activation offload (Megatron-Core --cpu-offloading-num-layers, with
+    # offload=...activations): the activations of N layers of each stage go to the host.
+    # None: every layer's (all but the two in compute and in transfer stay).
+    offload_num_layers: int | None = None
 
     def __post_init__(self) -> None:
         for n in ("tp", "pp", "dp", "cp", "ep", "vp"):
@@ -552,6 +564,19 @@ class Strategy:
                                  f"its own update: gbs must be mbs*dp = {self.mbs * self.dp} (no accumulation)")
         _choice("offload", self.offload, OFFLOADS)
         _choice("offload_device", self.offload_device, OFFLOAD_DEVICES)
+        _choice("recompute_method", self.recompute_method, RECOMPUTE_METHODS)
+        if self.recompute_num_layers is not None:
+            _positive_int("recompute_num_layers", self.recompute_num_layers, limit=1 << 20)
+            if self.recompute != "full":
+                raise InputError("recompute_num_layers", self.recompute_num_layers,
+                                 f"needs recompute=full (Megatron: None with selective; got recompute={self.recompute})")
+        elif self.recompute_method != "uniform":
+            raise InputError("recompute_method", self.recompute_method, "needs recompute_num_layers")
+        if self.offload_num_layers is not None:
+            _positive_int("offload_num_layers", self.offload_num_layers, limit=1 << 20)
+            if not self.offload_activations:
+                raise InputError("offload_num_layers", self.offload_num_layers,
+                                 f"offloads activations: needs offload=activations (or +activations; got {self.offload})")
         if self.offload_device == "nvme" and not (self.offload_optimizer or self.offload_params):
             raise InputError("offload_device", self.offload_device,
                              f"holds offloaded model states: needs offload=optimizer or params (got {self.offload})")
@@ -657,6 +682,12 @@ class Strategy:
             parts.append(f"offload={self.offload}")
         if self.offload_device != "cpu":
             parts.append(f"offload_device={self.offload_device}")
+        if self.recompute_num_layers is not None:
+            parts.append(f"recompute_num_layers={self.recompute_num_layers}")
+            if self.recompute_method != "uniform":
+                parts.append(f"recompute_method={self.recompute_method}")
+        if self.offload_num_layers is not None:
+            parts.append(f"offload_num_layers={self.offload_num_layers}")
         return ",".join(parts)
 
     def with_(self, **changes: object) -> "Strategy":

@@ -129,3 +129,19 @@ def _shapes(model: Model, tp: int, ep: int, etp: int, pp: int) -> tuple[StageSha
                               params=stage_params(model, s, layers[idx], first=first, last=last),
                               before=tuple(of_stage[:idx].count(k) for k in range(len(sigs)))))
     return tuple(out)
+
+
+def stage_index_shapes(model: Model, strategy: Strategy) -> tuple[tuple[int, StageShape], ...]:
+    """Every pipeline stage with its shape: ``(stage index, StageShape)``."""
+    return _index_shapes(model, strategy.tp, strategy.ep, strategy.expert_tp, strategy.pp)
+
+
+@functools.lru_cache(maxsize=4096)
+def _index_shapes(model: Model, tp: int, ep: int, etp: int, pp: int) -> tuple[tuple[int, StageShape], ...]:
+    shapes = _shapes(model, tp, ep, etp, pp)
+    s = Strategy(tp=tp, ep=ep, etp=etp, pp=pp, dp=ep * etp, gbs=ep * etp)
+    out = []
+    for i, ls in enumerate(stage_layers(model, s)):
+        sig = (len(ls), sum(model.is_moe_layer(j) for j in ls), i == 0, i == pp - 1)
+        out.append((i, next(sh for sh in shapes if (sh.num_layers, sh.num_moe_layers, sh.first, sh.last) == sig)))
+    return tuple(out)

@@ -87,6 +87,7 @@ class StageTimes:
     dp_replica_sync_s: Num = 0.0
     offload_grad_s: Num = 0.0  # per step: gradient shard to the host behind the reduction (ZeRO-1/2)
     offload_param_s: Num = 0.0  # per step: updated weights back from the host, after the optimizer
+    fsdp_step_sync_s: Num = 0.0  # per step, exposed: FSDP with pipelining gathers and reduces once
     count: int = 1
     before: tuple[int, ...] = ()
 
@@ -138,6 +139,9 @@ class StagePieces:
     offload_bwd_s: Num = 0.0  # (weights and activations in, gradients out)
     offload_grad_s: Num = 0.0  # per step, full duration: gradient shard to the host (ZeRO-1/2)
     offload_param_s: Num = 0.0  # per step, exposed: updated weight shard back to the GPU
+    # FSDP with pipelining (no reshard until the last backward): the stage's all-gather and
+    # reduce-scatter once per step, exposed
+    fsdp_step_sync_s: Num = 0.0
 
     @property
     def param_work_fwd_s(self) -> Num:
@@ -178,7 +182,7 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
                  fsdp_copies: bool, weight_cast_bytes_per_param: Num = 0.0, optimizer_impl: str = "fused",
                  offload_optimizer: Num = False,
                  offload_params: Num = False, offload_activations: Num = False, act_bytes: Num = 0.0,
-                 rates: OffloadRates | None = None) -> StagePieces:
+                 rates: OffloadRates | None = None, pipelined_fsdp: Num = False) -> StagePieces:
     """The per-stage pieces (``StagePieces``) of a stage, for one ZeRO stage or an array of them.
 
     ``layer_fwd_s`` / ``layer_bwd_s``: the stage's compute per micro-batch (layers incl.
@@ -206,6 +210,11 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
       exposed.  ZeRO-1/2 send the gradients once per step (``offload_grad_s``, ZeRO-Offload's
       ``2M``); every optimizer offload steps Adam on the CPU (``cpu_optimizer_s_per_param``) and,
       unless the weights live on the host, copies the updated ``2M`` back (``offload_param_s``).
+    * FSDP with pipelining (``pipelined_fsdp``: torchtitan / FSDP2 with pp, ZeRO-3): parameters
+      are not resharded after forward and gradients are reduced after the last micro-batch
+      (torch.distributed.pipelining stage.py set_requires_gradient_sync / set_reshard_after_backward),
+      so the stage gathers once and reduce-scatters once per step, exposed
+      (``fsdp_step_sync_s``), and nothing per micro-batch.
     """
     z = np.asarray(zero)
     z3 = z >= 3
@@ -218,10 +227,12 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
         z3b = np.maximum(0.0, ag + rs - layer_bwd_s) + rs / n1
     else:  # no prefetch: every gather and reduce-scatter is on the critical path
         z3f, z3b = ag + 0.0 * layer_fwd_s, ag + rs + 0.0 * layer_bwd_s
-    z3f, z3b = np.where(z3, z3f, 0.0), np.where(z3, z3b, 0.0)
+    pf = z3 & np.asarray(pipelined_fsdp)
+    z3f, z3b = np.where(z3 & ~pf, z3f, 0.0), np.where(z3 & ~pf, z3b, 0.0)
+    step_sync = np.where(pf, ag + rs, 0.0)
     sigma = eff.overlap_compute_slowdown
-    slow_f = np.where(z3, sigma * np.maximum(0.0, ag - z3f), 0.0)
-    slow_b = np.where(z3, sigma * np.maximum(0.0, ag + rs - z3b), 0.0)
+    slow_f = np.where(z3 & ~pf, sigma * np.maximum(0.0, ag - z3f), 0.0)
+    slow_b = np.where(z3 & ~pf, sigma * np.maximum(0.0, ag + rs - z3b), 0.0)
 
     local = local_params(params, z, dp_size, expert_dp)
     opt_bytes = rt.optimizer_bytes(optimizer_impl, fp16)
@@ -259,7 +270,8 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
                        zero3_exposed_bwd_s=z3b, overlap_slowdown_fwd_s=slow_f, overlap_slowdown_bwd_s=slow_b,
                        optimizer_s=opt_s, grad_accum_s=accum_s, fsdp_copy_fwd_s=copy_f, fsdp_copy_bwd_s=copy_b,
                        fp8_weight_cast_s=cast_s, dp_replica_sync_s=coll.replica_all_reduce_s + 0.0 * z,
-                       offload_fwd_s=off_f, offload_bwd_s=off_b, offload_grad_s=off_g, offload_param_s=off_p)
+                       offload_fwd_s=off_f, offload_bwd_s=off_b, offload_grad_s=off_g, offload_param_s=off_p,
+                       fsdp_step_sync_s=step_sync)
 
 
 def stage_times(*, layer_fwd_s: Num, layer_bwd_s: Num, recompute_s: Num, layer_exposed_fwd_s: Num,
@@ -278,7 +290,7 @@ def stage_times(*, layer_fwd_s: Num, layer_bwd_s: Num, recompute_s: Num, layer_e
         p2p_s=p2p_s, weight_grad_s=0.5 * layer_bwd_s, dp_grad_sync_s=pieces.dp_grad_sync_s,
         dp_param_gather_s=pieces.dp_param_gather_s, optimizer_s=pieces.optimizer_s, num_layers=num_layers,
         dp_replica_sync_s=pieces.dp_replica_sync_s, offload_grad_s=pieces.offload_grad_s,
-        offload_param_s=pieces.offload_param_s,
+        offload_param_s=pieces.offload_param_s, fsdp_step_sync_s=pieces.fsdp_step_sync_s,
         fwd_sends=0 if last else 1, bwd_sends=0 if first else 1, count=count, before=before)
 
 
@@ -343,8 +355,8 @@ def compose(stages: Sequence[StageTimes], *, m: Num, vp: Num, zero_bubble: Num, 
             gather = gather - hidden_gather
             slow = slow + sigma * hidden_gather
             ready = ready + sigma * hidden_gather
-        ends.append(ready + st.optimizer_s + st.offload_param_s + gather)
-        exposed.append(dp_exposed + gather)
+        ends.append(ready + st.optimizer_s + st.offload_param_s + gather + st.fsdp_step_sync_s)
+        exposed.append(dp_exposed + gather + st.fsdp_step_sync_s)
         slows.append(slow)
         opts.append(st.optimizer_s)
         offs.append(off_exposed)

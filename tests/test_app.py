@@ -388,7 +388,7 @@ def test_breakdown_parts_sum_to_the_step(strategy):
     assert sum(parts.values()) == pytest.approx(r["step_time_s"], rel=1e-9)
     assert all(v >= -1e-12 for v in parts.values())
     mem = charts.memory_parts_gib(r)
-    assert sum(mem.values()) == pytest.approx(r["memory_peak_bytes"] / charts.GIB, rel=1e-9)
+    assert sum(mem.values()) == pytest.approx(r["memory_device_bytes"] / charts.GIB, rel=1e-9)
     fig = charts.breakdown_figure([("a", r)])
     assert sum(sum(t.x) for t in fig.data) == pytest.approx(r["step_time_s"], rel=1e-9)
 

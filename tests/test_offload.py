@@ -240,7 +240,7 @@ def test_search_equals_simulate_for_offload_candidates():
         assert s.offload != "none"
         res = simulate_analytic(r.fastmodel.plan(s), net=r.fastmodel.net)
         assert r.candidates.step_time_s[i] == pytest.approx(res.step_time_s, rel=1e-9), s.to_string()
-        assert r.candidates.memory_peak_bytes[i] == pytest.approx(res.memory_peak_bytes, rel=1e-9), s.to_string()
+        assert r.candidates.memory_device_bytes[i] == pytest.approx(res.memory_device_bytes, rel=1e-9), s.to_string()
         assert res.fits_memory
 
 

@@ -58,9 +58,11 @@ def predict(w: dict[str, Any], cal: Calibration, *, engine: str = "analytic") ->
     applied = cal.apply_plan(plan)
     mem = memory_breakdown(applied.model, applied.cluster, applied.strategy, attention=applied.attention,
                            runtime=cal.memory_runtime(default_runtime()))
-    mem_bytes = mem.total_bytes + (cal.host.element_ratio - 1.0) * mem.activations_bytes
+    # measured: the reserved peak (GPU) or resident-set growth (CPU): the reserved level
+    act_extra = (cal.host.element_ratio - 1.0) * mem.activations_bytes
+    mem_bytes = mem.reserved_bytes + act_extra
     return {"predicted_step_time_s": res.step_time_s, "predicted_memory_peak_bytes": mem_bytes,
-            "predicted_tensor_bytes": mem_bytes - mem.reserve_bytes,
+            "predicted_tensor_bytes": mem.allocated_bytes + act_extra,
             "breakdown": res.breakdown.as_dict(), "warnings": list(res.warnings)}
 
 

@@ -62,6 +62,10 @@ def deepspeed_config(spec: LaunchSpec) -> tuple[dict[str, object], list[str]]:
         cfg["zero_optimization"]["offload_optimizer"] = dict(target)  # type: ignore[index]
     if s.offload_params:
         cfg["zero_optimization"]["offload_param"] = dict(target)  # type: ignore[index]
+    if s.recompute_num_layers is not None or s.offload_num_layers is not None:
+        raise InputError("export", "deepspeed", "recompute_num_layers / offload_num_layers: DeepSpeed's activation "
+                         "checkpointing (number_checkpoints, cpu_checkpointing) is not Megatron's partial "
+                         "recomputation or N-layer offload; use --export megatron")
     if s.offload_activations:
         if s.recompute != "full" or s.tp == 1:
             raise InputError("export", "deepspeed", f"offload={s.offload}: DeepSpeed offloads activations only as "

@@ -11,7 +11,10 @@ Mapping of the plan:
   reduce-scattered into the shard); 2/3 -> Megatron-FSDP ``--use-megatron-fsdp
   --data-parallel-sharding-strategy optim_grads`` / ``optim_grads_params``;
 * recomputation: ``--recompute-granularity selective`` or ``full`` with
-  ``--recompute-method uniform --recompute-num-layers 1``;
+  ``--recompute-method uniform|block --recompute-num-layers N`` (the plan's
+  ``recompute_method`` / ``recompute_num_layers``, default uniform 1);
+* activation offload of N layers: ``--cpu-offloading-num-layers N`` (Megatron-Core's CPU
+  offloading; pp = 1 and no recomputation, transformer_config.py);
 * precision: ``--bf16``, ``--fp16``, fp8 as ``--bf16 --fp8-format hybrid`` (Transformer Engine);
 * overlap: ``--overlap-grad-reduce``/``--overlap-param-gather`` (data parallel),
   ``--tp-comm-overlap``, ``--overlap-moe-expert-parallel-comm``, pipeline sends
@@ -46,10 +49,19 @@ from sim.stages import stage_layers
 def megatron_args(spec: LaunchSpec) -> tuple[list[str], list[str]]:
     """(argument tokens, warnings)."""
     m, s = spec.model, spec.strategy
-    if s.offload != "none" and not (s.offload == "optimizer" and s.zero == 1 and s.offload_device == "cpu"):
+    act_offload = s.offload == "activations" and s.offload_num_layers is not None
+    if s.offload != "none" and not (s.offload == "optimizer" and s.zero == 1 and s.offload_device == "cpu") \
+            and not act_offload:
         raise InputError("export", "megatron", f"offload={s.offload} (zero={s.zero}, {s.offload_device}) cannot be "
-                         "expressed: Megatron-LM offloads only the distributed optimizer (offload=optimizer, zero=1, "
-                         "cpu); use --export deepspeed or torchtitan")
+                         "expressed: Megatron-LM offloads the distributed optimizer (offload=optimizer, zero=1, "
+                         "cpu) or the activations of N layers (offload=activations with offload_num_layers); use "
+                         "--export deepspeed or torchtitan")
+    if act_offload and (s.pp > 1 or s.recompute != "none" or s.offload_num_layers >= m.num_layers):
+        # megatron/core/transformer/transformer_config.py: CPU offloading needs pp == 1, no recomputation,
+        # and fewer offloaded layers than the model has
+        raise InputError("export", "megatron", f"offload_num_layers={s.offload_num_layers}: Megatron-Core's CPU "
+                         "activation offloading (--cpu-offloading-num-layers) needs pp=1, recompute=none and fewer "
+                         f"layers than the model's {m.num_layers}")
     warn: list[str] = []
     a: list[str] = []
 
@@ -138,8 +150,10 @@ def megatron_args(spec: LaunchSpec) -> tuple[list[str], list[str]]:
         opt("--recompute-granularity", "selective")
     elif s.recompute == "full":
         opt("--recompute-granularity", "full")
-        opt("--recompute-method", "uniform")
-        opt("--recompute-num-layers", 1)
+        opt("--recompute-method", s.recompute_method)
+        opt("--recompute-num-layers", s.recompute_num_layers or 1)
+    if act_offload:
+        opt("--cpu-offloading-num-layers", s.offload_num_layers)  # sets cpu_offloading (activations)
     if s.zero >= 1:
         opt("--use-distributed-optimizer")
     if s.dp_shard is not None:

@@ -67,7 +67,19 @@ def strategy_from_megatron(tokens: list[str], *, model: Model, num_gpus: int) ->
                     pp_overlap=vp > 1 and "--no-overlap-p2p-communication" not in o,
                     cuda_graphs="--enable-cuda-graph" in o, fp8_recipe=str(o.get("--fp8-recipe", "delayed")),
                     dp_shard=dp // int(instances) if instances else None,
-                    offload="optimizer" if "--optimizer-cpu-offload" in o else "none")
+                    offload="optimizer" if "--optimizer-cpu-offload" in o else
+                    ("activations" if "--cpu-offloading-num-layers" in o else "none"),
+                    offload_num_layers=int(o["--cpu-offloading-num-layers"]) if "--cpu-offloading-num-layers" in o
+                    else None, **_recompute_layers(o))
+
+
+def _recompute_layers(o: dict) -> dict[str, object]:
+    """Megatron's ``--recompute-method`` / ``--recompute-num-layers`` as the strategy keys
+    (uniform groups of 1 = every layer = the keys left out)."""
+    method, n = str(o.get("--recompute-method", "uniform")), int(o.get("--recompute-num-layers", 1))
+    if o.get("--recompute-granularity") != "full" or (method == "uniform" and n == 1):
+        return {}
+    return {"recompute_num_layers": n, "recompute_method": method}
 
 
 _TT_SCHEDULES = {"1F1B": ("1f1b", False), "GPipe": ("gpipe", False), "Interleaved1F1B": ("interleaved", True),

@@ -56,6 +56,10 @@ def dumps(sections: dict[str, dict[str, object]], comment: str = "") -> str:
 def torchtitan_config(spec: LaunchSpec) -> tuple[dict[str, dict[str, object]], list[str]]:
     m, s = spec.model, spec.strategy
     warn: list[str] = []
+    if s.recompute_num_layers is not None:
+        raise InputError("export", "torchtitan", f"recompute_num_layers={s.recompute_num_layers} "
+                         f"({s.recompute_method}): torchtitan's activation checkpointing is full, op-level selective "
+                         "or every k-th block (selective_ac_option), not Megatron's partial block/uniform method")
     if s.offload != "none" and (s.offload != "params" or s.offload_device != "cpu" or s.dp * s.cp == 1):
         raise InputError("export", "torchtitan", f"offload={s.offload} ({s.offload_device}, dp*cp={s.dp * s.cp}) "
                          "cannot be expressed: torchtitan offloads only FSDP parameters, gradients and optimizer "

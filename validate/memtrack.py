@@ -1,0 +1,261 @@
+"""Ground truth for the memory model: PyTorch's own per-category accounting of one rank.
+
+``track(plan)`` builds the plan's most loaded rank (or ``stage``) with ``validate.titan`` under
+``FakeTensorMode`` on a fake process group, runs a warm-up step (so the optimizer states
+exist, as in every step after the first), then one tracked step: the micro-batches the stage
+holds at its peak (1F1B: ``sim.memory.inflight_microbatches``) forward, their backwards in
+order, the remaining micro-batches of gradient accumulation, and the optimizer step.
+``torch.distributed._tools.mem_tracker.MemTracker`` (``FSDPMemTracker`` with FSDP2) sees
+every tensor the dispatcher creates and reports the composition at the peak, which is
+mapped onto the planner's categories (``CATEGORIES``):
+
+* ``weights``: parameters and buffers (FSDP2: sharded + unsharded parameters);
+* ``gradients``: parameter gradients (FSDP2: sharded + unsharded);
+* ``optimizer``: the optimizer's states;
+* ``activations``: tensors created in forward (saved for backward, recomputed in backward);
+* ``temporaries``: tensors created in backward (activation gradients, loss gradients), the
+  FSDP2 all-gather and reduce-scatter buffers, and what the optimizer step allocates.
+
+The optimizer is AdamW as torchtitan runs it (``fused``: one kernel per parameter group, no
+temporaries), applied to the local shards (``LocalFusedAdamW``: the fused kernel on a DTensor
+under ``FakeTensorMode`` keeps phantom temporaries alive in torch 2.13).  Pipeline stages take
+their input as a received activation of the right shape (no send/receive buffers are
+counted; the planner counts none either).  With FSDP2 and pipelining, the schedule's gradient
+handling is the one ``torch.distributed.pipelining`` applies (stage.py:
+``set_requires_gradient_sync(False)``, ``set_reshard_after_backward(False)`` until the last
+micro-batch).
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+
+from sim.memory import inflight_microbatches
+from sim.plan import Plan
+
+from validate.titan import Stage, apply_ac, apply_fsdp, apply_tp, stage_of
+
+CATEGORIES = ("weights", "gradients", "optimizer", "activations", "temporaries")
+
+_MAP = {
+    "PARAM": "weights", "BUFFER": "weights", "SHARDED_PARAM": "weights", "UNSHARDED_PARAM": "weights",
+    "GRAD": "gradients", "SHARDED_GRAD": "gradients", "UNSHARDED_GRAD": "gradients",
+    "OPT": "optimizer", "ACT": "activations", "INP": "activations", "OTH": "activations",
+    "TEMP": "temporaries", "ALL_GATHER": "temporaries", "REDUCE_SCATTER": "temporaries",
+}
+
+
+class LocalFusedAdamW(torch.optim.Optimizer):
+    """AdamW with the fused kernel (``torch._fused_adamw_``) on each parameter's local tensor."""
+
+    def __init__(self, params, lr: float = 1e-4) -> None:
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                local = p.to_local() if hasattr(p, "to_local") else p
+                grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+                st = self.state[p]
+                if not st:
+                    st["exp_avg"] = torch.zeros_like(local)
+                    st["exp_avg_sq"] = torch.zeros_like(local)
+                    st["step"] = torch.zeros((), dtype=torch.float32)
+                torch._fused_adamw_([local], [grad], [st["exp_avg"]], [st["exp_avg_sq"]], [], [st["step"]],
+                                    lr=group["lr"], beta1=0.9, beta2=0.95, weight_decay=0.1, eps=1e-8, amsgrad=False,
+                                    maximize=False)
+        return None
+
+
+def _tracker_class(fsdp: bool):
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    base = FSDPMemTracker if fsdp else MemTracker
+
+    class Tracker(base):  # type: ignore[misc, valid-type]
+        """The tracker with what the optimizer step allocates counted as temporaries (its states
+        exist from the warm-up step on and keep their category)."""
+
+        def _track(self, reftype, t):  # noqa: ANN001
+            if self._in_opt:
+                reftype = type(reftype)("Temp")
+            return super()._track(reftype, t)
+
+    return Tracker
+
+
+def _ensure_world(world: int) -> None:
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        if dist.get_world_size() == world:
+            return
+        dist.destroy_process_group()
+    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+
+
+def heaviest_stage(plan: Plan) -> int:
+    """The stage the planner predicts to peak (``sim.memory``)."""
+    from sim.memory import plan_memory
+
+    return plan_memory(plan).stage
+
+
+def track(plan: Plan, *, stage: int | None = None) -> dict[str, float]:
+    """Bytes per category at the tracked step's peak on one rank of ``stage`` (default: the
+    planner's heaviest stage), plus ``total`` and ``stage``."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.device_mesh import init_device_mesh
+
+    s, model = plan.strategy, plan.model
+    if stage is None:
+        stage = heaviest_stage(plan)
+    if s.vp > 1 or s.schedule not in ("1f1b", "gpipe"):
+        raise ValueError(f"schedule={s.schedule} vp={s.vp}: the tracker runs 1F1B and GPipe stages")
+    if s.etp is not None and s.etp != s.tp:
+        raise ValueError("etp: the tracker runs experts with the attention's tensor parallelism")
+    if s.zero not in (0, 2, 3):
+        raise ValueError(f"zero={s.zero}: torchtitan runs FSDP2 (zero 3, or 2 = no reshard after forward) or none")
+    if s.ep > 1 and s.tp > 1:
+        raise ValueError("ep with tp: the tracker runs expert parallelism without tensor parallelism")
+    dpcp = s.dp * s.cp
+    _ensure_world(s.tp * s.pp * dpcp)
+    mesh = init_device_mesh("cpu", (s.pp, dpcp, s.tp), mesh_dim_names=("pp", "dp_shard_cp", "tp"))
+    ep_group, expert_mesh = None, None
+    if s.ep > 1:
+        emesh = init_device_mesh("cpu", (s.pp, dpcp // s.ep, s.ep), mesh_dim_names=("pp", "efsdp", "ep"))
+        ep_group, expert_mesh = emesh["ep"].get_group(), emesh["efsdp"]
+    layers, first, last = stage_of(model, s, stage)
+    fsdp = s.zero >= 2
+    tokens = s.seq_len // s.cp
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    with fake:
+        st = Stage(model, layers, first=first, last=last, seq_len=tokens, ep=s.ep, ep_group=ep_group,
+                   imbalance=plan.moe_imbalance)
+    # parallelised outside the fake mode (its device-mesh bookkeeping reads real values)
+    if s.tp > 1:
+        apply_tp(st, mesh["tp"])
+    apply_ac(st, s.recompute, num_layers=s.recompute_num_layers, method=s.recompute_method)
+    if fsdp:
+        apply_fsdp(st, mesh["dp_shard_cp"], pipelined=s.pp > 1 or s.zero == 2,
+                   expert_mesh=expert_mesh if expert_mesh is not None else mesh["dp_shard_cp"])
+    else:
+        st.autocast = True
+    with fake:
+        opt = LocalFusedAdamW(st.parameters())
+        k = max(1, round(inflight_microbatches(s, stage)))
+        m = s.num_microbatches
+        run = _Runner(st, s, first=first, last=last, tokens=tokens, fsdp=fsdp, hidden=model.hidden_size,
+                      tp_mesh=mesh["tp"])
+        run.step(opt, k, m)  # warm-up: optimizer states exist from here on
+        tracker = _tracker_class(fsdp)(st, opt) if fsdp else _tracker_class(False)()
+        if not fsdp:
+            tracker.track_external(st, opt)
+        run.tracker = tracker
+        with tracker:
+            run.step(opt, k, m)
+        peak = tracker.get_tracker_snapshot("peak")
+    snap = next(iter(peak.values())) if peak else {}
+    out = {c: 0.0 for c in CATEGORIES}
+    total = 0.0
+    for key, v in snap.items():
+        name = getattr(key, "name", str(key))
+        if name == "Total" or key == "Total":
+            total = float(v)
+            continue
+        out[_MAP[name]] += float(v)
+    out["total"] = total or sum(out[c] for c in CATEGORIES)
+    out["stage"] = float(stage)
+    out["raw"] = {getattr(k, "name", str(k)): float(v) for k, v in snap.items()}  # type: ignore[assignment]
+    return out
+
+
+class _Runner:
+    """One training step of a stage: ``k`` micro-batches in flight, then the rest one at a time."""
+
+    def __init__(self, st: Stage, s, *, first: bool, last: bool, tokens: int, fsdp: bool, hidden: int,
+                 tp_mesh) -> None:
+        self.st, self.s, self.first, self.last, self.fsdp = st, s, first, last, fsdp
+        self.tokens, self.hidden, self.tp_mesh = tokens, hidden, tp_mesh
+        self.tracker = None
+        self.pipelined = s.pp > 1
+
+    def _input(self) -> torch.Tensor:
+        s = self.s
+        if self.first:
+            return torch.randint(0, 1000, (s.mbs, self.tokens))
+        seq = self.tokens // s.tp if s.tp > 1 else self.tokens
+        x = torch.randn(s.mbs, seq, self.hidden, dtype=torch.bfloat16, requires_grad=True)
+        if s.tp > 1:  # a sequence-parallel stage receives its sequence shard
+            from torch.distributed.tensor import DTensor, Shard
+
+            x = DTensor.from_local(x, self.tp_mesh, [Shard(1)], run_check=False)
+        return x
+
+    def _loss(self, out: torch.Tensor) -> torch.Tensor:
+        if not self.last:
+            return out
+        labels = torch.randint(0, 1000, (self.s.mbs, self.tokens))
+        ctx = nullcontext()
+        if self.s.tp > 1:
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            ctx = loss_parallel()
+        with ctx:
+            return torch.nn.functional.cross_entropy(out.flatten(0, 1).float(), labels.flatten(0, 1))
+
+    def _backward(self, y: torch.Tensor) -> None:
+        """``y``: the loss (last stage) or the stage output (kept until its backward, as
+        ``torch.distributed.pipelining`` keeps it in ``fwd_cache``), given the received gradient."""
+        if not self.last:
+            y.backward(torch.ones_like(y))
+            return
+        ctx = nullcontext()
+        if self.s.tp > 1:
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            ctx = loss_parallel()
+        with ctx:
+            y.backward()
+
+    def _sync(self, last_backward: bool) -> None:
+        if self.fsdp and self.pipelined:  # torch.distributed.pipelining stage.py
+            self.st.set_is_last_backward(last_backward)
+            self.st.set_reshard_after_backward(last_backward)
+            self.st.set_requires_gradient_sync(last_backward)
+
+    def _forward(self) -> torch.Tensor:
+        if self.tracker is not None:  # MemTracker keeps per-module stats of one call: start them anew
+            self.tracker.reset_mod_stats()
+        return self._loss(self.st(self._input()))
+
+    def step(self, opt: torch.optim.Optimizer, k: int, m: int) -> None:
+        k = min(k, m)
+        done = 0
+        pending = [self._forward() for _ in range(k)]
+        while pending:
+            y = pending.pop(0)
+            done += 1
+            self._sync(done == m)
+            self._backward(y)
+            del y
+            if done + len(pending) < m:  # 1F1B: the next micro-batch's forward
+                pending.append(self._forward())
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def gib(x: float) -> float:
+    return x / float(1 << 30)
+
+
+def rel(a: float, b: float) -> float:
+    return a / b - 1 if b else (0.0 if a == 0 else math.inf)
