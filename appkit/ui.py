@@ -439,8 +439,11 @@ def handoff_tab(ev: Evaluation, chosen: int, eco: dict[str, Any]) -> None:
         cols[i % 3].download_button(name, data=data, file_name=name.replace("/", "-"), key=f"download_{name}")
     for w in warnings:
         st.caption(f"note: {md(w)}")
+    if not files:  # no framework profile runs this plan: nothing to launch (the notes say why)
+        st.info("No launch config: no framework profile runs this plan (see the notes above).")
+        return
     with st.expander("Preview"):
-        pick = st.selectbox("File", list(files), key="preview_file")
+        pick = st.selectbox("File", list(files), key="preview_file") or next(iter(files))
         lang = {"sh": "bash", "sbatch": "bash", "json": "json", "toml": "toml", "yaml": "yaml"}.get(
             pick.rsplit(".", 1)[-1], None)
         st.code(files[pick].decode("utf-8", "replace"), language=lang)

@@ -12,6 +12,7 @@ import functools
 from dataclasses import dataclass
 
 from sim.catalog import catalog_document
+from sim.compute import default_efficiency
 from sim.errors import InfeasibleError, InputError
 from sim.plan import ATTENTION_IMPLS, GRAD_ACCUMULATION, LOSS_IMPLS, MOE_DISPATCHERS, SELECTIVE_POLICIES
 from sim.specs import (DEFAULT_ORDER, FP8_RECIPES, OFFLOAD_DEVICES, OFFLOADS, ORDERS, SCHEDULES, TRAIN_PRECISIONS,
@@ -202,3 +203,25 @@ def list_frameworks() -> list[Framework]:
     for fw in _frameworks().values():
         seen.setdefault(fw.id, fw)
     return list(seen.values())
+
+
+@functools.cache
+def default_frameworks() -> tuple[Framework, ...]:
+    """The profiles ``searched_by_default`` (``catalogs/frameworks.yaml``), in order: what
+    ``planner recommend`` searches and ``planner simulate`` picks from without ``--framework``."""
+    doc = catalog_document("frameworks.yaml")
+    ids = doc.get("searched_by_default")
+    if not isinstance(ids, (list, tuple)) or not ids:
+        raise InputError("frameworks.yaml.searched_by_default", ids, "must list at least one profile id")
+    return tuple(dict.fromkeys(get_framework(i) for i in ids))
+
+
+def fp8_recipe_for(fw: Framework, architecture: str | None) -> str | None:
+    """The framework's own fp8 recipe on a GPU architecture: the first of its ``fp8_recipes``
+    that runs there (``catalogs/efficiency.yaml`` ``fp8_recipes`` architectures), else None."""
+    eff = default_efficiency()
+    for r in fw.capabilities.fp8_recipes:
+        archs = eff.fp8_recipe(r).architectures
+        if not archs or architecture in archs:
+            return r
+    return None

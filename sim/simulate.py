@@ -14,6 +14,7 @@ from sim.event.whatif import WhatIf
 from sim.network import Network
 from sim.plan import Plan
 from sim.result import StepResult
+from sim.run import Run
 
 ENGINES: tuple[str, ...] = ("analytic", "event")
 
@@ -25,14 +26,10 @@ def simulate(plan: Plan, *, engine: str = "analytic", trace_path: str | None = N
     (``sim.event``), which alone takes ``whatif`` (stragglers, slow links, uneven stages),
     ``explicit_ranks`` (every data-parallel replica simulated) and ``trace_path``.
     ``calibration`` (a profile file or name, ``sim.calibration``) replaces the catalog's
-    hardware and efficiency with a measured machine's.  ``dp_impl=dataparallel`` is priced by
+    hardware and efficiency with a measured machine's.  Entry points resolve their run with
+    ``sim.run.resolve`` and call ``simulate_run``; this form prices a ``Plan`` built by hand.  ``dp_impl=dataparallel`` is priced by
     ``sim.dataparallel`` (closed form, next to the DDP step) under either engine."""
-    if engine not in ENGINES:
-        raise InputError("engine", engine, f"must be one of {', '.join(ENGINES)}")
-    if engine != "event" and (explicit_ranks or (whatif is not None and not whatif.empty)):
-        raise InputError("engine", engine, "what-ifs and --explicit-ranks need --engine event")
-    if engine != "event" and trace_path is not None:
-        raise InputError("trace", trace_path, "--trace needs --engine event")
+    _check_engine(engine, trace_path, whatif, explicit_ranks)
     eff = default_efficiency()
     net_kwargs: dict[str, object] = {}
     if calibration is not None:
@@ -43,6 +40,30 @@ def simulate(plan: Plan, *, engine: str = "analytic", trace_path: str | None = N
     if not net_kwargs:
         net_kwargs = network_kwargs(plan.cluster.gpu.nvlink_generation)
     net = Network(plan.cluster, **net_kwargs)  # type: ignore[arg-type]
+    return _simulate(plan, net=net, eff=eff, engine=engine, trace_path=trace_path, whatif=whatif,
+                     explicit_ranks=explicit_ranks)
+
+
+def simulate_run(run: Run, *, engine: str = "analytic", trace_path: str | None = None,
+                 whatif: WhatIf | None = None, explicit_ranks: bool = False) -> StepResult:
+    """``simulate`` of a resolved run (``sim.run.resolve``: framework, calibration and overrides
+    already applied): the call every entry point makes."""
+    _check_engine(engine, trace_path, whatif, explicit_ranks)
+    return _simulate(run.plan, net=run.network(), eff=run.eff, engine=engine, trace_path=trace_path,
+                     whatif=whatif, explicit_ranks=explicit_ranks)
+
+
+def _check_engine(engine: str, trace_path: str | None, whatif: WhatIf | None, explicit_ranks: bool) -> None:
+    if engine not in ENGINES:
+        raise InputError("engine", engine, f"must be one of {', '.join(ENGINES)}")
+    if engine != "event" and (explicit_ranks or (whatif is not None and not whatif.empty)):
+        raise InputError("engine", engine, "what-ifs and --explicit-ranks need --engine event")
+    if engine != "event" and trace_path is not None:
+        raise InputError("trace", trace_path, "--trace needs --engine event")
+
+
+def _simulate(plan: Plan, *, net: Network, eff, engine: str, trace_path: str | None, whatif: WhatIf | None,
+              explicit_ranks: bool) -> StepResult:
     if plan.strategy.dp_impl == "dataparallel":  # single-process DataParallel: closed form, either engine
         if explicit_ranks or trace_path is not None or (whatif is not None and not whatif.empty):
             raise InputError("dp_impl", "dataparallel", "what-ifs, --trace and --explicit-ranks need the event "
