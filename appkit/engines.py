@@ -17,6 +17,7 @@ from typing import Any, Mapping
 from planner.economics.tco import TcoOptions, compute_tco
 from planner.exports import FORMATS, LaunchSpec, job_name, render
 from planner.recommend import recommend as planner_recommend
+from planner.search import SearchSpace
 from sim.conventions import default_global_batch
 from sim.errors import InputError
 from sim.plan import Plan
@@ -28,13 +29,16 @@ from sim.specs import Cluster, Model
 # --------------------------------------------------------------------------- recommender
 
 def recommend(model: Model, cluster: Cluster, *, gbs: int | None, seq_len: int, top: int,
-              rerank: bool = True) -> dict[str, Any]:
+              rerank: bool = True, precision: tuple[str, ...] | None = None) -> dict[str, Any]:
     """Best plans for the design, as ``planner recommend --json``: ``plans`` (best first, each
     with ``strategy`` and the simulate keys), ``candidates_evaluated``, ``search_time_s``,
     ``rejected`` (per reason), ``explanation`` and, when nothing fits, ``suggestions``.
-    ``rerank=False`` ranks with the analytic model only (``planner recommend --rerank 0``)."""
+    ``rerank=False`` ranks with the analytic model only (``planner recommend --rerank 0``);
+    ``precision`` lists the precisions to search (``planner recommend --precision``; default
+    bf16, with a faster fp8 plan said as ``fp8_alternative``)."""
     res = planner_recommend(model, cluster, gbs=gbs if gbs is not None else default_global_batch(seq_len), seq_len=seq_len,
-                            top=top, rerank=None if rerank else 0)
+                            top=top, rerank=None if rerank else 0,
+                            space=SearchSpace(precision=precision) if precision else None)
     return res.to_dict()
 
 

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from planner.explain import bound
 from planner.report import priced, simulate_command
 from appkit import engines
 from appkit.design import Design, cluster_of
@@ -190,18 +191,17 @@ def plans_table(plans: tuple[Mapping[str, Any], ...], cluster: Cluster, seq_len:
 
 
 def bottleneck(plan: Mapping[str, Any]) -> str:
-    """What bounds a plan: the largest non-compute part of its step, or compute."""
-    b = plan["breakdown"]
-    total = float(plan["step_time_s"]) or 1.0
-    parts = {"exposed communication": float(b.get("exposed_comm_s", 0.0)),
-             "pipeline bubble": float(b.get("bubble_s", 0.0)),
-             "optimizer": float(b.get("optimizer_s", 0.0))}
-    name, val = max(parts.items(), key=lambda kv: kv[1])
+    """What bounds a plan: the one verdict ``planner recommend`` explains and ``planner
+    simulate`` reports as ``bound_by`` (``planner.explain.bound``), with its share of the step."""
     if not plan.get("fits_memory", True):
         return "memory: does not fit"
-    if val / total < 0.10:
-        return f"compute ({float(b['compute_s']) / total:.0%} of the step)"
-    return f"{name} ({val / total:.0%} of the step)"
+    label, shares = bound(dict(plan))
+    comm = sum(v for k, v in shares.items() if k.startswith("exposed_"))
+    share = {"compute": shares["compute_s"], "exposed_comm": comm, "bubble": shares["bubble_s"],
+             "optimizer": shares["optimizer_s"]}[label]
+    name = {"compute": "compute", "exposed_comm": "exposed communication", "bubble": "pipeline bubble",
+            "optimizer": "optimizer"}[label]
+    return f"{name} ({share:.0%} of the step)"
 
 
 def result_document(ev: Evaluation, plan: Mapping[str, Any], economics: Mapping[str, Any]) -> dict[str, Any]:

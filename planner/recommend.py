@@ -46,6 +46,7 @@ from sim.placement import strides
 from sim.run import RunChoices, plan_kwargs
 from sim.specs import Cluster, Model, Strategy
 
+from planner.explain import bound
 from planner.search import SearchResult, SearchSpace, search
 from planner.uncertainty import Band, above_published_note, band_from, headline, memory_headroom, stored_table
 
@@ -128,6 +129,7 @@ class RankedPlan:
                     "objective_value": self.objective_value, "attention": self.plan.attention,
                     "fp8_recipe": self.strategy.fp8_recipe if self.strategy.precision == "fp8" else None})
         out.update(objective.extras(self.step_time_s, self.strategy, self.num_gpus))
+        out["bound_by"] = bound(out)[0]  # the one verdict (planner.explain), as planner simulate reports it
         return out
 
 

@@ -18,6 +18,7 @@ from typing import Mapping, Sequence
 from sim.result import StepResult
 from sim.run import Run, RunChoices
 
+from planner.explain import bound
 from planner.uncertainty import above_published_note, band_for, headline
 
 
@@ -34,13 +35,15 @@ def run_choices(args: argparse.Namespace, *, framework: str | None = None) -> Ru
 def priced(run: Run, result: StepResult) -> dict[str, object]:
     """The JSON of a priced run (docs/interface.md ``planner simulate``): the step result with
     the calibrated estimate as ``step_time_s`` inside its band, the model's own step as
-    ``model_step_time_s``, the framework profile that runs it, and one warning each for the
-    run's notes and an MFU above every published run like it."""
+    ``model_step_time_s``, the framework profile that runs it, the one verdict on what bounds
+    it (``bound_by``, ``planner.explain.bound``: the verdict ``recommend`` explains), and one
+    warning each for the run's notes and an MFU above every published run like it."""
     plan, cluster = run.plan, run.plan.cluster
     out = headline(result.to_dict(), band_for(plan, run.framework.id))
     out.update({"model": plan.model.name, "gpu": cluster.gpu.id, "nic": cluster.nic.id, "topology": cluster.topology,
                 "framework": run.framework.id if run.runnable else None, "attention": plan.attention,
-                "fp8_recipe": plan.strategy.fp8_recipe if plan.strategy.precision == "fp8" else None})
+                "fp8_recipe": plan.strategy.fp8_recipe if plan.strategy.precision == "fp8" else None,
+                "bound_by": bound(out)[0]})
     warnings = list(run.notes) + list(out["warnings"])  # type: ignore[arg-type]
     precision = "bf16" if plan.strategy.precision == "fp16" else plan.strategy.precision
     note = above_published_note(float(out["mfu"]), cluster.gpu.architecture or "unknown", precision)  # type: ignore[arg-type]
