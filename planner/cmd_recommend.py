@@ -191,6 +191,15 @@ def _short_strategy(s: str) -> str:
     return " ".join(keep)
 
 
+def _mfu_cell(p: dict) -> str:
+    """MFU in the table: over the bf16 peak, fp8 plans over the fp8 peak (labelled); never a
+    figure above 100%."""
+    fp8 = p["precision"] == "fp8"
+    v = float(p["mfu_of_precision_peak"] if fp8 else p["mfu"])
+    text = ">100%" if v > 1 else f"{v:.1%}"
+    return f"{text + (' fp8' if fp8 else ''):>10}"
+
+
 def print_table(out: dict) -> None:
     from planner.report import mfu_text
 
@@ -199,13 +208,14 @@ def print_table(out: dict) -> None:
              f"searched {out['candidates_considered']:,} candidates in {out['search_time_s']:.2f} s "
              f"({out['timings_s'].get('total_s', out['search_time_s']):.2f} s with re-ranking and explanation): "
              f"{out['candidates_evaluated']:,} fit and were timed, {out['rejected_total']:,} rejected",
-             f"frameworks: {', '.join(out['frameworks_searched'])}; precision: {', '.join(out['precisions_searched'])}; "
-             f"memory headroom: {out['memory_headroom']['why']}",
+             f"frameworks: {', '.join(out['frameworks_searched'])}"
+             + "".join(f" (not {k}: {v})" for k, v in out["frameworks_skipped"].items())
+             + f"; precision: {', '.join(out['precisions_searched'])}; memory headroom: {out['memory_headroom']['why']}",
              f"ranking: {out['ranking']['note']}", ""]
     if out["plans"]:
         obj = out["objective"]["kind"]
         extra_head = {"time": "  time to train", "cost": "  cost to train"}.get(obj, "")
-        lines.append(f"{'#':>2}  {'step time':>10}  {'80% band':>19}  {'tokens/s':>11}  {'MFU':>6}  {'TFLOP/s':>7}  "
+        lines.append(f"{'#':>2}  {'step time':>10}  {'80% band':>19}  {'tokens/s':>11}  {'MFU':>10}  {'TFLOP/s':>7}  "
                      f"{'memory':>14}{extra_head}  {'framework':<18} {'prec':<4}  strategy")
         for p in out["plans"]:
             mem = f"{p['memory_peak_bytes'] / GIB:.1f}/{p['memory_capacity_bytes'] / GIB:.0f} GiB"
@@ -218,7 +228,7 @@ def print_table(out: dict) -> None:
                 extra = f"  ${p['usd_per_million_tokens']:.3f}/Mtok"
             gpus = f" [{p['num_gpus']} GPUs]" if p["num_gpus"] != out["num_gpus"] else ""
             band = f"{_fmt_s(p['step_time_s_low'])}..{_fmt_s(p['step_time_s_high'])}"
-            mfu = f"{p['mfu']:>6.1%}" if p["mfu"] <= 1 and p["precision"] != "fp8" else "   fp8"
+            mfu = _mfu_cell(p)
             lines.append(f"{p['rank']:>2}  {_fmt_s(p['step_time_s']):>10}  {band:>19}  {p['tokens_per_s']:>11,.0f}  "
                          f"{mfu}  {p['model_tflops_per_gpu']:>7.0f}  {mem:>14}{extra}  {p['framework']:<18} "
                          f"{p['precision']:<4}  {_short_strategy(p['strategy'])}{gpus}")

@@ -22,7 +22,7 @@
 4. ``planner.explain`` says what bounds the winner and why the alternatives lose; when nothing
    fits, ``suggest`` re-runs the search with one change at a time (ZeRO-3, recomputation, more
    GPUs, a smaller batch, a GPU with more memory, more host memory) and reports the changes
-   that make it fit.
+   that make it fit (``planner.suggest``).
 """
 
 from __future__ import annotations
@@ -443,6 +443,8 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: 
 
             rec.explanation = explain_infeasible(rec)
         if suggest:
+            from planner.suggest import suggest_fixes
+
             rec.suggestions = suggest_fixes(model, cluster, gbs=gbs, seq_len=seq_len, space=space, settings=settings,
                                             rejected_batch=rec.rejected.get("batch", 0) > 0, memory_limit_bytes=limit,
                                             host_need_bytes=min((r.closest_host_oom[0] for r in searches
@@ -710,101 +712,3 @@ def _rerank_event(plans: list[RankedPlan], k: int, tol: float, objective: Object
         note += (f"; {k - done} more would exceed the budget of {budget_passes:,} passes (--rerank-budget) and "
                  "keep their analytic rank")
     return _reorder(out, tol) + plans[done:], note, True
-
-
-# --------------------------------------------------------------------------- nothing fits
-
-
-def simplest_best(r: SearchResult, num_layers: int, tie_tolerance: float = 1e-3) -> int:
-    """The candidate of ``r`` that ``recommend`` would pick by throughput: the simplest of those
-    within ``tie_tolerance`` of the fastest."""
-    t = r.candidates.step_time_s
-    tied = np.flatnonzero(t <= float(t.min()) * (1 + tie_tolerance))
-    tied = tied[np.argsort(t[tied], kind="stable")[:5000]]
-    return int(min(tied, key=lambda i: (_tie_key(r.strategy(int(i)), num_layers), float(t[i]))))
-
-
-def suggest_fixes(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: SearchSpace,
-                  settings: Settings, max_factor: int = 8, rejected_batch: bool = False,
-                  memory_limit_bytes: float | None = None, host_need_bytes: float = 0.0) -> list[dict[str, object]]:
-    """Changes that make some plan fit, each verified by re-running the search (with the
-    framework profiles of ``settings``, the first that fits).  With ``rejected_batch`` (the
-    batch did not divide) a larger batch and fewer GPUs are tried too; with ``host_need_bytes``
-    (offloaded plans fit the GPU but need that much of the node's host memory) more host memory
-    is tried first."""
-    from sim.catalog import list_gpus
-    from sim.offload import host_spec, with_host
-
-    tries: list[tuple[str, str, dict]] = []
-    if host_need_bytes:  # offloaded plans fit the GPU but not the node's host memory
-        have = host_spec(cluster).host_dram_bytes
-        for k in (1.0, 2.0):
-            gib = 64 * math.ceil(max(host_need_bytes * k, have * 2) / 2**30 / 64)
-            tries.append(("host_memory", f"more host memory per node: {gib:,} GiB (--host-dram-gib {gib})",
-                          {"cluster": lambda gib=gib: with_host(cluster, host_dram_bytes=gib * 2**30)}))
-    if 3 not in space.zero:
-        tries.append(("zero", "allow ZeRO-3 / FSDP (shard weights, gradients and optimizer states)",
-                      {"space": space.replace(zero=(0, 1, 2, 3))}))
-    if not {"optimizer", "params"} <= set(space.offload):
-        tries.append(("offload", "allow offloading optimizer states (and parameters) to host memory",
-                      {"space": space.replace(offload=tuple(dict.fromkeys(space.offload + ("none", "optimizer",
-                                                                                            "params"))))}))
-    if "full" not in space.recompute:
-        tries.append(("recompute", "allow full activation recomputation",
-                      {"space": space.replace(recompute=tuple(space.recompute) + ("full",))}))
-    if any(getattr(space, d) is not None for d in ("tp", "pp", "cp")):
-        tries.append(("model_parallel", "let the search choose tp, pp and cp",
-                      {"space": space.replace(tp=None, pp=None, cp=None)}))
-    if space.mbs is not None and 1 not in space.mbs:
-        tries.append(("mbs", "allow micro-batch 1", {"space": space.replace(mbs=tuple(space.mbs) + (1,))}))
-    smaller = sorted({b for b in (1 << (gbs.bit_length() - 1), gbs // 2) if 0 < b < gbs}, reverse=True)
-    for b in smaller:
-        tries.append(("gbs", f"a smaller global batch: gbs={b}", {"gbs": b}))
-    if rejected_batch:
-        for k in (2, 4, 8):
-            tries.append(("gbs_larger", f"a larger global batch: gbs={gbs * k}", {"gbs": gbs * k}))
-        for k in (2, 4, 8):
-            n = cluster.num_gpus // k
-            if n >= 1 and cluster.num_gpus % k == 0:
-                tries.append(("fewer_gpus", f"fewer GPUs: {n}", {"cluster": lambda n=n: cluster_with_gpus(cluster, n)}))
-    k = 2
-    while k <= max_factor:
-        n = cluster.num_gpus * k
-        tries.append(("num_gpus", f"more GPUs: {n}", {"cluster": lambda n=n: cluster_with_gpus(cluster, n)}))
-        k *= 2
-    bigger = sorted((g for g in list_gpus() if g.hbm_bytes > cluster.gpu.hbm_bytes
-                     and g.form_factor == cluster.gpu.form_factor), key=lambda g: g.hbm_bytes)
-    for g in bigger[:2]:
-        tries.append(("gpu", f"a GPU with more memory: {g.id} ({g.hbm_bytes / 2**30:.0f} GiB)",
-                      {"cluster": lambda g=g: replace(cluster, gpu=g)}))
-
-    fraction = 1.0 if memory_limit_bytes is None else memory_limit_bytes / cluster.gpu.hbm_bytes
-    out: list[dict[str, object]] = []
-    done: set[str] = set()
-    for kind, text, change in tries:
-        if kind in done:
-            continue
-        try:
-            cl = change["cluster"]() if "cluster" in change else cluster
-        except InputError:
-            continue  # e.g. more GPUs than a cluster may have: not a suggestion
-        for fw in settings.profiles:
-            try:
-                fspace = framework_space(change.get("space", space), fw.id, cl)
-                r = search(model, cl, gbs=change.get("gbs", gbs), seq_len=seq_len, space=fspace,
-                           plan_kwargs=settings.plan_kwargs(fw), dp_overlap=fw.dp_overlap,
-                           memory_limit_bytes=fraction * cl.gpu.hbm_bytes)
-            except InputError:
-                continue
-            if not r.evaluated:
-                continue
-            done.add(kind)
-            j = simplest_best(r, model.num_layers)
-            out.append({"change": kind, "what": text, "verified": True, "framework": fw.id,
-                        "num_gpus": r.cluster.num_gpus, "gpu": r.cluster.gpu.id, "gbs": r.gbs,
-                        "best_strategy": r.strategy(j).to_string(),
-                        "step_time_s": float(r.candidates.step_time_s[j]),
-                        "memory_peak_bytes": float(r.candidates.memory_peak_bytes[j]),
-                        "candidates_evaluated": r.evaluated})
-            break
-    return out

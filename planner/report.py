@@ -39,7 +39,8 @@ def priced(run: Run, result: StepResult) -> dict[str, object]:
     it (``bound_by``, ``planner.explain.bound``: the verdict ``recommend`` explains), and one
     warning each for the run's notes and an MFU above every published run like it."""
     plan, cluster = run.plan, run.plan.cluster
-    out = headline(result.to_dict(), band_for(plan, run.framework.id))
+    cal = run.calibration.id if run.calibration is not None else None
+    out = headline(result.to_dict(), band_for(plan, run.framework.id, calibration=cal))
     out.update({"model": plan.model.name, "gpu": cluster.gpu.id, "nic": cluster.nic.id, "topology": cluster.topology,
                 "framework": run.framework.id if run.runnable else None, "attention": plan.attention,
                 "fp8_recipe": plan.strategy.fp8_recipe if plan.strategy.precision == "fp8" else None,

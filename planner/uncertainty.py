@@ -245,9 +245,16 @@ def stored_table() -> dict[str, dict[str, dict[str, float]]]:
     return out
 
 
-def band_for(plan: Plan, framework: str) -> Band:
-    """The stored band of ``plan`` run under ``framework``."""
-    return band_from(stored_table(), class_of(plan, framework))
+def band_for(plan: Plan, framework: str, *, calibration: str | None = None) -> Band:
+    """The stored band of ``plan`` run under ``framework``.  With a calibration profile (a
+    machine measured by ``planner validate``) the published runs' bias does not apply: the
+    estimate is the model's step and the band the spread of all published runs around it."""
+    table = stored_table()
+    if calibration is not None:
+        s = table["spreads"]["all"]
+        return Band(cls=f"calibration {calibration}", spread_class="all", runs=int(s["runs"]), bias=0.0,
+                    q10=float(s["q10"]), q90=float(s["q90"]))
+    return band_from(table, class_of(plan, framework))
 
 
 def memory_headroom() -> tuple[float, str]:

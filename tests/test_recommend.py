@@ -175,7 +175,8 @@ def test_when_the_model_is_too_big_more_gpus_are_suggested():
     again = recommend(model, cluster("a100-80gb", more["num_gpus"]), gbs=64, seq_len=2048,
                       space=SearchSpace(max_mbs=2, max_vp=2), **FAST)
     assert again.best is not None and again.best.result.fits_memory
-    assert again.best.result.step_time_s == pytest.approx(more["step_time_s"], rel=1e-9)
+    assert again.best.step_time_s == pytest.approx(more["step_time_s"], rel=1e-9)  # the calibrated estimate
+    assert again.best.framework == more["framework"]
 
 
 def test_explanation_names_the_bound_and_the_alternatives():
