@@ -162,16 +162,25 @@ def resolve(model: Model, cluster: Cluster, strategy: Strategy | str, choices: R
     else:
         fw, s, notes = _pick(strategy, cluster, given)
         runnable = not notes
-    plan = Plan(model=model, cluster=cluster, strategy=s, **plan_kwargs(fw, choices))
+    plan, eff, net_kw, cal = calibrated(Plan(model=model, cluster=cluster, strategy=s, **plan_kwargs(fw, choices)),
+                                        choices.calibration)
+    return Run(plan=plan, framework=fw, choices=replace(choices, framework=fw.id if runnable else choices.framework),
+               eff=eff, net_kwargs=net_kw, calibration=cal, runnable=runnable, notes=notes)
+
+
+def calibrated(plan: Plan, calibration: str | None
+               ) -> tuple[Plan, KernelEfficiency, dict[str, object], Calibration | None]:
+    """(``plan`` on the profile's measured device, links and host; the kernel efficiencies; the
+    network settings; the profile): with no calibration the catalog's efficiencies and the fitted
+    network efficiency of the GPU's NVLink generation."""
     eff = default_efficiency()
     cal = None
     net_kw: dict[str, object] = {}
-    if choices.calibration is not None:
-        cal = load_calibration(choices.calibration)
+    if calibration is not None:
+        cal = load_calibration(calibration)
         eff = cal.apply_efficiency(eff)
         plan = cal.apply_plan(plan)
         net_kw = cal.network_kwargs(plan.cluster)
     if not net_kw:
         net_kw = network_kwargs(plan.cluster.gpu.nvlink_generation)
-    return Run(plan=plan, framework=fw, choices=replace(choices, framework=fw.id if runnable else choices.framework),
-               eff=eff, net_kwargs=net_kw, calibration=cal, runnable=runnable, notes=notes)
+    return plan, eff, net_kw, cal
