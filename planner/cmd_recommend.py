@@ -59,7 +59,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "schedule, a cost model so the ranking does not depend on the machine's load "
                         f"(default {DEFAULT_RERANK_PASSES:,})")
     o.add_argument("--workers", type=int, default=None,
-                   help="processes for the search (default: all cores on clusters of 4096+ GPUs, else 1)")
+                   help="processes for the search (default: 1 when several framework profiles are searched, as they "
+                        "share the network's routing; with one, all cores on clusters of 4096+ GPUs, else 1)")
     o.add_argument("--tie-tolerance", type=float, default=1e-3,
                    help="relative objective difference treated as a tie; the simpler plan wins (default 0.001)")
     o.add_argument("--framework", default=None, help="framework profile (catalogs/frameworks.yaml); default: every "

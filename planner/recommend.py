@@ -403,7 +403,12 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: 
     skipped: dict[str, str] = {}
     profiles = settings.profiles
     clusters = [cluster if n == cluster.num_gpus else cluster_with_gpus(cluster, n) for n in gpu_counts(cluster, min_gpus)]
-    nets = [default_network(cl) for cl in clusters]  # one network per cluster, shared by the profiles' searches
+    # One network per cluster, shared by the profiles' searches: its routing memo (the cost of a
+    # big cluster) is computed once.  Forked workers would each route again and lose it, so
+    # several profiles search in this process unless --workers says otherwise.
+    nets = [default_network(cl) for cl in clusters]
+    if workers is None and len(profiles) > 1:
+        workers = 1
     for fw in profiles:
         try:
             fspace = framework_space(space, fw.id, cluster)
