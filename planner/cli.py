@@ -45,6 +45,9 @@ def _band_text(out: dict) -> str:
     u = out.get("uncertainty")
     if not u:
         return ""
+    if u["class"].startswith("calibration "):  # a measured machine: no published-run bias
+        return (f"   (80% band {_fmt_s(out['step_time_s_low'])} .. {_fmt_s(out['step_time_s_high'])}: the spread of "
+                f"published runs around the {u['class']} model)")
     like = "all published runs" if u["class"] == "all" else f"published {u['class']} runs"
     return (f"   (80% band {_fmt_s(out['step_time_s_low'])} .. {_fmt_s(out['step_time_s_high'])}; the model's "
             f"{_fmt_s(out['model_step_time_s'])} {u['bias']:+.1%}, the bias of {like})")
