@@ -21,6 +21,7 @@ from planner.search import SearchSpace
 from sim.conventions import default_global_batch
 from sim.errors import InputError
 from sim.plan import Plan
+from sim.run import RunChoices
 from sim.simulate import simulate
 from sim.specs import Cluster, Model
 
@@ -69,18 +70,25 @@ def event_trace(plan: Plan) -> tuple[dict[str, Any], dict[str, Any]]:
 PRICINGS: tuple[str, ...] = ("owned", "cloud")
 
 
-def economics(model: Model, cluster: Cluster, plan: Plan, *, tokens: float, pricing: str = "owned") -> dict[str, Any]:
-    """Time and cost to train ``tokens`` with ``plan`` (``planner tco --json`` keys:
-    ``time_to_train_s`` with failures, ``cost_to_train_usd``, ``capex_usd``, ``power_w`` ...).
+def economics(model: Model, cluster: Cluster, strategy: str, *, framework: str | None, seq_len: int | None,
+              tokens: float, pricing: str = "owned") -> dict[str, Any]:
+    """Time and cost to train ``tokens`` with a STRATEGY string under ``framework``, resolved as
+    ``planner tco --strategy`` resolves it (``planner tco --json`` keys: ``time_to_train_s``
+    with failures and its band, ``cost_to_train_usd``, ``capex_usd``, ``power_w`` ...).
 
     ``pricing='owned'`` needs a GPU purchase price; without one the cloud price is used and
     ``pricing`` in the answer says so."""
+    choices = RunChoices(framework=framework)
+
+    def tco(p: str):
+        return compute_tco(model, cluster, strategy=strategy, seq_len=seq_len, choices=choices,
+                           options=TcoOptions(tokens=tokens, pricing=p))
     try:
-        res = compute_tco(model, cluster, strategy=plan.strategy, options=TcoOptions(tokens=tokens, pricing=pricing))
+        res = tco(pricing)
     except InputError as exc:
         if pricing != "owned" or not str(exc.field).startswith("gpu-price"):
             raise
-        res = compute_tco(model, cluster, strategy=plan.strategy, options=TcoOptions(tokens=tokens, pricing="cloud"))
+        res = tco("cloud")
     return res.as_dict()
 
 

@@ -11,12 +11,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from planner.uncertainty import band_for
+from planner.explain import bound
+from planner.report import priced, simulate_command
 from appkit import engines
 from appkit.design import Design, cluster_of
 from sim.errors import InputError
 from sim.plan import Plan, parse_strategy
-from sim.simulate import simulate
+from sim.run import Run, RunChoices, resolve
+from sim.simulate import simulate_run
 from sim.specs import Cluster, Strategy
 
 DEFAULT_TOP = 5
@@ -43,29 +45,34 @@ class Evaluation:
         return bool(self.plans)
 
 
-def fixed_strategy(design: Design, cluster: Cluster) -> Strategy:
-    """The user's STRATEGY string, with the sidebar's sequence length and global batch unless
-    the string sets them."""
+def fixed_strategy_text(design: Design) -> str:
+    """The user's STRATEGY string, with the sidebar's global batch unless the string sets it
+    (the sequence length is the sidebar's unless the string sets ``seq``)."""
     assert design.strategy is not None
     text = design.strategy.strip()
     keys = {p.partition("=")[0].strip().lower() for p in text.split(",") if p.strip()}
     if design.gbs is not None and not keys & {"gbs", "global_batch"}:
         text += f",gbs={design.gbs}"
-    return parse_strategy(text, num_gpus=cluster.num_gpus, seq_len=design.seq_len)
+    return text
 
 
-def simulate_strategy(design: Design, cluster: Cluster, strategy: Strategy | str) -> dict[str, Any]:
-    """Analytic simulate JSON of one strategy on the design, with ``strategy`` and labels."""
-    if isinstance(strategy, str):
-        strategy = parse_strategy(strategy, num_gpus=cluster.num_gpus, seq_len=design.seq_len)
-    plan = Plan(model=design.model, cluster=cluster, strategy=strategy)
-    result = simulate(plan, engine="analytic")
-    band = band_for(plan, "default")
-    out = result.to_dict()
-    out.update({"model": design.model.name, "gpu": cluster.gpu.id, "nic": cluster.nic.id,
-                "topology": cluster.topology, "step_time_s_low": band.low(result.step_time_s),
-                "step_time_s_high": band.high(result.step_time_s), "uncertainty": band.as_dict()})
-    return out
+def fixed_strategy(design: Design, cluster: Cluster) -> Strategy:
+    """The user's STRATEGY (``fixed_strategy_text``) as parsed, before its framework completes it."""
+    return parse_strategy(fixed_strategy_text(design), num_gpus=cluster.num_gpus, seq_len=design.seq_len)
+
+
+def run_of(design: Design, cluster: Cluster, strategy: str, framework: str | None = None) -> Run:
+    """The resolved run of a STRATEGY string on the design (``sim.run.resolve``, as ``planner
+    simulate`` resolves it): ``framework`` None picks the first default profile that runs it."""
+    return resolve(design.model, cluster, strategy, RunChoices(framework=framework), seq_len=design.seq_len)
+
+
+def simulate_strategy(design: Design, cluster: Cluster, strategy: str, framework: str | None = None
+                      ) -> dict[str, Any]:
+    """Analytic simulate JSON of one strategy on the design (``planner simulate --engine
+    analytic --json``: the calibrated estimate, its band, the framework that runs it)."""
+    run = run_of(design, cluster, strategy, framework)
+    return priced(run, simulate_run(run, engine="analytic"))
 
 
 def _complete(design: Design, cluster: Cluster, plan: Mapping[str, Any]) -> dict[str, Any]:
@@ -75,7 +82,7 @@ def _complete(design: Design, cluster: Cluster, plan: Mapping[str, Any]) -> dict
     need = ("breakdown", "memory", "step_time_s", "tokens_per_s", "mfu")
     if all(k in p for k in need) and isinstance(p.get("memory"), Mapping):
         return p
-    full = simulate_strategy(design, cluster, str(p["strategy"]))
+    full = simulate_strategy(design, cluster, str(p["strategy"]), p.get("framework"))
     full.update({k: v for k, v in p.items() if k not in full})
     return full
 
@@ -106,8 +113,7 @@ def evaluate(design: Design, *, top: int = DEFAULT_TOP,
     search: dict[str, Any] = {}
     if design.strategy is not None:
         t = time.perf_counter()
-        strategy = fixed_strategy(design, cluster)
-        mine = simulate_strategy(design, cluster, strategy)
+        mine = simulate_strategy(design, cluster, fixed_strategy_text(design))
         mine["source"] = "yours"
         plans.append(mine)
         timings["simulate_s"] = time.perf_counter() - t
@@ -140,17 +146,16 @@ def evaluate(design: Design, *, top: int = DEFAULT_TOP,
 
 
 def plan_of(design: Design, cluster: Cluster, plan: Mapping[str, Any]) -> Plan:
-    """The ``Plan`` behind a plan row (its STRATEGY string round-trips)."""
-    strategy = parse_strategy(str(plan["strategy"]), num_gpus=cluster.num_gpus, seq_len=design.seq_len)
-    return Plan(model=design.model, cluster=cluster, strategy=strategy)
+    """The ``Plan`` behind a plan row: its STRATEGY string resolved with its framework."""
+    return run_of(design, cluster, str(plan["strategy"]), plan.get("framework")).plan
 
 
 def economics_of(design: Design, cluster: Cluster, plan: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
     """(time/cost to train the design's token budget, a note when the estimate is the simple one)."""
     tokens = design.token_budget
     try:
-        eco = engines.economics(design.model, cluster, plan_of(design, cluster, plan), tokens=tokens,
-                                pricing=design.pricing)
+        eco = engines.economics(design.model, cluster, str(plan["strategy"]), framework=plan.get("framework"),
+                                seq_len=design.seq_len, tokens=tokens, pricing=design.pricing)
         note = None
         if eco.get("pricing") != design.pricing:
             note = f"{cluster.gpu.id} has no purchase price in the catalogs: costed at cloud prices"
@@ -178,10 +183,18 @@ def result_document(ev: Evaluation, plan: Mapping[str, Any], economics: Mapping[
 
 
 def cli_command(ev: Evaluation, plan: Mapping[str, Any], *, catalog_model: bool) -> str:
-    """The ``planner simulate`` command line that reproduces ``plan`` (every default spelled out)."""
+    """The ``planner simulate`` command line that reproduces ``plan``: every cluster default
+    spelled out, the analytic engine the app prices with and the plan's framework (its run,
+    ``sim.run.resolve``, is the same one the app priced)."""
     c, d = ev.cluster, ev.design
-    model = d.model_ref if catalog_model else "MODEL_FILE"
-    return (f"planner simulate --model {model} --gpu {c.gpu.id} --num-gpus {c.num_gpus} "
-            f"--gpus-per-node {c.gpus_per_node} --nvlink-domain {c.nvlink_domain} --nic {c.nic.id} "
-            f"--nics-per-node {c.nics_per_node} --topology {c.topology} "
-            f"--oversubscription {c.oversubscription:g} --seq-len {d.seq_len} --strategy {plan['strategy']}")
+    flags = ["--gpu", c.gpu.id, "--num-gpus", str(c.num_gpus), "--gpus-per-node", str(c.gpus_per_node)]
+    if c.server is None:  # a PCIe server's node is its scale-up domain (--nvlink-domain is refused)
+        flags += ["--nvlink-domain", str(c.nvlink_domain), "--nics-per-node", str(c.nics_per_node)]
+    else:
+        flags += ["--server", c.server.design] if c.server.design != "custom" else []
+        flags += ["--p2p", c.server.p2p]
+    flags += ["--nic", c.nic.id, "--topology", c.topology, "--oversubscription", f"{c.oversubscription:g}",
+              "--seq-len", str(d.seq_len)]
+    run = run_of(d, c, str(plan["strategy"]), plan.get("framework"))
+    return simulate_command(model=d.model_ref if catalog_model else "MODEL_FILE", cluster_flags=flags,
+                            strategy=str(plan["strategy"]), run=run, engine="analytic")

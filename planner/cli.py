@@ -45,19 +45,27 @@ def _band_text(out: dict) -> str:
     u = out.get("uncertainty")
     if not u:
         return ""
-    return (f"   (80% band {_fmt_s(out['step_time_s_low'])} .. {_fmt_s(out['step_time_s_high'])}, "
-            f"from {u['runs']} published runs like it: {u['class']})")
+    if u["class"].startswith("calibration "):  # a measured machine: no published-run bias
+        return (f"   (80% band {_fmt_s(out['step_time_s_low'])} .. {_fmt_s(out['step_time_s_high'])}: the spread of "
+                f"published runs around the {u['class']} model)")
+    like = "all published runs" if u["class"] == "all" else f"published {u['class']} runs"
+    return (f"   (80% band {_fmt_s(out['step_time_s_low'])} .. {_fmt_s(out['step_time_s_high'])}; the model's "
+            f"{_fmt_s(out['model_step_time_s'])} {u['bias']:+.1%}, the bias of {like})")
 
 
 def print_step_summary(out: dict, *, model: str, gpu: str, num_gpus: int) -> None:
     b = out["breakdown"]
     mem = out["memory"]
+    from planner.report import mfu_text
+
+    fw = out.get("framework") or "no framework profile runs it"
     lines = [
-        f"{model} on {num_gpus} x {gpu}   [{out['engine']} engine]",
+        f"{model} on {num_gpus} x {gpu}   [{out['engine']} engine, framework {fw}]",
         f"strategy           {out['strategy']}",
         f"step time          {_fmt_s(out['step_time_s'])}" + _band_text(out),
         f"throughput         {out['tokens_per_s']:,.0f} tokens/s ({out['tokens_per_s_per_gpu']:,.0f} per GPU)",
-        f"MFU / HFU          {out['mfu']:.1%} / {out['hfu']:.1%}   ({out['model_tflops_per_gpu']:.0f} model TFLOP/s per GPU)",
+        f"MFU                {mfu_text(out)}   ({out['model_tflops_per_gpu']:.0f} model TFLOP/s per GPU; "
+        f"HFU {out['hfu']:.1%})",
         f"memory (peak GPU)  device {_fmt_bytes(out['memory_device_bytes'])} of {_fmt_bytes(out['memory_capacity_bytes'])}"
         f"  -> {'fits' if out['fits_memory'] else 'DOES NOT FIT'}  (stage {mem['stage']} peaks)",
         f"   allocated {_fmt_bytes(out['memory_peak_bytes'])} (max_memory_allocated), reserved "
@@ -81,12 +89,14 @@ def print_step_summary(out: dict, *, model: str, gpu: str, num_gpus: int) -> Non
                      f"at {off['host_link_bytes_per_s'] / 1e9:.1f} GB/s each way")
     lines.append("where the time goes:")
     total = out["step_time_s"]
+    parts = {**b, "overhead_s": b.get("overhead_s", 0.0) - b.get("calibration_s", 0.0)}
     for key in ("compute_s", "exposed_tp_s", "exposed_cp_s", "exposed_ep_s", "exposed_pp_s", "exposed_dp_s",
-                "exposed_offload_s", "bubble_s", "optimizer_s", "overhead_s"):
-        v = b.get(key, 0.0)
-        if v > 0 or key in ("compute_s", "bubble_s"):
-            label = key[:-2].replace("exposed_", "exposed ").replace("_", " ")
-            lines.append(f"   {label:<16} {_fmt_s(v):>12}  {v / total:6.1%}")
+                "exposed_offload_s", "bubble_s", "optimizer_s", "overhead_s", "calibration_s"):
+        v = parts.get(key, 0.0)
+        if v > 0 or key in ("compute_s", "bubble_s") or (key == "calibration_s" and v):
+            label = "unmodelled (bias)" if key == "calibration_s" else \
+                key[:-2].replace("exposed_", "exposed ").replace("_", " ")
+            lines.append(f"   {label:<17} {_fmt_s(v):>11}  {v / total:6.1%}")
     if b.get("recompute_s"):
         lines.append(f"   (recompute inside compute: {_fmt_s(b['recompute_s'])})")
     dp = out.get("dataparallel")
@@ -116,59 +126,21 @@ def print_step_summary(out: dict, *, model: str, gpu: str, num_gpus: int) -> Non
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from planner.inputs import cluster_from_args, model_from_args, seq_len_from_args
-    from planner.ps_args import ps_from_args
-    from planner.uncertainty import band_for
-    from sim.framework import check_supported, get_framework
-    from sim.plan import Plan, parse_strategy
-    from sim.simulate import simulate
+    from planner.report import priced, run_choices
+    from sim.run import resolve
+    from sim.simulate import simulate_run
 
     model = model_from_args(args)
     cluster = cluster_from_args(args)
-    strategy = parse_strategy(args.strategy, num_gpus=cluster.num_gpus, seq_len=seq_len_from_args(args))
-    framework = args.framework or "default"
-    plan = Plan(**plan_kwargs_from_framework(args, model=model, cluster=cluster, strategy=strategy),
-                parameter_servers=ps_from_args(args))
-    check_supported(get_framework(framework), plan.strategy)
-    whatif = _whatif_from_args(args)
-    result = simulate(plan, engine=args.engine, trace_path=args.trace, calibration=args.calibration,
-                      whatif=whatif, explicit_ranks=args.explicit_ranks)
-    out = result.to_dict()
-    band = band_for(plan, framework)
-    out.update({"model": model.name, "gpu": cluster.gpu.id, "nic": cluster.nic.id, "topology": cluster.topology,
-                "framework": framework, "attention": plan.attention,
-                "step_time_s_low": band.low(result.step_time_s), "step_time_s_high": band.high(result.step_time_s),
-                "uncertainty": band.as_dict()})
-    if cluster.host_bandwidth is not None:  # --calibration with measured host rates (docs/interface.md)
-        out["host_bandwidth"] = cluster.host_bandwidth.as_dict()
+    run = resolve(model, cluster, args.strategy, run_choices(args), seq_len=seq_len_from_args(args))
+    result = simulate_run(run, engine=args.engine, trace_path=args.trace, whatif=_whatif_from_args(args),
+                          explicit_ranks=args.explicit_ranks)
+    out = priced(run, result)
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=False))
     else:
         print_step_summary(out, model=model.name, gpu=cluster.gpu.id, num_gpus=cluster.num_gpus)
     return 0
-
-
-def plan_kwargs_from_framework(args: argparse.Namespace, **plan: object) -> dict:
-    """Plan keyword arguments with the ``--framework`` profile applied (attention kernel,
-    element-wise fusion, selective-recompute policy and, unless the strategy string sets it,
-    gradient-reduction overlap); ``--attention`` overrides the profile's kernel."""
-    from dataclasses import replace
-
-    from sim.framework import apply_framework, get_framework
-
-    fw = get_framework(args.framework or "default")
-    kw = apply_framework(dict(plan), fw)
-    strategy = kw["strategy"]
-    if "dp_overlap" not in str(args.strategy):
-        kw["strategy"] = replace(strategy, dp_overlap=fw.dp_overlap)  # type: ignore[type-var]
-    if args.attention is not None:
-        kw["attention"] = args.attention
-    if args.recompute_policy is not None:
-        kw["selective_policy"] = args.recompute_policy
-    if args.moe_imbalance is not None:
-        kw["moe_imbalance"] = args.moe_imbalance
-    if args.moe_dispatcher is not None:
-        kw["moe_dispatcher"] = args.moe_dispatcher
-    return kw
 
 
 def _whatif_from_args(args: argparse.Namespace) -> "object | None":
@@ -222,9 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", choices=("analytic", "event"), default="event",
                    help="event: discrete-event simulation (default); analytic: closed forms, fast")
     p.add_argument("--framework", default=None,
-                   help="framework profile (catalogs/frameworks.yaml: default, megatron-core, megatron-lm-2021, "
-                        "megatron-lm-2022, megatron-deepspeed, torchtitan, torchtitan-compile, tf-mirrored, "
-                        "tf-multiworker, tf-parameter-server, ...; planner catalog frameworks)")
+                   help="framework profile (catalogs/frameworks.yaml, `planner catalog frameworks`); default: the "
+                        "first of megatron-core, torchtitan, megatron-deepspeed that runs the strategy")
     p.add_argument("--attention", choices=("flash", "flash2", "unfused"), default=None,
                    help="attention kernel (default: the framework profile's)")
     p.add_argument("--recompute-policy", choices=SELECTIVE_POLICIES, default=None,

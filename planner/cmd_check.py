@@ -31,6 +31,7 @@ def _util(d: dict) -> str:
 
 def cmd_check_published(args: argparse.Namespace) -> int:
     from planner.published import compare_all, load_runs, summary, summary_by_source
+    from planner.uncertainty import band_coverage, residual_rows
     from sim.errors import InputError
 
     file = None if args.file == "all" else args.file
@@ -47,6 +48,11 @@ def cmd_check_published(args: argparse.Namespace) -> int:
                 raise InputError("ids", i, "unknown run id; see `planner check-published --list`")
     rows, skipped = compare_all(engine=args.engine, ids=ids, file=file, with_skipped=True, loso=args.loso)
     summ, by_source = summary(rows), summary_by_source(rows)
+    residuals = residual_rows(rows)
+    if len({r.source for r in residuals}) > 1:  # band coverage (planner.uncertainty): LOSO with --loso
+        cov = band_coverage(residuals, loso=args.loso)
+        summ.update(band_coverage=cov["coverage"], band_coverage_by_class=cov["by_class"],
+                    band_coverage_by_family=cov["by_family"], band_coverage_by_mix=cov["by_mix"])
     if args.json:
         print(json.dumps({"loso": bool(args.loso), "runs": [r.as_dict() for r in rows], "summary": summ,
                           "sources": by_source, "skipped": [s.as_dict() for s in skipped]}, indent=2))
@@ -69,6 +75,11 @@ def cmd_check_published(args: argparse.Namespace) -> int:
         print(f"{src[:36]:<36} {s['num_runs']:>4} {_frac(s['median_abs_step_error']):>7} "
               f"{_frac(s['p90_abs_step_error']):>7} {_frac(s['max_abs_step_error']):>7}   "
               f"{s['num_memory_rows']:>11} {_frac(s['median_abs_memory_error']) if s['num_memory_rows'] else '':>7}")
+    if "band_coverage" in summ:
+        by = ", ".join(f"{k} {v['coverage']:.0%} of {v['runs']}" for k, v in summ["band_coverage_by_class"].items())
+        print(f"80% band coverage ({'leave-one-source-out' if args.loso else 'in-sample'}): "
+              f"{summ['band_coverage']:.0%} overall; {by}")
+    print(f"signed median step error (predicted/published - 1): {_pct(summ['signed_median_step_error'])}")
     for s in skipped:
         print(f"not simulated: {s.run_id}: {s.reason}")
     return 0

@@ -88,13 +88,13 @@ def _model_cluster(args: argparse.Namespace):
     return model_from_args(args), cluster_from_args(args)
 
 
-def _strategy(args: argparse.Namespace, cluster) -> object:
+def _run(args: argparse.Namespace, model, cluster):
+    """The resolved run of ``--strategy`` (``sim.run.resolve``, as ``planner simulate`` resolves it)."""
     from planner.inputs import seq_len_from_args
-    from sim.plan import parse_strategy
+    from planner.report import run_choices
+    from sim.run import resolve
 
-    if getattr(args, "strategy", None) is None:
-        return None
-    return parse_strategy(args.strategy, num_gpus=cluster.num_gpus, seq_len=seq_len_from_args(args))
+    return resolve(model, cluster, args.strategy, run_choices(args), seq_len=seq_len_from_args(args))
 
 
 def _tco_options(args: argparse.Namespace):
@@ -134,12 +134,13 @@ def cmd_tco(args: argparse.Namespace) -> int:
     from planner.economics.tco import compute_tco
     from planner.inputs import seq_len_from_args
 
+    from planner.report import run_choices
+
     model, cluster = _model_cluster(args)
-    strategy = _strategy(args, cluster)
     if args.gbs is not None and args.gbs < 1:
         raise InputError("gbs", args.gbs, "must be >= 1")
-    res = compute_tco(model, cluster, strategy=strategy, gbs=args.gbs, seq_len=seq_len_from_args(args),
-                      options=_tco_options(args))
+    res = compute_tco(model, cluster, strategy=args.strategy, gbs=args.gbs, seq_len=seq_len_from_args(args),
+                      options=_tco_options(args), choices=run_choices(args))
     pipe = input_pipeline(model, cluster, res.plan.strategy, res.plan.result.tokens_per_s, storage=args.storage)
     out = res.as_dict()
     out["input_pipeline"] = pipe.as_dict()
@@ -151,12 +152,16 @@ def cmd_tco(args: argparse.Namespace) -> int:
     lines = [
         f"{out['model']} on {cluster.num_gpus} x {cluster.gpu.id} ({cluster.num_nodes} nodes, {cluster.nic.id}, "
         f"{cluster.topology}, oversubscription {cluster.oversubscription:g})",
-        f"strategy           {out['strategy']}  [{out['strategy_source']}]",
+        f"strategy           {out['strategy']}  [{out['strategy_source']}; framework {out['framework']}]",
+        f"step time          {out['step_time_s']:.3f} s (80% band {out['step_time_s_low']:.3f} .. "
+        f"{out['step_time_s_high']:.3f} s; the model's {out['model_step_time_s']:.3f} s)",
         f"throughput         {out['tokens_per_s']:,.0f} tokens/s, MFU {out['mfu']:.1%}",
         f"token budget       {out['tokens']:.3g} tokens",
-        f"time to train      {_dur(out['time_to_train_s'])}  (failure-free {_dur(out['time_to_train_ideal_s'])}, "
+        f"time to train      {_dur(out['time_to_train_s'])}  (80% band {_dur(out['time_to_train_s_low'])} .. "
+        f"{_dur(out['time_to_train_s_high'])}; failure-free {_dur(out['time_to_train_ideal_s'])}, "
         f"goodput {out['goodput']:.1%})",
-        f"cost to train      {_usd(out['cost_to_train_usd'])} ({out['pricing']}); owned {_usd(out['owned_cost_to_train_usd'])}, "
+        f"cost to train      {_usd(out['cost_to_train_usd'])} (80% band {_usd(out['cost_to_train_usd_low'])} .. "
+        f"{_usd(out['cost_to_train_usd_high'])}, {out['pricing']}); owned {_usd(out['owned_cost_to_train_usd'])}, "
         f"cloud {_usd(out['cloud_cost_to_train_usd'])}"
         + (f" at ${out['usd_per_gpu_hour']:.2f}/GPU-h" if out["usd_per_gpu_hour"] else ""),
         f"capex              {_usd(out['capex_usd'])}: GPUs {_usd(out['capex_breakdown']['gpus_usd'])}, servers "
@@ -392,7 +397,7 @@ def cmd_input_pipeline(args: argparse.Namespace) -> int:
     from planner.inputs import seq_len_from_args
 
     model, cluster = _model_cluster(args)
-    plan = choose_plan(model, cluster, strategy=_strategy(args, cluster), seq_len=seq_len_from_args(args))
+    plan = choose_plan(model, cluster, strategy=args.strategy, seq_len=seq_len_from_args(args))
     rep = input_pipeline(model, cluster, plan.strategy, plan.result.tokens_per_s, storage=args.storage,
                          pretokenized=not args.raw_text, bytes_per_token_storage=args.bytes_per_token_storage,
                          bytes_per_token_device=args.bytes_per_token_device,
@@ -417,14 +422,10 @@ def cmd_input_pipeline(args: argparse.Namespace) -> int:
 
 def cmd_comm_reduce(args: argparse.Namespace) -> int:
     from planner.economics.comm_reduction import comm_reduction
-    from sim.plan import Plan
-
-    from planner.ps_args import ps_from_args
 
     model, cluster = _model_cluster(args)
-    plan = Plan(model=model, cluster=cluster, strategy=_strategy(args, cluster))
-    rep = comm_reduction(plan, mode=args.mode, sync_every=args.sync_every, ratio=args.ratio,
-                         parameter_servers=ps_from_args(args))
+    plan = _run(args, model, cluster).plan
+    rep = comm_reduction(plan, mode=args.mode, sync_every=args.sync_every, ratio=args.ratio)
     out = rep.as_dict()
     out["strategy"] = plan.strategy.to_string()
     if args.json:
@@ -454,6 +455,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     add_cluster_args(p)
     p.add_argument("--strategy", default=None, help="default: the recommender's best plan")
+    p.add_argument("--framework", default=None, help="framework profile (as planner simulate --framework; default: "
+                   "the first of the default profiles that runs the strategy)")
     _add_cost_flags(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_tco)

@@ -11,6 +11,8 @@ from sim.errors import InputError
 from sim.plan import MOE_DISPATCHERS
 from sim.specs import OFFLOAD_DEVICES, RECOMPUTES, SCHEDULES, TRAIN_PRECISIONS
 
+from planner.recommend import DEFAULT_RERANK_PASSES
+
 GIB = 2**30
 
 
@@ -39,7 +41,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="allowed offload modes, comma-separated: none, optimizer, params, activations or a + of them "
                         "(default: none,optimizer,params; offload is timed only where the plan does not fit without it)")
     s.add_argument("--offload-device", default=None, help="allowed offload devices: cpu, nvme (default cpu)")
-    s.add_argument("--precision", default=None, help="|".join(TRAIN_PRECISIONS) + " (default: bf16 and fp8 where the GPU has it)")
+    s.add_argument("--precision", default=None, help="|".join(TRAIN_PRECISIONS) + " or a comma list, e.g. bf16,fp8 "
+                   "(default: bf16, fp16 where the GPU has no bf16; fp8 changes numerics and is searched only when "
+                   "asked for)")
+    s.add_argument("--memory-headroom", type=float, default=None, metavar="F",
+                   help="fraction of GPU memory a plan keeps free (default: the memory model's measured error, "
+                        "stated in the output; 0 = plans may fill the GPU)")
     s.add_argument("--max-tp", type=int, default=64)
     s.add_argument("--max-cp", type=int, default=16)
     s.add_argument("--max-vp", type=int, default=8)
@@ -47,13 +54,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     o = p.add_argument_group("output")
     o.add_argument("--top", type=int, default=5, help="plans to show (default 5)")
     o.add_argument("--rerank", type=int, default=None, help="plans re-ranked by the event engine (default --top; 0 = off)")
-    o.add_argument("--rerank-budget", type=float, default=3.0,
-                   help="seconds of event-engine simulation for re-ranking (default 3)")
+    o.add_argument("--rerank-budget", type=int, default=None, metavar="PASSES",
+                   help="event-engine passes (forward and backward of a micro-batch on a stage) the re-ranking may "
+                        "schedule, a cost model so the ranking does not depend on the machine's load "
+                        f"(default {DEFAULT_RERANK_PASSES:,})")
     o.add_argument("--workers", type=int, default=None,
-                   help="processes for the search (default: all cores on clusters of 4096+ GPUs, else 1)")
+                   help="processes for the search (default: 1 when several framework profiles are searched, as they "
+                        "share the network's routing; with one, all cores on clusters of 4096+ GPUs, else 1)")
     o.add_argument("--tie-tolerance", type=float, default=1e-3,
                    help="relative objective difference treated as a tie; the simpler plan wins (default 0.001)")
-    o.add_argument("--framework", default=None, help="framework profile (catalogs/frameworks.yaml); default: default")
+    o.add_argument("--framework", default=None, help="framework profile (catalogs/frameworks.yaml); default: every "
+                   "profile searched by default (megatron-core, torchtitan, megatron-deepspeed), each plan with the one "
+                   "that runs it")
     o.add_argument("--attention", default=None, help="attention kernel (sim.plan.ATTENTION_IMPLS)")
     o.add_argument("--moe-dispatcher", default=None, choices=MOE_DISPATCHERS,
                    help="MoE token dispatch (default: the framework profile's)")
@@ -180,17 +192,32 @@ def _short_strategy(s: str) -> str:
     return " ".join(keep)
 
 
+def _mfu_cell(p: dict) -> str:
+    """MFU in the table: over the bf16 peak, fp8 plans over the fp8 peak (labelled); never a
+    figure above 100%."""
+    fp8 = p["precision"] == "fp8"
+    v = float(p["mfu_of_precision_peak"] if fp8 else p["mfu"])
+    text = ">100%" if v > 1 else f"{v:.1%}"
+    return f"{text + (' fp8' if fp8 else ''):>10}"
+
+
 def print_table(out: dict) -> None:
+    from planner.report import mfu_text
+
     lines = [f"{out['model']} on {out['num_gpus']} x {out['gpu']} ({out['nic']}, {out['topology']}), "
              f"gbs {out['gbs']} x {out['seq_len']} tokens, objective: {out['objective']['kind']}",
              f"searched {out['candidates_considered']:,} candidates in {out['search_time_s']:.2f} s "
              f"({out['timings_s'].get('total_s', out['search_time_s']):.2f} s with re-ranking and explanation): "
              f"{out['candidates_evaluated']:,} fit and were timed, {out['rejected_total']:,} rejected",
+             f"frameworks: {', '.join(out['frameworks_searched'])}"
+             + "".join(f" (not {k}: {v})" for k, v in out["frameworks_skipped"].items())
+             + f"; precision: {', '.join(out['precisions_searched'])}; memory headroom: {out['memory_headroom']['why']}",
              f"ranking: {out['ranking']['note']}", ""]
     if out["plans"]:
         obj = out["objective"]["kind"]
         extra_head = {"time": "  time to train", "cost": "  cost to train"}.get(obj, "")
-        lines.append(f"{'#':>2}  {'step time':>10}  {'tokens/s':>11}  {'MFU':>6}  {'memory (dev)':>14}{extra_head}  strategy")
+        lines.append(f"{'#':>2}  {'step time':>10}  {'80% band':>19}  {'tokens/s':>11}  {'MFU':>10}  {'TFLOP/s':>7}  "
+                     f"{'memory (dev)':>14}{extra_head}  {'framework':<18} {'prec':<4}  strategy")
         for p in out["plans"]:
             mem = f"{p['memory_device_bytes'] / GIB:.1f}/{p['memory_capacity_bytes'] / GIB:.0f} GiB"  # device level
             extra = ""
@@ -201,13 +228,23 @@ def print_table(out: dict) -> None:
             elif obj == "cost":
                 extra = f"  ${p['usd_per_million_tokens']:.3f}/Mtok"
             gpus = f" [{p['num_gpus']} GPUs]" if p["num_gpus"] != out["num_gpus"] else ""
-            lines.append(f"{p['rank']:>2}  {_fmt_s(p['step_time_s']):>10}  {p['tokens_per_s']:>11,.0f}  "
-                         f"{p['mfu']:>6.1%}  {mem:>14}{extra}  {_short_strategy(p['strategy'])}{gpus}")
+            band = f"{_fmt_s(p['step_time_s_low'])}..{_fmt_s(p['step_time_s_high'])}"
+            mfu = _mfu_cell(p)
+            lines.append(f"{p['rank']:>2}  {_fmt_s(p['step_time_s']):>10}  {band:>19}  {p['tokens_per_s']:>11,.0f}  "
+                         f"{mfu}  {p['model_tflops_per_gpu']:>7.0f}  {mem:>14}{extra}  {p['framework']:<18} "
+                         f"{p['precision']:<4}  {_short_strategy(p['strategy'])}{gpus}")
         top = out["plans"][0]
-        if "uncertainty" in top:
-            u = top["uncertainty"]
-            lines.append(f"#1's 80% band: {_fmt_s(top['step_time_s_low'])} .. {_fmt_s(top['step_time_s_high'])} "
-                         f"(from {u['runs']} published runs like it: {u['class']})")
+        u = top["uncertainty"]
+        like = "all published runs" if u["class"] == "all" else f"published {u['class']} runs"
+        spread = "published runs" if u["spread_class"] == "all" else f"published {u['spread_class']} runs"
+        lines.append(f"#1: {_fmt_s(top['step_time_s'])} per step to plan with (the model's {_fmt_s(top['model_step_time_s'])} "
+                     f"{u['bias']:+.1%}, the bias of {like}), 80% band "
+                     f"{_fmt_s(top['step_time_s_low'])} .. {_fmt_s(top['step_time_s_high'])} (from {u['runs']} {spread}); "
+                     f"MFU {mfu_text(top)}, {top['model_tflops_per_gpu']:.0f} model TFLOP/s per GPU; runs in "
+                     f"{top['framework']}")
+        alt = out.get("fp8_alternative") or {}
+        if alt:
+            lines.append(f"alternative: {alt['line']}")
         lines.append("")
         lines.append("why #1:")
     else:
@@ -217,8 +254,8 @@ def print_table(out: dict) -> None:
     if out["suggestions"]:
         lines.append("what would fit (each verified by re-running the search):")
         for sgg in out["suggestions"]:
-            lines.append(f"  {sgg['what']}: {_short_strategy(sgg['best_strategy'])}, step {_fmt_s(sgg['step_time_s'])}, "
-                         f"{sgg['memory_device_bytes'] / GIB:.1f} GiB (device)")
+            lines.append(f"  {sgg['what']}: {_short_strategy(sgg['best_strategy'])} ({sgg['framework']}), step "
+                         f"{_fmt_s(sgg['step_time_s'])}, {sgg['memory_device_bytes'] / GIB:.1f} GiB (device)")
     for w in out["warnings"]:
         lines.append(f"warning: {w}")
     gap = out.get("framework_gap") or {}
@@ -226,13 +263,15 @@ def print_table(out: dict) -> None:
         lines.append(f"framework: {gap['framework']} can run the overall best plan")
     if out["plans"]:
         lines.append(f"reproduce: {out['reproduce']}")
-        if out.get("framework"):
-            lines.append(f"   (with the {out['framework']} framework profile the plans assume)")
+        fmts = out.get("export_formats") or []
+        if fmts:
+            lines.append(f"launch #1: --export {fmts[0]} (formats that run {out['plans'][0]['framework']}: "
+                         f"{', '.join(fmts)})")
     print("\n".join(lines))
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:
-    from planner.exports import LaunchSpec, job_name, parse_formats, render, write
+    from planner.exports import LaunchSpec, formats_of, job_name, parse_formats, render, write
     from planner.inputs import cluster_from_args, model_from_args, seq_len_from_args
     from planner.recommend import ObjectiveSpec, recommend
 
@@ -249,22 +288,28 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         raise InputError("tokens", args.tokens, "must be a positive number of tokens")
     if args.rerank is not None and not 0 <= args.rerank <= 100:
         raise InputError("rerank", args.rerank, "must be in [0, 100]")
-    if not (math.isfinite(args.rerank_budget) and 0 <= args.rerank_budget <= 3600):
-        raise InputError("rerank-budget", args.rerank_budget, "must be in [0, 3600] seconds")
+    budget = DEFAULT_RERANK_PASSES if args.rerank_budget is None else args.rerank_budget
+    if not 0 <= budget <= 10**9:
+        raise InputError("rerank-budget", budget, "must be a number of event-engine passes in [0, 10^9]")
+    if args.memory_headroom is not None and not (math.isfinite(args.memory_headroom)
+                                                 and 0 <= args.memory_headroom < 1):
+        raise InputError("memory-headroom", args.memory_headroom, "must be a fraction in [0, 1)")
     if args.workers is not None and not 1 <= args.workers <= 64:
         raise InputError("workers", args.workers, "must be in [1, 64]")
     objective = ObjectiveSpec(kind=args.objective, tokens=args.tokens)
     rec = recommend(model, cluster, gbs=gbs, seq_len=seq_len, space=space, objective=objective, settings=settings,
-                    top=args.top, rerank=args.rerank, rerank_budget_s=args.rerank_budget, min_gpus=args.min_gpus,
-                    tie_tolerance=args.tie_tolerance, suggest=not args.no_suggest, workers=args.workers)
+                    top=args.top, rerank=args.rerank, rerank_budget=budget, min_gpus=args.min_gpus,
+                    tie_tolerance=args.tie_tolerance, suggest=not args.no_suggest, workers=args.workers,
+                    memory_headroom=args.memory_headroom)
     if note:
         rec.warnings.insert(0, note)
     out = rec.to_dict()
     if rec.best is not None:
         b = rec.best
         out["reproduce"] = (f"planner simulate --model {args.model} --gpu {args.gpu} --num-gpus {b.num_gpus}"
-                            f"{_cluster_flags(args)} --strategy {b.strategy.to_string()} --engine {b.engine}"
-                            + (f" --framework {settings.framework}" if settings.framework else ""))
+                            f"{_cluster_flags(args)} --strategy {b.strategy.to_string()} --engine {b.engine} "
+                            f"--framework {b.framework}" + _override_flags(args))
+        out["export_formats"] = formats_of(b.framework)
 
     exports: dict[str, object] = {}
     if formats:
@@ -276,8 +321,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
             steps = math.ceil(args.tokens / best.strategy.tokens_per_step)
         spec = LaunchSpec(model=model, strategy=best.strategy, num_gpus=best.num_gpus,
                           gpus_per_node=best.cluster.gpus_per_node, gpu=best.cluster.gpu.id,
-                          attention=settings.attention, job_name=job_name(model, best.num_gpus), steps=steps,
-                          time_limit_s=best.result.step_time_s * steps if steps else None)
+                          attention=best.plan.attention, job_name=job_name(model, best.num_gpus), steps=steps,
+                          time_limit_s=best.step_time_s * steps if steps else None)
         for fmt in formats:
             try:
                 if args.out is not None:
@@ -307,6 +352,16 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         else:
             print(f"export {fmt}: wrote {', '.join(files)}")
     return 0
+
+
+def _override_flags(args: argparse.Namespace) -> str:
+    """The run overrides the user gave (``sim.run.RunChoices``), for the `planner simulate` line."""
+    out = []
+    for flag in ("attention", "moe_dispatcher", "moe_imbalance"):
+        v = getattr(args, flag, None)
+        if v is not None:
+            out.append(f" --{flag.replace('_', '-')} {v}")
+    return "".join(out)
 
 
 def _cluster_flags(args: argparse.Namespace) -> str:

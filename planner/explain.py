@@ -27,7 +27,7 @@ PARTS = ("compute_s", "exposed_tp_s", "exposed_cp_s", "exposed_ep_s", "exposed_p
 LABELS = {"compute_s": "compute", "exposed_tp_s": "exposed TP comm", "exposed_cp_s": "exposed CP comm",
           "exposed_ep_s": "exposed EP comm", "exposed_pp_s": "exposed PP comm", "exposed_dp_s": "exposed DP comm",
           "exposed_offload_s": "exposed offload copies", "bubble_s": "pipeline bubble", "optimizer_s": "optimizer step", "overhead_s": "overhead"}
-REASONS = {"oom": "does not fit in GPU memory", "batch": "global batch not divisible by mbs*dp",
+REASONS = {"oom": "does not fit in GPU memory less the headroom kept free", "batch": "global batch not divisible by mbs*dp",
            "heads": "tp does not divide the attention heads", "layers": "too many pipeline stages/chunks for the layers",
            "indivisible": "degrees or micro-batches do not divide", "experts": "ep does not divide the experts",
            "unsupported": "precision not supported by the GPU", "gpu_count": "degrees do not multiply to the GPU count",
@@ -144,8 +144,11 @@ def explain_recommendation(rec: "Recommendation") -> dict[str, object]:
     win = rec.plans[0]
     wd = win.result.to_dict()
     label, shares = bound(wd)
+    comm_parts = {k: v for k, v in shares.items() if k.startswith("exposed_") and v > 0}
+    top_comm = max(comm_parts, key=comm_parts.__getitem__) if comm_parts else None
     mem_frac = wd["memory_device_bytes"] / wd["memory_capacity_bytes"]
-    fm = next(r.fastmodel for r in rec.searches if r.cluster.num_gpus == win.num_gpus)
+    fm = win.search.fastmodel if win.search is not None else \
+        next(r.fastmodel for r in rec.searches if r.cluster.num_gpus == win.num_gpus)
     precisions = rec.space.precisions(win.cluster)
 
     base = wd if win.engine == "analytic" else _analytic_dict(rec, win)
@@ -193,21 +196,39 @@ def explain_recommendation(rec: "Recommendation") -> dict[str, object]:
 def _analytic_dict(rec: "Recommendation", plan) -> dict:
     from sim.analytic import simulate_analytic
 
-    fm = next(r.fastmodel for r in rec.searches if r.cluster.num_gpus == plan.num_gpus)
+    fm = plan.search.fastmodel if plan.search is not None else \
+        next(r.fastmodel for r in rec.searches if r.cluster.num_gpus == plan.num_gpus)
     return simulate_analytic(fm.plan(plan.strategy), net=fm.net, eff=fm.eff).to_dict()
 
 
 def explain_infeasible(rec: "Recommendation") -> dict[str, object]:
+    """Why nothing fits, naming the real blocker: host memory when plans that offload fit the
+    GPU but not the node's host memory, else GPU memory (with the headroom kept free), else the
+    divisibility and feasibility rules."""
+    from sim.offload import host_spec
+
     rej = rec.rejected
     lines = [f"no plan fits: {sum(rej.values()):,} candidates rejected"]
     if rej:
         lines.append("rejected: " + ", ".join(f"{v:,} {k} ({REASONS.get(k, k)})" for k, v in rej.items()))
     closest = [r.closest_oom for r in rec.searches if r.closest_oom is not None]
-    out: dict[str, object] = {"bound_by": "memory" if rej.get("oom") else "feasibility", "rejected": rej}
+    hosts = [r.closest_host_oom for r in rec.searches if r.closest_host_oom is not None]
+    blocker = "host memory" if hosts else ("memory" if rej.get("oom") else "feasibility")
+    out: dict[str, object] = {"bound_by": blocker, "rejected": rej}
+    cap = rec.cluster.gpu.hbm_bytes
+    limit = cap * (1.0 - rec.memory_headroom)
+    if hosts:
+        need, s = min(hosts, key=lambda c: c[0])
+        have = host_spec(rec.cluster).host_dram_bytes
+        lines.append(f"blocked by host memory: offloading makes {s.to_string()} fit the GPU, but the node would hold "
+                     f"{need / GIB:,.0f} GiB of offloaded states, more than its {have / GIB:,.0f} GiB of host memory "
+                     "(--host-dram-gib, more GPUs to shard over, or offload_device=nvme)")
+        out["host_memory"] = {"strategy": s.to_string(), "host_bytes_per_node": need, "host_capacity_bytes": have}
     if closest:
         peak, s = min(closest, key=lambda c: c[0])
-        cap = rec.cluster.gpu.hbm_bytes
-        lines.append(f"closest to fitting: {s.to_string()} needs {peak / GIB:.1f} GiB of {cap / GIB:.0f} GiB")
-        out["closest"] = {"strategy": s.to_string(), "memory_peak_bytes": peak, "capacity_bytes": cap}
+        lines.append(f"closest to fitting the GPU: {s.to_string()} needs {peak / GIB:.1f} GiB of the {limit / GIB:.1f} "
+                     f"GiB a plan may use ({cap / GIB:.0f} GiB less the {rec.memory_headroom:.0%} headroom)")
+        out["closest"] = {"strategy": s.to_string(), "memory_peak_bytes": peak, "capacity_bytes": cap,
+                          "limit_bytes": limit}
     out["lines"] = lines
     return out

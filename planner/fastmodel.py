@@ -113,7 +113,7 @@ class Grid:
 @dataclass(frozen=True, slots=True)
 class LayoutEval:
     """Arrays of ``Grid.shape``: ``valid`` (feasible), ``memory_device_bytes`` (NaN where not
-    valid), ``fits`` (GPU and host memory), ``fits_gpu``, ``dominated`` (offload points whose
+    valid), ``fits`` (GPU memory less the headroom, and host memory), ``fits_gpu``, ``dominated`` (offload points whose
     twin without offload fits: never timed, module docstring); ``step_time_s`` is None when
     nothing fits (timing skipped), NaN where not timed."""
 
@@ -123,6 +123,7 @@ class LayoutEval:
     step_time_s: np.ndarray | None
     fits_gpu: np.ndarray | None = None
     dominated: np.ndarray | None = None
+    host_bytes_per_node: np.ndarray | None = None  # offloaded bytes a node holds (None without offload)
 
 
 # The per-micro-batch numbers the grid needs, one vector per (tp, cp, ep, mbs, sp, recompute,
@@ -151,8 +152,10 @@ class FastModel:
     def __init__(self, model: Model, cluster: Cluster, *, gbs: int, seq_len: int,
                  plan_kwargs: Mapping[str, object] | None = None, dp_overlap: bool = True,
                  net: Network | None = None, eff: KernelEfficiency | None = None,
-                 fp8_recipe: str = "delayed") -> None:
+                 fp8_recipe: str = "delayed", memory_limit_bytes: float | None = None) -> None:
         self.model, self.cluster = model, cluster
+        # a plan fits when its peak is at most this (the GPU's memory less the headroom kept free)
+        self.memory_limit_bytes = cluster.gpu.hbm_bytes if memory_limit_bytes is None else memory_limit_bytes
         self.gbs, self.seq_len = gbs, seq_len
         self.plan_kwargs = dict(plan_kwargs or {})
         self.dp_overlap = dp_overlap
@@ -309,10 +312,11 @@ class FastModel:
 
         pk, host, nvme = memory(np.arange(Z))
         peak = np.where(valid, pk, np.nan)
-        fits_gpu = valid & (peak <= cl.gpu.hbm_bytes)
-        fits, dominated = fits_gpu, None
+        fits_gpu = valid & (peak <= self.memory_limit_bytes)
+        fits, dominated, host_node = fits_gpu, None, None
         if any_offload:  # sim.memory.memory_breakdown: the node holds its GPUs' offloaded bytes
             per_node = min(cl.gpus_per_node, cl.num_gpus)
+            host_node = np.broadcast_to(host * per_node, shape5)
             fits = fits_gpu & np.broadcast_to((host * per_node <= hs.host_dram_bytes)
                                               & (nvme * per_node <= hs.nvme_bytes), shape5)
             dominated = np.zeros(shape5, dtype=bool)
@@ -322,7 +326,7 @@ class FastModel:
             fits = fits & ~dominated
         if not fits.any():
             return LayoutEval(valid=valid, memory_device_bytes=peak, fits=fits, step_time_s=None, fits_gpu=fits_gpu,
-                              dominated=dominated)
+                              dominated=dominated, host_bytes_per_node=host_node)
         # time only the Z entries where something fits (offload entries are mostly dominated)
         sel = np.flatnonzero(fits.any(axis=(0, 1, 2, 4)))
         if sel.size < Z:
@@ -378,7 +382,7 @@ class FastModel:
             sub = full_step
         step = np.where(valid, sub, np.nan)
         return LayoutEval(valid=valid, memory_device_bytes=peak, fits=fits, step_time_s=step, fits_gpu=fits_gpu,
-                          dominated=dominated)
+                          dominated=dominated, host_bytes_per_node=host_node)
 
     def _splits(self, grid: Grid, num_layers: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``sim.memory.split_of`` over the R (recompute entry) x K (vp) axes."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import replace
 
 from sim.calibration import load_calibration
 from sim.catalog import cluster_from_catalog, get_gpu
@@ -56,21 +55,21 @@ def add_cluster_args(p: argparse.ArgumentParser, *, required: bool = True) -> No
 def _gpu_and_nic_from_args(args: argparse.Namespace):
     """The ``--gpu`` record and the default NIC; with ``--calibration`` the profile's device,
     which ``--gpu`` must name (profile id, device id or base GPU; else one-line ``InputError``
-    on ``gpu``), its measured NIC when it has one, and its measured host rates (or None)."""
+    on ``gpu``), and its measured NIC when it has one."""
     calibration = getattr(args, "calibration", None)
     if calibration is None:
-        gpu = get_gpu(args.gpu)
-        return gpu, None, None
+        return get_gpu(args.gpu), None
     cal = load_calibration(calibration)
     cal.check_gpu(args.gpu)
-    return cal.gpu, cal.nic, (None if cal.host_bandwidth.empty else cal.host_bandwidth)
+    return cal.gpu, cal.nic
 
 
 def cluster_from_args(args: argparse.Namespace) -> Cluster:
     """The cluster the cluster flags describe (``sim.catalog.cluster_from_catalog`` defaults);
-    with ``--calibration`` the profile's device, its measured host rates
-    (``Cluster.host_bandwidth``) and, unless ``--nic`` is given, its measured NIC."""
-    gpu, measured_nic, host_bandwidth = _gpu_and_nic_from_args(args)
+    with ``--calibration`` the profile's device and, unless ``--nic`` is given, its measured
+    NIC (``sim.run.resolve`` puts the rest of the profile on the plan: the device each rank
+    sees, measured links and host rates)."""
+    gpu, measured_nic = _gpu_and_nic_from_args(args)
     nic = measured_nic if args.nic is None and measured_nic is not None else args.nic
     cl = cluster_from_catalog(gpu, args.num_gpus, gpus_per_node=args.gpus_per_node,
                               nvlink_domain=args.nvlink_domain, nic=nic, nics_per_node=args.nics_per_node,
@@ -81,7 +80,7 @@ def cluster_from_args(args: argparse.Namespace) -> Cluster:
         if not math.isfinite(dram) or dram <= 0 or dram > 1 << 24:
             raise InputError("host-dram-gib", dram, "must be a positive number of GiB")
         cl = with_host(cl, host_dram_bytes=dram * 2**30)
-    return cl if host_bandwidth is None else replace(cl, host_bandwidth=host_bandwidth)
+    return cl
 
 
 def server_args(args: argparse.Namespace) -> dict[str, object]:

@@ -222,10 +222,12 @@ def summary_by_source(rows: list[Comparison]) -> dict[str, dict[str, float]]:
 
 
 def summary(rows: list[Comparison]) -> dict[str, float]:
-    errs = [abs(r.step_error) for r in rows if r.step_error is not None]
+    signed = [r.step_error for r in rows if r.step_error is not None]
+    errs = [abs(e) for e in signed]
     mem = [abs(r.memory_error) for r in rows if r.memory_error is not None]
     return {
         "num_runs": len(errs),
+        "signed_median_step_error": statistics.median(signed) if signed else float("nan"),
         "median_abs_step_error": statistics.median(errs) if errs else float("nan"),
         "mean_abs_step_error": statistics.fmean(errs) if errs else float("nan"),
         "p90_abs_step_error": _quantile(errs, 0.9),

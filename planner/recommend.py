@@ -1,18 +1,28 @@
 """``recommend``: search the strategy space, rank by an objective, verify, explain.
 
 1. ``planner.search.search`` enumerates and prunes the space and times every candidate that
-   fits with the fast analytic model (one search per GPU count when ``min_gpus`` allows fewer).
-2. Candidates are ranked by the objective: ``throughput`` (tokens/s, the default), ``time``
-   (time to train ``tokens``) or ``cost`` (GPU-hours x ``price_usd_per_hour`` from the GPU
-   catalog).  With a fixed GPU count all three order plans the same way; they differ when
-   ``min_gpus`` lets the search use fewer GPUs.  Plans within ``tie_tolerance`` (relative) of
-   the best count as tied, and the simplest of them wins (``complexity``).
+   fits with the fast analytic model, once per framework profile the plans may assume (with no
+   ``--framework``: the profiles ``searched_by_default``, megatron-core, torchtitan and
+   megatron-deepspeed, each over what it runs, ``framework_space``) and per GPU count when
+   ``min_gpus`` allows fewer.  Precision is the user's: bf16 (fp16 where the GPU has no bf16)
+   unless the space lists others.  A plan fits when its predicted peak leaves
+   ``memory_headroom`` of the GPU free (default: the memory model's measured error,
+   ``planner.uncertainty.memory_headroom``).
+2. Candidates are ranked by the objective of the **calibrated estimate** (the model's step x the
+   bias of published runs like it, ``planner.uncertainty``): ``throughput`` (tokens/s, the
+   default), ``time`` (time to train ``tokens``) or ``cost`` (GPU-hours x
+   ``price_usd_per_hour``).  Plans within ``tie_tolerance`` (relative) of the best count as
+   tied, and the simplest of them wins (``complexity``; then the framework listed first).
 3. The top plans are re-simulated with ``sim.analytic.simulate_analytic`` for their full
    results (the search evaluated the same model over arrays, so the step times are equal) and
-   re-ranked with the discrete-event engine (``sim.simulate.simulate(engine="event")``).
+   the first ``rerank`` are re-ranked with the discrete-event engine within a budget of
+   scheduled passes (a cost model, not seconds: the ranking does not depend on the machine's
+   load).  Without fp8 in the space, the winner is priced in fp8 too and reported as an
+   alternative when it would be faster.
 4. ``planner.explain`` says what bounds the winner and why the alternatives lose; when nothing
    fits, ``suggest`` re-runs the search with one change at a time (ZeRO-3, recomputation, more
-   GPUs, a smaller batch, a GPU with more memory) and reports the changes that make it fit.
+   GPUs, a smaller batch, a GPU with more memory, more host memory) and reports the changes
+   that make it fit (``planner.suggest``).
 """
 
 from __future__ import annotations
@@ -27,15 +37,18 @@ import numpy as np
 from sim.analytic import simulate_analytic
 from sim.simulate import simulate
 from sim.compute import default_efficiency
-from sim.framework import apply_framework, get_framework
+from sim.costs import default_network
+from sim.framework import Framework, default_frameworks, fp8_recipe_for, get_framework
 from sim.errors import InputError
 from sim.plan import Plan
 from sim.result import StepResult
 from sim.placement import strides
-from sim.specs import ORDERS, Cluster, Model, Strategy
+from sim.run import RunChoices, plan_kwargs
+from sim.specs import Cluster, Model, Strategy
 
+from planner.explain import bound
 from planner.search import SearchResult, SearchSpace, search
-from planner.uncertainty import Band, band_for
+from planner.uncertainty import Band, above_published_note, band_from, headline, memory_headroom, stored_table
 
 Objective = Literal["throughput", "time", "cost"]
 OBJECTIVES: tuple[str, ...] = ("throughput", "time", "cost")
@@ -43,52 +56,56 @@ OBJECTIVES: tuple[str, ...] = ("throughput", "time", "cost")
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Settings:
-    """Framework behaviour the plans assume: extra ``Plan`` fields (attention kernel, ...) and
-    whether gradient reduction overlaps backward.  ``from_framework`` reads a ``sim.framework``
-    profile; the default is what ``planner simulate`` assumes without one."""
+    """The framework profiles the plans may assume and the user's overrides of their mechanisms
+    (``sim.run.RunChoices``: attention kernel, MoE dispatch and imbalance).  ``framework`` None:
+    every profile ``searched_by_default``, each plan carrying the one that runs it."""
 
-    plan_kwargs: tuple[tuple[str, object], ...] = ()
-    dp_overlap: bool = True
     framework: str | None = None
-
-    @property
-    def kwargs(self) -> dict[str, object]:
-        return dict(self.plan_kwargs)
-
-    @property
-    def attention(self) -> str:
-        return str(self.kwargs.get("attention", "flash"))
+    choices: RunChoices = RunChoices()
 
     @classmethod
     def from_framework(cls, name: str | None, *, attention: str | None = None,
                        moe_imbalance: float | None = None, moe_dispatcher: str | None = None) -> "Settings":
-        # no framework: the profile ``planner simulate`` assumes without one (``default``)
-        fw = get_framework(name or "default")
-        if fw.dp_impl != "ddp":  # asynchronous training has no step the search can rank
+        fw = get_framework(name) if name is not None else None
+        if fw is not None and fw.dp_impl != "ddp":  # asynchronous training has no step the search can rank
             raise InputError("framework", fw.id, "trains asynchronously (parameter servers): recommend searches "
                              "synchronous plans; price one with planner simulate --framework tf-parameter-server or "
                              "planner comm-reduce --mode parameter-server")
-        kw, overlap, fw_id = apply_framework({}, fw), fw.dp_overlap, (fw.id if name is not None else None)
-        if attention is not None:
-            kw["attention"] = attention
-        if moe_imbalance is not None:
-            kw["moe_imbalance"] = moe_imbalance
-        if moe_dispatcher is not None:
-            kw["moe_dispatcher"] = moe_dispatcher
-        return cls(plan_kwargs=tuple(sorted(kw.items())), dp_overlap=overlap, framework=fw_id)
+        fw_id = fw.id if fw is not None else None
+        return cls(framework=fw_id, choices=RunChoices(attention=attention, moe_imbalance=moe_imbalance,
+                                                       moe_dispatcher=moe_dispatcher))
+
+    @property
+    def profiles(self) -> tuple[Framework, ...]:
+        return (get_framework(self.framework),) if self.framework is not None else default_frameworks()
+
+    def plan_kwargs(self, fw: Framework) -> dict[str, object]:
+        """The ``Plan`` fields of ``fw`` with the overrides (``sim.run.plan_kwargs``)."""
+        return plan_kwargs(fw, self.choices)
+
+    @property
+    def kwargs(self) -> dict[str, object]:
+        """The first profile's ``Plan`` fields (the only one with ``framework``)."""
+        return self.plan_kwargs(self.profiles[0])
+
+    @property
+    def dp_overlap(self) -> bool:
+        return self.profiles[0].dp_overlap
 
 
 @dataclass(slots=True)
 class RankedPlan:
     rank: int
     plan: Plan
-    result: StepResult
-    objective_value: float
+    result: StepResult  # the model's step (analytic, or event after re-ranking)
+    objective_value: float  # of the calibrated estimate
     complexity: float
     fast_step_time_s: float
     analytic_step_time_s: float
     engine: str = "analytic"
-    band: Band | None = None  # planner.uncertainty: where runs like it landed
+    band: Band | None = None  # planner.uncertainty: the calibrated estimate and its band
+    framework: str = ""  # the profile that runs it
+    search: SearchResult | None = None  # the search that found it (its fast model and network)
 
     @property
     def strategy(self) -> Strategy:
@@ -102,17 +119,22 @@ class RankedPlan:
     def num_gpus(self) -> int:
         return self.plan.cluster.num_gpus
 
+    @property
+    def step_time_s(self) -> float:
+        """The calibrated estimate (the number to plan with)."""
+        return self.band.estimate(self.result.step_time_s) if self.band is not None else self.result.step_time_s
+
     def to_dict(self, objective: "ObjectiveSpec") -> dict[str, object]:
         out = self.result.to_dict()
-        out["strategy"] = self.strategy.to_string()
-        out.update({"rank": self.rank, "num_gpus": self.num_gpus, "engine": self.engine,
-                    "analytic_step_time_s": self.analytic_step_time_s, "complexity": self.complexity,
-                    "objective_value": self.objective_value})
-        out.update(objective.extras(self.result.step_time_s, self.strategy, self.num_gpus))
         if self.band is not None:
-            out.update({"step_time_s_low": self.band.low(self.result.step_time_s),
-                        "step_time_s_high": self.band.high(self.result.step_time_s),
-                        "uncertainty": self.band.as_dict()})
+            out = headline(out, self.band)
+        out["strategy"] = self.strategy.to_string()
+        out.update({"rank": self.rank, "framework": self.framework, "num_gpus": self.num_gpus, "engine": self.engine,
+                    "analytic_step_time_s": self.analytic_step_time_s, "complexity": self.complexity,
+                    "objective_value": self.objective_value, "attention": self.plan.attention,
+                    "fp8_recipe": self.strategy.fp8_recipe if self.strategy.precision == "fp8" else None})
+        out.update(objective.extras(self.step_time_s, self.strategy, self.num_gpus))
+        out["bound_by"] = bound(out)[0]  # the one verdict (planner.explain), as planner simulate reports it
         return out
 
 
@@ -181,6 +203,10 @@ class Recommendation:
     suggestions: list[dict[str, object]] = field(default_factory=list)
     winner_margin: dict[str, object] = field(default_factory=dict)
     framework_gap: dict[str, object] = field(default_factory=dict)
+    memory_headroom: float = 0.0  # fraction of GPU memory a plan keeps free
+    memory_headroom_why: str = ""
+    fp8_alternative: dict[str, object] = field(default_factory=dict)
+    frameworks_skipped: dict[str, str] = field(default_factory=dict)  # profile -> why it was not searched
 
     @property
     def considered(self) -> int:
@@ -215,13 +241,18 @@ class Recommendation:
             "seq_len": self.seq_len,
             "objective": {"kind": self.objective.kind, "tokens": self.objective.tokens,
                           "price_usd_per_hour": self.objective.price_usd_per_hour, "unit": self.objective.unit},
-            "framework": self.settings.framework, "attention": self.settings.attention,
+            "framework": self.settings.framework,
+            "frameworks_searched": [fw.id for fw in self.settings.profiles if fw.id not in self.frameworks_skipped],
+            "frameworks_skipped": self.frameworks_skipped,
+            "precisions_searched": list(self.space.precisions(self.cluster)),
+            "memory_headroom": {"fraction": self.memory_headroom, "why": self.memory_headroom_why},
             "plans": [p.to_dict(self.objective) for p in self.plans],
+            "fp8_alternative": self.fp8_alternative,
             "candidates_considered": self.considered,
             "candidates_evaluated": self.evaluated,
             "rejected": self.rejected,
             "rejected_total": sum(self.rejected.values()),
-            "gpu_counts_searched": [r.cluster.num_gpus for r in self.searches],
+            "gpu_counts_searched": list(dict.fromkeys(r.cluster.num_gpus for r in self.searches)),
             "search_time_s": self.search_time_s,
             "timings_s": self.timings_s,
             "ranking": {"engine": self.ranking_engine, "note": self.ranking_note,
@@ -289,9 +320,10 @@ def gpu_counts(cluster: Cluster, min_gpus: int | None) -> list[int]:
 
 def framework_space(space: SearchSpace, fw_id: str, cluster: Cluster) -> SearchSpace:
     """``space`` cut down to what framework ``fw_id`` can run (``sim.framework.Capabilities``):
-    its parallel dimensions, ZeRO/FSDP stages, schedules, precisions, and the first of its fp8
-    recipes that runs on the GPU (fp8 is not searched when none does).  A restriction the user
-    gave that the framework cannot meet is an ``InputError`` naming the flag."""
+    its parallel dimensions, ZeRO/FSDP stages, schedules, precisions, and its own fp8 recipe on
+    the GPU (``sim.framework.fp8_recipe_for``; fp8 is not searched when none runs there).  A
+    restriction the user gave that the framework cannot meet is an ``InputError`` naming the
+    flag."""
     fw = get_framework(fw_id)
     caps = fw.capabilities
     ch: dict[str, object] = {}
@@ -319,25 +351,42 @@ def framework_space(space: SearchSpace, fw_id: str, cluster: Cluster) -> SearchS
         ch["schedule"] = cut("schedule", space.schedule, caps.schedules)
     else:
         ch["pp"], ch["schedule"] = cut("pp", space.pp or (1,), (1,)), ("1f1b",)
-    eff = default_efficiency()
-    recipes = [r for r in caps.fp8_recipes
-               if not eff.fp8_recipe(r).architectures or cluster.gpu.architecture in eff.fp8_recipe(r).architectures]
-    allowed = tuple(p for p in caps.precisions if p != "fp8" or recipes)
+    recipe = fp8_recipe_for(fw, cluster.gpu.architecture)
+    allowed = tuple(p for p in caps.precisions if p != "fp8" or recipe is not None)
     ch["precision"] = cut("precision", space.precisions(cluster), allowed)
-    if recipes:
-        ch["fp8_recipe"] = recipes[0]
+    if recipe is not None:
+        ch["fp8_recipe"] = recipe
     return space.replace(**ch)
+
+
+def estimate_band(framework: str, cluster: Cluster) -> Band:
+    """The calibrated-estimate band of plans on ``cluster`` under ``framework`` (its class reads
+    the GPU architecture and framework family, ``planner.uncertainty``)."""
+    fw = get_framework(framework)
+    return band_from(stored_table(), (fw.family, cluster.gpu.architecture or "unknown", "dense"))
+
+
+DEFAULT_RERANK_PASSES = 40_000  # scheduled passes of event-engine re-ranking: ~2-8 s here at 0.05-0.2 ms a pass
+
+
+def event_passes(s: Strategy) -> int:
+    """The cost model of one event-engine simulation: the forward and backward passes it
+    schedules (one unit per pipeline stage, ``vp`` chunks, every micro-batch)."""
+    return 2 * s.pp * s.vp * s.num_microbatches
 
 
 def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: SearchSpace | None = None,
               objective: ObjectiveSpec | None = None, settings: Settings | None = None, top: int = 5,
-              rerank: int | None = None, rerank_budget_s: float = 3.0, min_gpus: int | None = None,
+              rerank: int | None = None, rerank_budget: int = DEFAULT_RERANK_PASSES, min_gpus: int | None = None,
               tie_tolerance: float = 1e-3, explain: bool = True, suggest: bool = True,
-              workers: int | None = None, progress: Callable[[str], None] | None = None) -> Recommendation:
+              workers: int | None = None, memory_headroom: float | None = None,
+              progress: Callable[[str], None] | None = None) -> Recommendation:
     """Search, rank, verify and explain (module docstring).  ``rerank``: how many of the top
-    plans the event engine re-ranks (default ``top``; 0 disables it), within ``rerank_budget_s``
-    seconds of event simulation.  ``progress`` is called with the name of each phase as it
-    starts (the app draws them; an exception it raises stops the recommendation)."""
+    plans the event engine re-ranks (default ``top``; 0 disables it), as many as
+    ``rerank_budget`` scheduled passes allow (``event_passes``).  ``memory_headroom``: fraction
+    of GPU memory a plan keeps free (default ``planner.uncertainty.memory_headroom``).
+    ``progress`` is called with the name of each phase as it starts (the app draws them; an
+    exception it raises stops the recommendation)."""
     t0 = time.perf_counter()
     stage = progress or (lambda name: None)
     space = space or SearchSpace()
@@ -347,6 +396,7 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: 
         raise InputError("top", top, "must be an integer in [1, 100]")
     if not (isinstance(tie_tolerance, (int, float)) and 0 <= tie_tolerance < 1):
         raise InputError("tie-tolerance", tie_tolerance, "must be in [0, 1)")
+    headroom, headroom_why = memory_headroom_of(memory_headroom)
     if objective.kind == "cost" and objective.price_usd_per_hour is None:
         price = cluster.gpu.price_usd_per_hour
         if price is None:
@@ -357,26 +407,51 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: 
     eff = default_efficiency()
     tokens_per_step = gbs * seq_len
     full_space = space
-    if settings.framework is not None:
-        space = framework_space(space, settings.framework, cluster)
+    limit = (1.0 - headroom) * cluster.gpu.hbm_bytes
 
-    searches = []
-    for n in gpu_counts(cluster, min_gpus):
-        cl = cluster if n == cluster.num_gpus else cluster_with_gpus(cluster, n)
-        stage(f"searching the strategy space on {n:,} GPUs")
-        searches.append(search(model, cl, gbs=gbs, seq_len=seq_len, space=space, plan_kwargs=settings.kwargs,
-                               dp_overlap=settings.dp_overlap, eff=eff, workers=workers))
+    searches: list[SearchResult] = []
+    bands: list[Band] = []
+    skipped: dict[str, str] = {}
+    profiles = settings.profiles
+    clusters = [cluster if n == cluster.num_gpus else cluster_with_gpus(cluster, n) for n in gpu_counts(cluster, min_gpus)]
+    # One network per cluster, shared by the profiles' searches: its routing memo (the cost of a
+    # big cluster) is computed once.  Forked workers would each route again and lose it, so
+    # several profiles search in this process unless --workers says otherwise.
+    nets = [default_network(cl) for cl in clusters]
+    if workers is None and len(profiles) > 1:
+        workers = 1
+    for fw in profiles:
+        try:
+            fspace = framework_space(space, fw.id, cluster)
+        except InputError as exc:
+            if len(profiles) == 1:
+                raise
+            skipped[fw.id] = exc.message
+            continue
+        band = estimate_band(fw.id, cluster)
+        for cl, net in zip(clusters, nets):
+            stage(f"searching the strategy space on {cl.num_gpus:,} GPUs" + (f" ({fw.id})" if len(profiles) > 1 else ""))
+            r = search(model, cl, gbs=gbs, seq_len=seq_len, space=fspace, plan_kwargs=settings.plan_kwargs(fw),
+                       dp_overlap=fw.dp_overlap, net=net, eff=eff, workers=workers, memory_limit_bytes=limit)
+            r.framework = fw.id
+            searches.append(r)
+            bands.append(band)
+    if not searches:
+        raise InputError("framework", ",".join(skipped), "no framework profile runs the space asked for: "
+                         + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
+    rank_space = framework_space(space, profiles[0].id, cluster) if len(profiles) == 1 else space
 
-    # Objective over every timed candidate of every search.
+    # Objective (of the calibrated estimate) over every timed candidate of every search.
     objs, src, idx = [], [], []
-    for k, r in enumerate(searches):
+    for k, (r, band) in enumerate(zip(searches, bands)):
         if r.evaluated:
-            objs.append(objective.values(r.candidates.step_time_s, tokens_per_step, r.cluster.num_gpus))
+            objs.append(objective.values(band.estimate(r.candidates.step_time_s), tokens_per_step, r.cluster.num_gpus))
             src.append(np.full(r.evaluated, k, dtype=np.int32))
             idx.append(np.arange(r.evaluated))
     rec = Recommendation(model=model, cluster=cluster, gbs=gbs, seq_len=seq_len, objective=objective,
-                         settings=settings, space=space, searches=searches, plans=[], search_time_s=0.0,
-                         ranking_engine="analytic", ranking_note="", tie_tolerance=float(tie_tolerance))
+                         settings=settings, space=rank_space, searches=searches, plans=[], search_time_s=0.0,
+                         ranking_engine="analytic", ranking_note="", tie_tolerance=float(tie_tolerance),
+                         memory_headroom=headroom, memory_headroom_why=headroom_why, frameworks_skipped=skipped)
     if not objs:
         rec.search_time_s = time.perf_counter() - t0
         rec.ranking_note = "no candidate fits"
@@ -386,8 +461,12 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: 
             rec.explanation = explain_infeasible(rec)
         if suggest:
             stage("looking for one change that makes a plan fit")
+            from planner.suggest import suggest_fixes
+
             rec.suggestions = suggest_fixes(model, cluster, gbs=gbs, seq_len=seq_len, space=space, settings=settings,
-                                            rejected_batch=rec.rejected.get("batch", 0) > 0)
+                                            rejected_batch=rec.rejected.get("batch", 0) > 0, memory_limit_bytes=limit,
+                                            host_need_bytes=min((r.closest_host_oom[0] for r in searches
+                                                                 if r.closest_host_oom is not None), default=0.0))
         return rec
     stage("ranking and verifying the best plans")
     obj = np.concatenate(objs)
@@ -401,24 +480,22 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: 
     if tied.size > 5000:
         tied = tied[np.argsort(obj[tied], kind="stable")[:5000]]
     short = np.unique(np.concatenate([short, tied]))
+    order = {fw.id: i for i, fw in enumerate(profiles)}
 
-    def decode(j: int) -> tuple[Strategy, SearchResult, int]:
-        r = searches[int(src_a[j])]
-        return r.strategy(int(idx_a[j])), r, int(idx_a[j])
-
-    # What the framework cannot run and its search space could not exclude (``framework_space``:
+    # What a framework cannot run and its search space could not exclude (``framework_space``:
     # tensor parallelism without SP where TP implies SP, a zero-bubble schedule it runs only
     # interleaved) leaves the shortlist here.
-    caps = get_framework(settings.framework).capabilities if settings.framework is not None else None
     entries = []
     for j in short:
-        s, r, i = decode(int(j))
-        if caps is not None and caps.refusal(s) is not None:
+        k = int(src_a[j])
+        r = searches[k]
+        s = r.strategy(int(idx_a[j]))
+        if get_framework(r.framework).capabilities.refusal(s) is not None:
             continue
-        entries.append((float(obj[j]), _tie_key(s, model.num_layers), s, r, i))
+        entries.append((float(obj[j]), _tie_key(s, model.num_layers) + (order[r.framework],), s, k, int(idx_a[j])))
     if not entries:
-        raise InputError("framework", settings.framework, "none of the best plans the search found is one it runs; "
-                         "restrict the search (--tp, --sp, --schedule, ...) to what it supports")
+        raise InputError("framework", settings.framework or ",".join(order), "none of the best plans the search "
+                         "found is one it runs; restrict the search (--tp, --sp, --schedule, ...) to what it supports")
     entries.sort(key=lambda e: (e[0], e[1]))
     best = entries[0][0]
     winner_pool = [e for e in entries if e[0] <= best * (1 + tie_tolerance)]
@@ -428,44 +505,44 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: 
     # The shown plans with their full results (breakdown, memory, warnings): the same model the
     # search evaluated, called for one plan.
     ranked: list[RankedPlan] = []
-    for e in ordered[:top]:
-        o, key, s, r, i = e
+    for o, key, s, k, i in ordered:
+        if len(ranked) == top:
+            break
+        r = searches[k]
         fm = r.fastmodel
         plan = fm.plan(s)
+        if not exports(plan, r.framework):
+            continue  # a plan its framework's launch format cannot state is not shown
         res = simulate_analytic(plan, net=fm.net, eff=fm.eff)
-        value = float(objective.values(np.array([res.step_time_s]), tokens_per_step, r.cluster.num_gpus)[0])
+        value = float(objective.values(np.array([bands[k].estimate(res.step_time_s)]), tokens_per_step,
+                                       r.cluster.num_gpus)[0])
         ranked.append(RankedPlan(rank=0, plan=plan, result=res, objective_value=value, complexity=key[0],
                                  fast_step_time_s=float(r.candidates.step_time_s[i]),
-                                 analytic_step_time_s=res.step_time_s))
-    ranked = _with_rank_orders(ranked, caps, objective, tokens_per_step, top)
+                                 analytic_step_time_s=res.step_time_s, band=bands[k], framework=r.framework,
+                                 search=r))
+    ranked = _with_rank_orders(ranked, objective, tokens_per_step, top)
 
     rec.search_time_s = time.perf_counter() - t0
     rec.timings_s["search_s"] = sum(r.search_time_s for r in searches)
     rec.timings_s["rank_and_verify_s"] = rec.search_time_s - rec.timings_s["search_s"]
 
-    # Event-engine re-ranking.
+    # Event-engine re-ranking, budgeted by a cost model (never by the clock).
     t1 = time.perf_counter()
-    k_rerank = top if rerank is None else max(0, min(int(rerank), len(ranked)))
+    k_rerank = min(top, len(ranked)) if rerank is None else max(0, min(int(rerank), len(ranked)))
     if k_rerank:
         stage(f"re-ranking the top {k_rerank} with the event engine")
-        ranked, note, used = _rerank_event(ranked, k_rerank, tie_tolerance, objective, tokens_per_step, rerank_budget_s)
+        ranked, note, used = _rerank_event(ranked, k_rerank, tie_tolerance, objective, tokens_per_step, rerank_budget)
         rec.ranking_engine = "event" if used else "analytic"
     else:
         note = "event re-ranking disabled; ranked with the analytic model"
-    rec.ranking_note = note
+    rec.ranking_note = note + "; by the calibrated estimate (the model's step x the bias of published runs like it)"
     for n, p in enumerate(ranked, 1):
         p.rank = n
-        p.band = band_for(p.plan, settings.framework or "default")
     rec.plans = ranked
-    if len(ranked) >= 2:
-        b, margin = ranked[0].band, ranked[1].objective_value / ranked[0].objective_value - 1
-        half = (b.q90 - b.q10) / 2
-        rec.winner_margin = {"margin": margin, "band_half_width": half, "within_band": margin < half}
-        if margin < half:
-            rec.warnings.append(f"#1 leads #2 by {margin:.1%}, inside the +-{half:.0%} 80% band of the {b.runs} "
-                                f"published runs like it ({b.cls}): the two are not told apart by this model; "
-                                "measure both before committing")
     rec.timings_s["rerank_s"] = time.perf_counter() - t1
+    _flag_winner(rec)
+    if "fp8" not in rec.space.precisions(cluster):
+        rec.fp8_alternative = fp8_alternative(rec, limit)
     if settings.framework is not None and ranked:
         t3 = time.perf_counter()
         stage(f"pricing what {settings.framework}'s limits cost")
@@ -473,8 +550,8 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: 
         rec.timings_s["framework_gap_s"] = time.perf_counter() - t3
         if rec.framework_gap.get("gap", 0.0) > tie_tolerance:
             g = rec.framework_gap
-            rec.warnings.append(f"{settings.framework} cannot run the overall best plan ({g['best_overall_strategy']}: "
-                                f"{g['why']}); its best is {g['gap']:.1%} slower")
+            rec.warnings.append(f"{settings.framework} cannot run the overall best plan ({g['best_overall_strategy']} "
+                                f"in {g['best_overall_framework']}: {g['why']}); its best is {g['gap']:.1%} slower")
     if explain:
         t2 = time.perf_counter()
         stage("explaining the winner")
@@ -486,18 +563,97 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: 
     return rec
 
 
-def _with_rank_orders(ranked: list[RankedPlan], caps, objective: ObjectiveSpec, tokens_per_step: int,
+def exports(plan: Plan, framework: str) -> bool:
+    """Whether the launch format of ``framework`` (``planner.exports.formats_of``, its own
+    first) can state ``plan``: every recommended plan is one a user can launch as predicted.
+    A framework without a format (none in the default profiles) is not held to it."""
+    from planner.exports import LaunchSpec, formats_of, render
+
+    fmts = formats_of(framework)
+    if not fmts:
+        return True
+    c = plan.cluster
+    try:
+        render(fmts[0], LaunchSpec(model=plan.model, strategy=plan.strategy, num_gpus=c.num_gpus,
+                                   gpus_per_node=c.gpus_per_node, gpu=c.gpu.id, attention=plan.attention))
+    except InputError:
+        return False
+    return True
+
+
+def memory_headroom_of(fraction: float | None) -> tuple[float, str]:
+    """(the headroom to keep, why): ``fraction`` as given, else the measured default."""
+    if fraction is None:
+        return memory_headroom()
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
+        raise InputError("memory-headroom", fraction, "must be a fraction in [0, 1)")
+    return float(fraction), f"{fraction:.0%} of GPU memory kept free (--memory-headroom)"
+
+
+def _flag_winner(rec: Recommendation) -> None:
+    """Warnings about #1: a lead over #2 inside the band, an MFU above every published run."""
+    ranked = rec.plans
+    if len(ranked) >= 2 and ranked[0].band is not None:
+        b, margin = ranked[0].band, ranked[1].objective_value / ranked[0].objective_value - 1
+        half = (b.high(1.0) - b.low(1.0)) / 2 / b.estimate(1.0)
+        rec.winner_margin = {"margin": margin, "band_half_width": half, "within_band": margin < half}
+        if margin < half:
+            rec.warnings.append(f"#1 leads #2 by {margin:.1%}, inside the +-{half:.0%} 80% band of the {b.runs} "
+                                f"published runs like it ({b.spread_class}): the two are not told apart by this "
+                                "model; measure both before committing")
+    if ranked:
+        top = ranked[0]
+        mfu = top.result.mfu * top.result.step_time_s / top.step_time_s
+        precision = "bf16" if top.strategy.precision == "fp16" else top.strategy.precision
+        note = above_published_note(mfu, top.cluster.gpu.architecture or "unknown", precision)
+        if note:
+            rec.warnings.append(f"#1: {note}")
+
+
+def fp8_alternative(rec: Recommendation, memory_limit_bytes: float) -> dict[str, object]:
+    """#1 in fp8 with its framework's own recipe (``sim.framework.fp8_recipe_for``), when the GPU
+    has fp8 tensor cores, the framework runs fp8 there, the plan still fits and it would be
+    faster: the predicted gain, said as an alternative (fp8 changes numerics and convergence
+    risk, so it is never chosen silently).  Empty otherwise."""
+    win = rec.plans[0]
+    fw = get_framework(win.framework)
+    recipe = fp8_recipe_for(fw, win.cluster.gpu.architecture)
+    if "fp8" not in win.cluster.gpu.dense_flops_per_s or recipe is None or "fp8" not in fw.capabilities.precisions:
+        return {}
+    s8 = win.strategy.with_(precision="fp8", fp8_recipe=recipe)
+    if fw.capabilities.refusal(s8) is not None or win.search is None:
+        return {}
+    fm = win.search.fastmodel
+    try:
+        res = simulate_analytic(fm.plan(s8), net=fm.net, eff=fm.eff)
+    except InputError:
+        return {}
+    est = win.band.estimate(res.step_time_s) if win.band is not None else res.step_time_s
+    gain = win.step_time_s / est - 1
+    if res.memory_peak_bytes > memory_limit_bytes or gain <= 0:
+        return {}
+    return {"strategy": s8.to_string(), "framework": fw.id, "fp8_recipe": recipe, "step_time_s": est,
+            "model_step_time_s": res.step_time_s, "speedup": gain, "memory_peak_bytes": res.memory_peak_bytes,
+            "line": (f"fp8 would be {gain:.0%} faster ({_fmt_s(est)} per step with {fw.id}'s {recipe} recipe: "
+                     f"--precision fp8 or bf16,fp8 to search it); it changes numerics, so it is not chosen "
+                     "unless asked for")}
+
+
+def _fmt_s(t: float) -> str:
+    return f"{t:.3f} s" if t >= 1 else f"{t * 1e3:.2f} ms"
+
+
+def _with_rank_orders(ranked: list[RankedPlan], objective: ObjectiveSpec, tokens_per_step: int,
                       top: int) -> list[RankedPlan]:
-    """The winning plan in the other rank orders the framework allows (``Strategy.order``: which
-    dimension's groups are consecutive ranks and share the scale-up fabric), each priced by
-    ``simulate_analytic`` on its real placement; an order that beats it joins the ranking.
+    """The winning plan in the other rank orders its framework allows (``Strategy.order``:
+    which dimension's groups are consecutive ranks and share the scale-up fabric), each priced
+    by ``simulate_analytic`` on its real placement; an order that beats it joins the ranking.
     The vectorised search prices the default order (tp innermost) only."""
-    orders = caps.orders if caps is not None else ORDERS
     extra: list[RankedPlan] = []
     for p in ranked[:1]:  # the winner: each order re-routes the network (seconds on 10^4 GPUs)
         s = p.plan.strategy
         seen = {tuple(sorted(strides(s).items()))}
-        for order in orders:
+        for order in get_framework(p.framework).capabilities.orders:
             try:
                 alt = replace(s, order=order)
                 key = tuple(sorted(strides(alt).items()))
@@ -508,10 +664,12 @@ def _with_rank_orders(ranked: list[RankedPlan], caps, objective: ObjectiveSpec, 
                 res = simulate_analytic(plan)
             except InputError:
                 continue
-            value = float(objective.values(np.array([res.step_time_s]), tokens_per_step, p.num_gpus)[0])
-            if res.fits_memory and value < p.objective_value:
+            est = p.band.estimate(res.step_time_s) if p.band is not None else res.step_time_s
+            value = float(objective.values(np.array([est]), tokens_per_step, p.num_gpus)[0])
+            if res.fits_memory and value < p.objective_value and exports(plan, p.framework):
                 extra.append(RankedPlan(rank=0, plan=plan, result=res, objective_value=value, complexity=p.complexity,
-                                        fast_step_time_s=p.fast_step_time_s, analytic_step_time_s=res.step_time_s))
+                                        fast_step_time_s=p.fast_step_time_s, analytic_step_time_s=res.step_time_s,
+                                        band=p.band, framework=p.framework, search=p.search))
     if not extra:
         return ranked
     return sorted(ranked + extra, key=lambda q: q.objective_value)[:top]
@@ -519,23 +677,26 @@ def _with_rank_orders(ranked: list[RankedPlan], caps, objective: ObjectiveSpec, 
 
 def _framework_gap(rec: "Recommendation", model: Model, cluster: Cluster, space: SearchSpace,
                    min_gpus: int | None, workers: int | None) -> dict[str, object]:
-    """The overall best plan (the same framework mechanisms, every capability) against the
-    framework's best, both by the analytic model: what the framework's limits cost."""
+    """The best plan of the default framework profiles (the same overrides) against the named
+    framework's best, both by the calibrated analytic estimate: what choosing it costs."""
     fw_id = rec.settings.framework
     assert fw_id is not None and rec.plans
     overall = recommend(model, cluster, gbs=rec.gbs, seq_len=rec.seq_len, space=space, objective=rec.objective,
                         settings=replace(rec.settings, framework=None), top=1, rerank=0, min_gpus=min_gpus,
-                        explain=False, suggest=False, workers=workers)
+                        explain=False, suggest=False, workers=workers, memory_headroom=rec.memory_headroom)
     mine, best = rec.plans[0], overall.best
-    if best is None:
-        return {}
+    if best is None or best.framework == fw_id:
+        return {"framework": fw_id, "gap": 0.0, "why": "it runs the best plan"} if best is not None else {}
     tokens = rec.gbs * rec.seq_len
-    obj = [float(rec.objective.values(np.array([p.analytic_step_time_s]), tokens, p.num_gpus)[0]) for p in (mine, best)]
+    est = [p.band.estimate(p.analytic_step_time_s) if p.band is not None else p.analytic_step_time_s
+           for p in (mine, best)]
+    obj = [float(rec.objective.values(np.array([e]), tokens, p.num_gpus)[0]) for e, p in zip(est, (mine, best))]
     why = get_framework(fw_id).capabilities.refusal(best.strategy)
     return {"framework": fw_id, "best_overall_strategy": best.strategy.to_string(),
-            "best_overall_step_time_s": best.analytic_step_time_s, "framework_step_time_s": mine.analytic_step_time_s,
-            "gap": max(0.0, obj[0] / obj[1] - 1) if why is not None else 0.0,
-            "why": f"{why[0]}={why[1]} {why[2]}" if why is not None else "it can"}
+            "best_overall_framework": best.framework,
+            "best_overall_step_time_s": est[1], "framework_step_time_s": est[0],
+            "gap": max(0.0, obj[0] / obj[1] - 1),
+            "why": f"{why[0]}={why[1]} {why[2]}" if why is not None else "its mechanisms are slower on this plan"}
 
 
 def _reorder(plans: list[RankedPlan], tol: float) -> list[RankedPlan]:
@@ -547,108 +708,29 @@ def _reorder(plans: list[RankedPlan], tol: float) -> list[RankedPlan]:
 
 
 def _rerank_event(plans: list[RankedPlan], k: int, tol: float, objective: ObjectiveSpec, tokens_per_step: int,
-                  budget_s: float) -> tuple[list[RankedPlan], str, bool]:
-    """Re-simulate the top ``k`` with the event engine (as many as fit in ``budget_s``) and
-    re-order them; returns (plans, note, whether the event engine ranked them)."""
-
+                  budget_passes: int) -> tuple[list[RankedPlan], str, bool]:
+    """Re-simulate the top ``k`` with the event engine, in order, while their scheduled passes
+    (``event_passes``, a cost model) fit in ``budget_passes``, and re-order them; returns
+    (plans, note, whether the event engine ranked them).  Deterministic: nothing reads a clock."""
     head = plans[:k]
     out = []
-    t0 = time.perf_counter()
+    spent = 0
     for p in head:
-        elapsed = time.perf_counter() - t0
-        if out and elapsed + elapsed / len(out) > budget_s:
+        cost = event_passes(p.strategy)
+        if out and spent + cost > budget_passes:
             break
         try:
             res = simulate(p.plan, engine="event")
         except InputError as exc:  # a plan the event engine cannot schedule (docs/recommend.md)
             return plans, (f"event engine cannot schedule {p.strategy.to_string()} ({exc}); "
                            "ranked with the analytic model"), False
-        value = float(objective.values(np.array([res.step_time_s]), tokens_per_step, p.num_gpus)[0])
+        spent += cost
+        est = p.band.estimate(res.step_time_s) if p.band is not None else res.step_time_s
+        value = float(objective.values(np.array([est]), tokens_per_step, p.num_gpus)[0])
         out.append(replace(p, result=res, objective_value=value, engine="event"))
-    if len(out) < 2 and k >= 2:
-        return plans, (f"event engine too slow here ({time.perf_counter() - t0:.1f} s for one plan, budget "
-                       f"{budget_s:g} s): ranked with the analytic model"), False
     done = len(out)
-    note = f"top {done} re-ranked with the event engine"
+    note = f"top {done} re-ranked with the event engine ({spent:,} scheduled passes)"
     if done < k:
-        note += f" ({k - done} more did not fit the {budget_s:g} s budget and keep their analytic rank)"
+        note += (f"; {k - done} more would exceed the budget of {budget_passes:,} passes (--rerank-budget) and "
+                 "keep their analytic rank")
     return _reorder(out, tol) + plans[done:], note, True
-
-
-# --------------------------------------------------------------------------- nothing fits
-
-
-def simplest_best(r: SearchResult, num_layers: int, tie_tolerance: float = 1e-3) -> int:
-    """The candidate of ``r`` that ``recommend`` would pick by throughput: the simplest of those
-    within ``tie_tolerance`` of the fastest."""
-    t = r.candidates.step_time_s
-    tied = np.flatnonzero(t <= float(t.min()) * (1 + tie_tolerance))
-    tied = tied[np.argsort(t[tied], kind="stable")[:5000]]
-    return int(min(tied, key=lambda i: (_tie_key(r.strategy(int(i)), num_layers), float(t[i]))))
-
-
-def suggest_fixes(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: SearchSpace,
-                  settings: Settings, max_factor: int = 8, rejected_batch: bool = False) -> list[dict[str, object]]:
-    """Changes that make some plan fit, each verified by re-running the search.  With
-    ``rejected_batch`` (the batch did not divide) a larger batch and fewer GPUs are tried too."""
-    from sim.catalog import list_gpus
-
-    tries: list[tuple[str, str, dict]] = []
-    if 3 not in space.zero:
-        tries.append(("zero", "allow ZeRO-3 / FSDP (shard weights, gradients and optimizer states)",
-                      {"space": space.replace(zero=(0, 1, 2, 3))}))
-    if not {"optimizer", "params"} <= set(space.offload):
-        tries.append(("offload", "allow offloading optimizer states (and parameters) to host memory",
-                      {"space": space.replace(offload=tuple(dict.fromkeys(space.offload + ("none", "optimizer",
-                                                                                            "params"))))}))
-    if "full" not in space.recompute:
-        tries.append(("recompute", "allow full activation recomputation",
-                      {"space": space.replace(recompute=tuple(space.recompute) + ("full",))}))
-    if any(getattr(space, d) is not None for d in ("tp", "pp", "cp")):
-        tries.append(("model_parallel", "let the search choose tp, pp and cp",
-                      {"space": space.replace(tp=None, pp=None, cp=None)}))
-    if space.mbs is not None and 1 not in space.mbs:
-        tries.append(("mbs", "allow micro-batch 1", {"space": space.replace(mbs=tuple(space.mbs) + (1,))}))
-    smaller = sorted({b for b in (1 << (gbs.bit_length() - 1), gbs // 2) if 0 < b < gbs}, reverse=True)
-    for b in smaller:
-        tries.append(("gbs", f"a smaller global batch: gbs={b}", {"gbs": b}))
-    if rejected_batch:
-        for k in (2, 4, 8):
-            tries.append(("gbs_larger", f"a larger global batch: gbs={gbs * k}", {"gbs": gbs * k}))
-        for k in (2, 4, 8):
-            n = cluster.num_gpus // k
-            if n >= 1 and cluster.num_gpus % k == 0:
-                tries.append(("fewer_gpus", f"fewer GPUs: {n}", {"cluster": lambda n=n: cluster_with_gpus(cluster, n)}))
-    k = 2
-    while k <= max_factor:
-        n = cluster.num_gpus * k
-        tries.append(("num_gpus", f"more GPUs: {n}", {"cluster": lambda n=n: cluster_with_gpus(cluster, n)}))
-        k *= 2
-    bigger = sorted((g for g in list_gpus() if g.hbm_bytes > cluster.gpu.hbm_bytes
-                     and g.form_factor == cluster.gpu.form_factor), key=lambda g: g.hbm_bytes)
-    for g in bigger[:2]:
-        tries.append(("gpu", f"a GPU with more memory: {g.id} ({g.hbm_bytes / 2**30:.0f} GiB)",
-                      {"cluster": lambda g=g: replace(cluster, gpu=g)}))
-
-    out: list[dict[str, object]] = []
-    done: set[str] = set()
-    for kind, text, change in tries:
-        if kind in done:
-            continue
-        try:
-            cl = change["cluster"]() if "cluster" in change else cluster
-            r = search(model, cl, gbs=change.get("gbs", gbs), seq_len=seq_len, space=change.get("space", space),
-                       plan_kwargs=settings.kwargs, dp_overlap=settings.dp_overlap)
-        except InputError:
-            continue  # e.g. more GPUs than a cluster may have: not a suggestion
-        if not r.evaluated:
-            continue
-        done.add(kind)
-        j = simplest_best(r, model.num_layers)
-        out.append({"change": kind, "what": text, "verified": True,
-                    "num_gpus": r.cluster.num_gpus, "gpu": r.cluster.gpu.id, "gbs": r.gbs,
-                    "best_strategy": r.strategy(j).to_string(),
-                    "step_time_s": float(r.candidates.step_time_s[j]),
-                    "memory_device_bytes": float(r.candidates.memory_device_bytes[j]),
-                    "candidates_evaluated": r.evaluated})
-    return out

@@ -3,8 +3,8 @@
 The space (``SearchSpace``) is every combination of
 
 * a *layout*: ``tp, cp, pp`` (all divisors of the GPU count, within caps), ``dp`` (what is
-  left), ``ep`` (divisors of the expert count, MoE models only) and ``precision`` (bf16, plus
-  fp8 where the GPU has fp8 tensor cores);
+  left), ``ep`` (divisors of the expert count, MoE models only) and ``precision`` (bf16, fp16
+  on GPUs without bf16 tensor cores; others only when the space lists them);
 * micro-batch size (powers of two), sequence parallelism (with ``tp > 1``), recomputation
   (``none|selective|full``), ZeRO stage (0-3; only 0 when there is no data parallelism to shard
   over) and a pipeline schedule with its ``vp`` (``1f1b``, ``gpipe``, ``zero-bubble`` with any
@@ -125,9 +125,12 @@ class SearchSpace:
                     raise InputError("precision", v, f"must be one of {', '.join(TRAIN_PRECISIONS)}")
 
     def precisions(self, cluster: Cluster) -> tuple[str, ...]:
+        """The precisions searched: those asked for, else the GPU's default training precision
+        (bf16; fp16 where it has no bf16 tensor cores): fp8 changes numerics and is searched
+        only when asked for."""
         if self.precision is not None:
             return self.precision
-        return tuple(p for p in ("bf16", "fp8") if p in cluster.gpu.dense_flops_per_s) or ("bf16",)
+        return (cluster.gpu.default_precision,)
 
     def replace(self, **changes: object) -> "SearchSpace":
         from dataclasses import replace
@@ -169,6 +172,9 @@ class SearchResult:
     fastmodel: FastModel
     layouts_timed: int = 0
     closest_oom: tuple[float, Strategy] | None = None  # smallest peak memory among plans that do not fit
+    # smallest host memory per node among offloading plans that fit the GPU but not the host
+    closest_host_oom: tuple[float, Strategy] | None = None
+    framework: str | None = None  # the framework profile whose mechanisms it priced (planner.recommend)
 
     @property
     def evaluated(self) -> int:
@@ -257,6 +263,7 @@ class _Chunk:
     rejected: Counter
     timed: list[tuple[int, Layout, Grid, np.ndarray, np.ndarray, np.ndarray]]  # (order, ..., flat, time, peak)
     closest: tuple[float, Strategy] | None
+    closest_host: tuple[float, Strategy] | None = None
 
 
 def _evaluate_layouts(fm: FastModel, space: SearchSpace, work: list[tuple[int, Layout]]) -> _Chunk:
@@ -268,6 +275,7 @@ def _evaluate_layouts(fm: FastModel, space: SearchSpace, work: list[tuple[int, L
     mbs_raw = tuple(space.mbs) if space.mbs is not None else \
         tuple(1 << k for k in range(int(math.log2(space.max_mbs)) + 1))
     closest: tuple[float, Strategy] | None = None
+    closest_host: tuple[float, Strategy] | None = None
 
     for order, lay in work:
         sps = tuple(sorted(set(space.sp))) if lay.tp > 1 else ((False,) if False in space.sp else ())
@@ -355,8 +363,14 @@ def _evaluate_layouts(fm: FastModel, space: SearchSpace, work: list[tuple[int, L
                           (REASON_OOM, n_valid - n_fit - n_dom - n_host)):
             if n:
                 rejected[reason] += n
-        if unfit.any():
-            over = np.where(unfit, ev.memory_device_bytes, np.inf).ravel()
+        if n_host and ev.host_bytes_per_node is not None:
+            hb = np.where(unfit & ev.fits_gpu, ev.host_bytes_per_node, np.inf).ravel()
+            j = int(np.argmin(hb))
+            if closest_host is None or hb[j] < closest_host[0]:
+                closest_host = (float(hb[j]), grid.strategy(lay, j, gbs=gbs, seq_len=seq_len))
+        gpu_unfit = unfit & ~ev.fits_gpu if ev.fits_gpu is not None else unfit  # the GPU is the blocker
+        if gpu_unfit.any():
+            over = np.where(gpu_unfit, ev.memory_device_bytes, np.inf).ravel()
             j = int(np.argmin(over))
             if closest is None or over[j] < closest[0]:
                 closest = (float(over[j]), grid.strategy(lay, j, gbs=gbs, seq_len=seq_len))
@@ -365,7 +379,7 @@ def _evaluate_layouts(fm: FastModel, space: SearchSpace, work: list[tuple[int, L
         flat = np.flatnonzero(ev.fits.ravel())
         timed.append((order, lay, grid, flat.astype(np.int64), ev.step_time_s.ravel()[flat],
                       ev.memory_device_bytes.ravel()[flat]))
-    return _Chunk(considered=considered, rejected=rejected, timed=timed, closest=closest)
+    return _Chunk(considered=considered, rejected=rejected, timed=timed, closest=closest, closest_host=closest_host)
 
 
 @functools.lru_cache(maxsize=64)
@@ -436,15 +450,17 @@ def _parallel(fm: FastModel, space: SearchSpace, layouts: list[Layout], workers:
 def search(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: SearchSpace | None = None,
            plan_kwargs: Mapping[str, object] | None = None, dp_overlap: bool = True,
            net: Network | None = None, eff: KernelEfficiency | None = None,
-           workers: int | None = None) -> SearchResult:
+           workers: int | None = None, memory_limit_bytes: float | None = None) -> SearchResult:
     """Enumerate, prune and time the strategy space (module docstring).  ``workers``: processes
-    (default ``default_workers``); results do not depend on it."""
+    (default ``default_workers``); results do not depend on it.  ``memory_limit_bytes``: the
+    most a plan's peak may use (default the GPU's memory; ``planner.recommend`` keeps a
+    headroom free)."""
     t0 = time.perf_counter()
     space = space or SearchSpace()
     if isinstance(gbs, bool) or not isinstance(gbs, int) or gbs < 1:
         raise InputError("gbs", gbs, "must be a positive integer")
     fm = FastModel(model, cluster, gbs=gbs, seq_len=seq_len, plan_kwargs=plan_kwargs, dp_overlap=dp_overlap,
-                   net=net, eff=eff, fp8_recipe=space.fp8_recipe)
+                   net=net, eff=eff, fp8_recipe=space.fp8_recipe, memory_limit_bytes=memory_limit_bytes)
     layouts = _layouts(model, cluster, space)
     workers = default_workers(cluster) if workers is None else workers
     if workers > 1 and len(layouts) > 1:
@@ -454,10 +470,13 @@ def search(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: Sea
 
     rejected: Counter = Counter()
     closest: tuple[float, Strategy] | None = None
+    closest_host: tuple[float, Strategy] | None = None
     for ch in chunks:
         rejected.update(ch.rejected)
         if ch.closest is not None and (closest is None or ch.closest[0] < closest[0]):
             closest = ch.closest
+        if ch.closest_host is not None and (closest_host is None or ch.closest_host[0] < closest_host[0]):
+            closest_host = ch.closest_host
     timed = sorted((t for ch in chunks for t in ch.timed), key=lambda t: t[0])
 
     def cat(parts: list[np.ndarray], dtype: type) -> np.ndarray:
@@ -470,4 +489,4 @@ def search(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: Sea
     return SearchResult(model=model, cluster=cluster, gbs=gbs, seq_len=seq_len, candidates=cands,
                         considered=sum(ch.considered for ch in chunks), rejected=rejected,
                         search_time_s=time.perf_counter() - t0, fastmodel=fm, layouts_timed=len(timed),
-                        closest_oom=closest)
+                        closest_oom=closest, closest_host_oom=closest_host)

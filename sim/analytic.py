@@ -16,10 +16,9 @@ from sim.costs import StepCosts, default_network, offload_report, step_costs
 from sim.errors import InputError
 from sim.memory import MemoryBreakdown, plan_memory
 from sim.network import Network
-from sim.ops import model_flops_per_step
 from sim.placement import all_groups
 from sim.plan import Plan
-from sim.result import Breakdown, StepResult
+from sim.result import Breakdown, StepResult, step_result
 from sim.step import StageTimes, compose
 
 
@@ -27,7 +26,7 @@ def simulate_analytic(plan: Plan, *, net: Network | None = None, eff: KernelEffi
                       costs: StepCosts | None = None) -> StepResult:
     """Predict one optimizer step of ``plan`` with the closed-form model (module docstring).
     ``costs``: precomputed (possibly perturbed) ``step_costs(plan, net, eff)``."""
-    model, cluster, s = plan.model, plan.cluster, plan.strategy
+    cluster, s = plan.cluster, plan.strategy
     if s.dp_impl == "parameter-server":
         raise InputError("dp_impl", s.dp_impl, "asynchronous parameter-server plans are priced by sim.simulate "
                          "(sim.parameter_server), not the synchronous closed form")
@@ -72,19 +71,13 @@ def simulate_analytic(plan: Plan, *, net: Network | None = None, eff: KernelEffi
         if breakdown.total_s < step - 1e-9 * step:
             breakdown = replace(breakdown, overhead_s=step - breakdown.total_s)
 
-    mf = model_flops_per_step(model, s)
     replicas = s.tp * s.dp * s.cp
     recompute_flops = sum(st.recompute_flops_per_microbatch for st in stages) * m * replicas
-    peak = cluster.gpu.peak_flops_per_s("bf16")
-    denom = step * cluster.num_gpus * peak
     mem = plan_memory(plan)
-    return StepResult(
-        step_time_s=step, tokens_per_s=s.tokens_per_step / step, mfu=mf / denom,
-        hfu=(mf + recompute_flops) / denom, model_flops_per_step=mf,
-        hardware_flops_per_step=mf + recompute_flops, memory=mem, breakdown=breakdown,
-        strategy=s.to_string(), engine="analytic", num_gpus=cluster.num_gpus, peak_flops_per_s=peak,
-        warnings=tuple(plan_warnings(plan, mem, bubble / step if step else 0.0)),
-        extra={"offload": offload_report(plan)} if s.offload != "none" else {})
+    return step_result(plan, step_time_s=step, breakdown=breakdown, memory=mem,
+                       recompute_flops_per_step=recompute_flops, engine="analytic",
+                       warnings=plan_warnings(plan, mem, bubble / step if step else 0.0),
+                       extra={"offload": offload_report(plan)} if s.offload != "none" else {})
 
 
 def _distinct(times: list[StageTimes]) -> tuple[list[StageTimes], list[int]]:

@@ -17,9 +17,9 @@ in the catalog schema (``catalogs/gpus.yaml``, ``links.yaml``, ``efficiency.yaml
   was measured with (torch, CUDA, cuDNN, NCCL versions, TF32 settings); and the host-side
   rates it measured, each key present only when measured (``HOST_BANDWIDTH_KEYS``):
   ``host_mem_bytes_per_s`` and ``{h2d,d2h}_{pinned,pageable}_{bytes_per_s,latency_s}``.
-  They load into ``Calibration.host_bandwidth`` (``sim.specs.HostCalibration``), and
-  ``apply_plan`` puts them on the plan's cluster (``Cluster.host_bandwidth``) for the
-  offload model; no other part of the step model reads them.
+  They load into ``Calibration.host_bandwidth`` (``sim.hostspecs.HostCalibration``), and
+  ``apply_plan`` puts them on the plan's host (``Cluster.host``, ``sim.offload.measured_host``):
+  the host memory bandwidth and the host link the offload model prices.
 
 A link tier the profile did not measure has no record: the simulator keeps the catalog's
 link for it (the base GPU's NVLink generation, with its fitted efficiency and size curve; the
@@ -60,6 +60,7 @@ from sim.compute import network_efficiency, network_size_curves
 from sim.errors import InputError
 from sim.records import Record
 from sim.hostspecs import HOST_COPY_DIRECTIONS, HostCalibration, HostCopy
+from sim.offload import host_spec, measured_host
 from sim.specs import Gpu, Link
 
 SCHEMA_VERSION = 1
@@ -200,8 +201,8 @@ class Calibration:
             changes["scale_up"] = self.scale_up
         if self.nic is not None:
             changes["nic"] = self.nic
-        if not self.host_bandwidth.empty:
-            changes["host_bandwidth"] = self.host_bandwidth
+        if not self.host_bandwidth.empty:  # the one host of the node, with the measured rates
+            changes["host"] = measured_host(host_spec(c), self.host_bandwidth)
         strategy = plan.strategy
         if self.host.device_type == "cpu" and strategy.dp_overlap:
             strategy = strategy.with_(dp_overlap=False)

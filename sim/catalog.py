@@ -463,6 +463,7 @@ def _gpu_from_record(rec: Mapping[str, Any], path: Path, links: _Index) -> Gpu:
     peaks = r.table("dense_tflops", keys=PRECISIONS)
     eff = r.table("matmul_efficiency", keys=PRECISIONS)
     notes = r.text("notes", default="")
+    bf16 = "bf16" in peaks
     if "bf16" not in peaks and "fp16" in peaks:
         # Pre-Ampere (V100): no bf16 tensor cores; 16-bit mixed precision runs in fp16.
         peaks["bf16"] = peaks["fp16"]
@@ -525,6 +526,7 @@ def _gpu_from_record(rec: Mapping[str, Any], path: Path, links: _Index) -> Gpu:
         aliases=tuple(a.strip() for a in rec.get("aliases") or ()),
         source=r.text("source"),
         notes=notes,
+        bf16_tensor_cores=bf16,
     )
 
 

@@ -48,9 +48,9 @@ from sim.conventions import conventions
 from sim.costs import step_costs
 from sim.memory import plan_memory
 from sim.network import Network
-from sim.ops import head_ops, model_flops_per_step
+from sim.ops import head_ops
 from sim.plan import Plan
-from sim.result import Breakdown, StepResult
+from sim.result import Breakdown, StepResult, step_result
 from sim.runtime import dataparallel_runtime, default_runtime
 
 
@@ -119,8 +119,6 @@ def simulate_dataparallel(plan: Plan, *, net: Network, eff: KernelEfficiency) ->
     ddp = simulate_analytic(ddp_plan, net=net, eff=eff, costs=costs)
     mem = plan_memory(plan)
     mem = replace(mem, activations_bytes=mem.activations_bytes + pieces.gpu0_extra_bytes)
-    peak = cluster.gpu.peak_flops_per_s("bf16")
-    mf = model_flops_per_step(model, s)
     recompute_flops = stage.recompute_flops_per_microbatch * m * n
     speedup = step / ddp.step_time_s
     why = (f"per micro-batch: parameters broadcast from GPU 0 every forward {pieces.replicate_s * 1e3:.1f} ms, "
@@ -139,8 +137,6 @@ def simulate_dataparallel(plan: Plan, *, net: Network, eff: KernelEfficiency) ->
                           recompute_s=m * sum(c.recompute_s for c in stage.layer_costs))
     report = {**pieces.as_dict(), "microbatches": m, "step_time_s": step, "ddp_step_time_s": ddp.step_time_s,
               "ddp_speedup": speedup, "ddp_strategy": ddp_plan.strategy.to_string(), "why": why}
-    return StepResult(step_time_s=step, tokens_per_s=s.tokens_per_step / step, mfu=mf / (step * n * peak),
-                      hfu=(mf + recompute_flops) / (step * n * peak), model_flops_per_step=mf,
-                      hardware_flops_per_step=mf + recompute_flops, memory=mem, breakdown=breakdown,
-                      strategy=s.to_string(), engine="analytic", num_gpus=cluster.num_gpus, peak_flops_per_s=peak,
-                      warnings=tuple(warnings), extra={"dataparallel": report})
+    return step_result(plan, step_time_s=step, breakdown=breakdown, memory=mem,
+                       recompute_flops_per_step=recompute_flops, engine="analytic", warnings=warnings,
+                       extra={"dataparallel": report})

@@ -12,6 +12,7 @@ import functools
 from dataclasses import dataclass
 
 from sim.catalog import catalog_document
+from sim.compute import default_efficiency
 from sim.errors import InfeasibleError, InputError
 from sim.plan import ATTENTION_IMPLS, GRAD_ACCUMULATION, LOSS_IMPLS, MOE_DISPATCHERS, OPTIMIZER_IMPLS, SELECTIVE_POLICIES
 from sim.specs import (DEFAULT_ORDER, DP_IMPLS, FP8_RECIPES, OFFLOAD_DEVICES, OFFLOADS, ORDERS, SCHEDULES,
@@ -60,6 +61,8 @@ class Capabilities:
     dp_impls: tuple[str, ...] = ("ddp", "dataparallel")  # how data parallelism runs (Strategy.dp_impl)
     # Megatron's partial recomputation (--recompute-method block|uniform --recompute-num-layers N)
     partial_recompute: bool = True
+    offload_zero: tuple[int, ...] = (0, 1, 2, 3)  # ZeRO stages it offloads with (Megatron: its distributed optimizer)
+    offload_needs_sharding: bool = False  # offload only with states sharded over dp*cp > 1 (FSDP2 CPUOffloadPolicy)
     source: str = ""
 
     def refusal(self, s: Strategy) -> tuple[str, object, str] | None:
@@ -90,6 +93,10 @@ class Capabilities:
             return "dp_impl", s.dp_impl, f"not supported (data parallelism: {', '.join(self.dp_impls)})"
         if s.recompute_num_layers is not None and not self.partial_recompute:
             return "recompute_num_layers", s.recompute_num_layers, "not supported (no partial recomputation)"
+        if s.offload != "none" and s.zero not in self.offload_zero:
+            return "zero", s.zero, f"not supported with offload (ZeRO stages: {', '.join(map(str, self.offload_zero))})"
+        if s.offload != "none" and self.offload_needs_sharding and s.dp * s.cp == 1:
+            return "offload", s.offload, "needs states sharded over dp*cp > 1"
         if s.precision not in self.precisions:
             return "precision", s.precision, f"not supported (precisions: {', '.join(self.precisions)})"
         if s.precision == "fp8" and s.fp8_recipe not in self.fp8_recipes:
@@ -114,7 +121,8 @@ def _capabilities(r: Record) -> Capabilities:
         return Capabilities(source="runs everything the model prices")
     c = r.mapping("capabilities", allowed=("schedules", "zero", "precisions", "fp8_recipes", *_DIMS, *_SWITCHES,
                                            "uneven_vp", "sp_with_tp", "zero_bubble_min_vp", "orders", "zero_with_pp",
-                                           "offloads", "offload_devices", "dp_impls", "partial_recompute", "source"))
+                                           "offloads", "offload_devices", "dp_impls", "partial_recompute", "offload_zero",
+                                           "offload_needs_sharding", "source"))
     def choices(key: str, allowed: tuple, default: tuple) -> tuple:
         if not c.has(key):
             return default
@@ -134,7 +142,10 @@ def _capabilities(r: Record) -> Capabilities:
                         offloads=choices("offloads", OFFLOADS, ("none",)),
                         offload_devices=choices("offload_devices", OFFLOAD_DEVICES, ("cpu",)),
                         dp_impls=choices("dp_impls", DP_IMPLS, ("ddp", "dataparallel")),
-                        partial_recompute=c.flag("partial_recompute"), source=c.text("source"))
+                        partial_recompute=c.flag("partial_recompute"),
+                        offload_zero=choices("offload_zero", (0, 1, 2, 3), (0, 1, 2, 3)),
+                        offload_needs_sharding=c.flag("offload_needs_sharding"),
+                        source=c.text("source"))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -211,17 +222,13 @@ def get_framework(name: str) -> Framework:
 
 def apply_framework(plan_kwargs: dict, fw: Framework) -> dict:
     """Plan keyword arguments for ``fw`` (attention kernel, element-wise fusion, policy,
-    optimizer implementation, model-state layout); a ``strategy`` among them runs data parallelism
-    the profile's way when the profile has only one (``dp_impl``: TensorFlow's parameter servers)."""
-    out = {**plan_kwargs, "attention": fw.attention, "eager_elementwise": fw.eager_elementwise,
-           "selective_policy": fw.selective_recompute, "grad_accumulation": fw.grad_accumulation,
-           "fsdp_copies": fw.fsdp_copies, "loss": fw.loss, "fp8_weight_cache": fw.fp8_weight_cache,
-           "uneven_vp": fw.capabilities.uneven_vp, "moe_dispatcher": fw.moe_dispatcher,
-           "optimizer_impl": fw.optimizer, "state_layout": fw.model_states, "fp8_saved_inputs": fw.fp8_saved_inputs}
-    s = out.get("strategy")
-    if isinstance(s, Strategy) and fw.dp_impl != "ddp" and s.dp_impl == "ddp":
-        out["strategy"] = s.with_(dp_impl=fw.dp_impl)
-    return out
+    optimizer implementation, model-state layout).  What the profile does to a strategy the
+    user left silent (``dp_overlap``, the fp8 recipe, ``dp_impl``) is ``sim.run.complete_strategy``."""
+    return {**plan_kwargs, "attention": fw.attention, "eager_elementwise": fw.eager_elementwise,
+            "selective_policy": fw.selective_recompute, "grad_accumulation": fw.grad_accumulation,
+            "fsdp_copies": fw.fsdp_copies, "loss": fw.loss, "fp8_weight_cache": fw.fp8_weight_cache,
+            "uneven_vp": fw.capabilities.uneven_vp, "moe_dispatcher": fw.moe_dispatcher,
+            "optimizer_impl": fw.optimizer, "state_layout": fw.model_states, "fp8_saved_inputs": fw.fp8_saved_inputs}
 
 
 def list_frameworks() -> list[Framework]:
@@ -229,3 +236,25 @@ def list_frameworks() -> list[Framework]:
     for fw in _frameworks().values():
         seen.setdefault(fw.id, fw)
     return list(seen.values())
+
+
+@functools.cache
+def default_frameworks() -> tuple[Framework, ...]:
+    """The profiles ``searched_by_default`` (``catalogs/frameworks.yaml``), in order: what
+    ``planner recommend`` searches and ``planner simulate`` picks from without ``--framework``."""
+    doc = catalog_document("frameworks.yaml")
+    ids = doc.get("searched_by_default")
+    if not isinstance(ids, (list, tuple)) or not ids:
+        raise InputError("frameworks.yaml.searched_by_default", ids, "must list at least one profile id")
+    return tuple(dict.fromkeys(get_framework(i) for i in ids))
+
+
+def fp8_recipe_for(fw: Framework, architecture: str | None) -> str | None:
+    """The framework's own fp8 recipe on a GPU architecture: the first of its ``fp8_recipes``
+    that runs there (``catalogs/efficiency.yaml`` ``fp8_recipes`` architectures), else None."""
+    eff = default_efficiency()
+    for r in fw.capabilities.fp8_recipes:
+        archs = eff.fp8_recipe(r).architectures
+        if not archs or architecture in archs:
+            return r
+    return None

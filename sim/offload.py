@@ -37,7 +37,7 @@ import numpy as np
 from sim.catalog import catalog_document, file_version
 from sim.fabric import pcie_x16_bytes_per_s
 from sim.records import Record
-from sim.hostspecs import HostSpec
+from sim.hostspecs import HostCalibration, HostSpec
 from sim.specs import Cluster, Strategy
 
 _GIGA, _TERA = 1e9, 1e12
@@ -67,6 +67,7 @@ class _Defaults:
     dram_bytes: float
     mem_bytes_per_s: float
     adam_params_per_s: float
+    adam_efficiency: float  # achieved fraction of the CPU's vector FP32 peak in CPU Adam
     pcie_copy_efficiency: float
     gpus_per_host_link: int
     nvme_bytes: float
@@ -99,6 +100,7 @@ def _load(_version: tuple[str, int, int]) -> _Defaults:
     return _Defaults(constants=c, dram_bytes=h.req("dram_gb", positive=True) * _GIGA,
                      mem_bytes_per_s=h.req("mem_gb_per_s", positive=True) * _GIGA * h.fraction("mem_efficiency"),
                      adam_params_per_s=flops / c.cpu_adam_flops_per_param,
+                     adam_efficiency=h.fraction("cpu_adam_efficiency"),
                      pcie_copy_efficiency=h.fraction("pcie_copy_efficiency"),
                      gpus_per_host_link=h.integer("gpus_per_host_link"),
                      nvme_bytes=h.req("nvme_tb", positive=True) * _TERA,
@@ -116,9 +118,56 @@ def default_host(cluster: Cluster) -> HostSpec:
                     gpus_per_host_link=d.gpus_per_host_link, source=d.source)
 
 
+def server_host(cluster: Cluster) -> HostSpec:
+    """The host of a node of PCIe cards, read off its server (``Cluster.server``): its DRAM
+    (the design's, else the catalog default), its sockets' sustained memory bandwidth and
+    vector FP32 peak (``catalogs/hosts.yaml``; the catalog default where a CPU record has no
+    peak), and each GPU's host link: its slot at the achievable copy fraction, shared with the
+    other GPUs of its PCIe switch where the switch's uplink is the narrower (the worst GPU
+    sets the rate: every GPU copies at once).  NVMe stays the catalog default (designs do not
+    name their drives)."""
+    srv = cluster.server
+    assert srv is not None
+    d = _defaults()
+    per_gpu, shared, link = srv.gpu_link_bytes_per_s, 1, srv.gpu_link_bytes_per_s
+    for k, uplink in enumerate(srv.switch_uplink_bytes_per_s):
+        n = srv.gpu_switch.count(k)
+        if n and uplink / n < per_gpu:
+            per_gpu, shared, link = uplink / n, n, uplink
+    flops = srv.cpu.fp32_flops_per_s * srv.sockets * d.adam_efficiency
+    return HostSpec(host_dram_bytes=srv.host_dram_bytes or d.dram_bytes,
+                    host_mem_bytes_per_s=srv.dram_bytes_per_s * srv.sockets,
+                    host_adam_params_per_s=(flops / d.constants.cpu_adam_flops_per_param if flops > 0
+                                            else d.adam_params_per_s),
+                    host_link_bytes_per_s=link * d.pcie_copy_efficiency, gpus_per_host_link=shared,
+                    nvme_bytes=d.nvme_bytes, nvme_bytes_per_s=d.nvme_bytes_per_s,
+                    source=f"server {srv.design} ({srv.sockets} x {srv.cpu.id}); NVMe: {d.source}")
+
+
 def host_spec(cluster: Cluster) -> HostSpec:
-    """``cluster.host``, or the catalog defaults (``default_host``) when it names none."""
-    return cluster.host if cluster.host is not None else default_host(cluster)
+    """The one host of ``cluster``'s nodes that offloading and every host-side cost read:
+    ``cluster.host`` when set (a node-level override such as ``--host-dram-gib``, or a
+    calibration profile's measured rates, ``measured_host``), else the server's for PCIe cards
+    (``server_host``), else the catalog defaults (``default_host``)."""
+    if cluster.host is not None:
+        return cluster.host
+    return server_host(cluster) if cluster.server is not None else default_host(cluster)
+
+
+def measured_host(host: HostSpec, measured: HostCalibration) -> HostSpec:
+    """``host`` with a calibration profile's measured rates (``sim.calibration``): the host
+    memory bandwidth (STREAM triad) and the host link at the slower of the measured pinned
+    (else pageable) host-to-device and device-to-host copy rates, per GPU (each rank copied
+    over its own link while measuring)."""
+    changes: dict[str, object] = {}
+    if measured.host_mem_bytes_per_s is not None:
+        changes["host_mem_bytes_per_s"] = measured.host_mem_bytes_per_s
+    rates = [r for r in (measured.h2d_bytes_per_s, measured.d2h_bytes_per_s) if r is not None]
+    if rates:
+        changes.update(host_link_bytes_per_s=min(rates), gpus_per_host_link=1)
+    if not changes:
+        return host
+    return replace(host, **changes, source=f"measured ({', '.join(sorted(changes))}); else {host.source}")
 
 
 def with_host(cluster: Cluster, **changes: float) -> Cluster:

@@ -42,7 +42,9 @@ class Plan:
     other linear layer).  ``grad_accumulation`` is how each micro-batch's weight gradients are
     added into the step's (``catalogs/runtime.yaml``); ``fsdp_copies`` whether ZeRO-3 pays
     FSDP2's per-parameter packing around its collectives.  ``sim.framework`` sets these from a
-    framework profile.
+    framework profile; the defaults are the ``default`` profile's (megatron-core), which
+    ``tests/test_run.py`` checks, and every entry point builds its plan through
+    ``sim.run.resolve`` rather than these defaults.
     """
 
     model: Model
@@ -53,10 +55,10 @@ class Plan:
     selective_policy: str = "attention"
     grad_accumulation: str = "fused"
     fsdp_copies: bool = False  # FSDP2 per-parameter packing around collectives (runtime.yaml)
-    loss: str = "upcast"  # how the loss is computed, for its memory (runtime.yaml loss)
+    loss: str = "inplace"  # how the loss is computed, for its memory (runtime.yaml loss)
     # fp8 weights cast once per step and reused by every micro-batch (Transformer Engine under
     # Megatron-Core: is_first_microbatch) instead of once per micro-batch
-    fp8_weight_cache: bool = False
+    fp8_weight_cache: bool = True
     # model chunks of unequal layer counts (PyTorch pipelining); Megatron-Core needs equal ones
     uneven_vp: bool = False
     # routed tokens of the busiest expert-parallel rank over the mean (1.0: balanced routing)

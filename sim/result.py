@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from typing import TYPE_CHECKING
+
 from sim.memory import MemoryBreakdown
+from sim.ops import model_flops_per_step
+
+if TYPE_CHECKING:  # sim.plan imports the cost modules; only the type is needed here
+    from sim.plan import Plan
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -47,6 +53,11 @@ class Breakdown:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StepResult:
+    """One predicted step (``step_result`` builds it for every engine).  ``mfu``/``hfu`` are
+    model/hardware FLOPs per second over the dense **bf16** peak (the convention of Megatron,
+    NeMo and torchtitan, docs/interface.md); ``precision_peak_flops_per_s`` is the dense peak
+    of the precision the plan trains in (fp8: the fp8 peak), for ``mfu_of_precision_peak``."""
+
     step_time_s: float
     tokens_per_s: float
     mfu: float
@@ -61,6 +72,8 @@ class StepResult:
     peak_flops_per_s: float
     warnings: tuple[str, ...] = ()
     extra: dict[str, object] = field(default_factory=dict)
+    precision: str = "bf16"
+    precision_peak_flops_per_s: float = 0.0  # 0: the bf16 peak
 
     @property
     def memory_peak_bytes(self) -> float:
@@ -87,6 +100,10 @@ class StepResult:
             "hardware_flops_per_step": self.hardware_flops_per_step,
             "model_tflops_per_gpu": self.model_flops_per_step / self.step_time_s / self.num_gpus / 1e12,
             "peak_flops_per_s": self.peak_flops_per_s,
+            "precision": self.precision,
+            "precision_peak_flops_per_s": self.precision_peak_flops_per_s or self.peak_flops_per_s,
+            "mfu_of_precision_peak": self.mfu * self.peak_flops_per_s / (self.precision_peak_flops_per_s
+                                                                        or self.peak_flops_per_s),
             "memory_peak_bytes": self.memory_peak_bytes,
             "memory_reserved_bytes": self.memory.reserved_bytes,
             "memory_device_bytes": self.memory.device_bytes,
@@ -104,3 +121,21 @@ class StepResult:
         }
         out.update(self.extra)
         return out
+
+
+def step_result(plan: "Plan", *, step_time_s: float, breakdown: Breakdown, memory: MemoryBreakdown,
+                recompute_flops_per_step: float, engine: str, warnings: tuple[str, ...] | list[str] = (),
+                extra: dict[str, object] | None = None) -> StepResult:
+    """The ``StepResult`` of a priced step, for every engine (analytic, event, DataParallel):
+    throughput, model FLOPs (``sim.ops.model_flops_per_step``, recomputation excluded), MFU and
+    HFU over the dense bf16 peak of all GPUs, and the peak of the plan's precision."""
+    s, cluster = plan.strategy, plan.cluster
+    mf = model_flops_per_step(plan.model, s)
+    peak = cluster.gpu.peak_flops_per_s("bf16")
+    denom = step_time_s * cluster.num_gpus * peak
+    return StepResult(step_time_s=step_time_s, tokens_per_s=s.tokens_per_step / step_time_s, mfu=mf / denom,
+                      hfu=(mf + recompute_flops_per_step) / denom, model_flops_per_step=mf,
+                      hardware_flops_per_step=mf + recompute_flops_per_step, memory=memory, breakdown=breakdown,
+                      strategy=s.to_string(), engine=engine, num_gpus=cluster.num_gpus, peak_flops_per_s=peak,
+                      warnings=tuple(warnings), extra=dict(extra or {}), precision=s.precision,
+                      precision_peak_flops_per_s=cluster.gpu.peak_flops_per_s(s.precision))

@@ -1,12 +1,12 @@
-"""One entry point for both engines: ``simulate(plan, engine=...)``."""
+"""One entry point for both engines: ``simulate_run(run, engine=...)`` for a resolved run
+(``sim.run``), ``simulate(plan, engine=...)`` for a plan built by hand."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 from sim.analytic import simulate_analytic
-from sim.calibration import load_calibration
-from sim.compute import default_efficiency, network_kwargs
+from sim.compute import KernelEfficiency
 from sim.dataparallel import simulate_dataparallel
 from sim.errors import InputError
 from sim.event.engine import simulate_event
@@ -15,6 +15,7 @@ from sim.network import Network
 from sim.parameter_server import simulate_parameter_server
 from sim.plan import Plan
 from sim.result import StepResult
+from sim.run import Run, calibrated
 
 ENGINES: tuple[str, ...] = ("analytic", "event")
 
@@ -28,23 +29,36 @@ def simulate(plan: Plan, *, engine: str = "analytic", trace_path: str | None = N
     ``calibration`` (a profile file or name, ``sim.calibration``) replaces the catalog's
     hardware and efficiency with a measured machine's.  ``dp_impl=dataparallel`` is priced by
     ``sim.dataparallel`` (closed form, next to the DDP step) and ``dp_impl=parameter-server`` by
-    ``sim.parameter_server`` (asynchronous, next to the all-reduce step) under either engine."""
+    ``sim.parameter_server`` (asynchronous, next to the all-reduce step) under either engine.  Entry points
+    resolve their run with ``sim.run.resolve`` and call ``simulate_run``; this form prices a
+    ``Plan`` built by hand (tests, fits, the event engine's what-ifs)."""
+    _check_engine(engine, trace_path, whatif, explicit_ranks)
+    plan, eff, net_kwargs, _ = calibrated(plan, calibration)
+    net = Network(plan.cluster, **net_kwargs)  # type: ignore[arg-type]
+    return _simulate(plan, net=net, eff=eff, engine=engine, trace_path=trace_path, whatif=whatif,
+                     explicit_ranks=explicit_ranks)
+
+
+def simulate_run(run: Run, *, engine: str = "analytic", trace_path: str | None = None,
+                 whatif: WhatIf | None = None, explicit_ranks: bool = False) -> StepResult:
+    """``simulate`` of a resolved run (``sim.run.resolve``: framework, calibration and overrides
+    already applied): the call every entry point makes."""
+    _check_engine(engine, trace_path, whatif, explicit_ranks)
+    return _simulate(run.plan, net=run.network(), eff=run.eff, engine=engine, trace_path=trace_path,
+                     whatif=whatif, explicit_ranks=explicit_ranks)
+
+
+def _check_engine(engine: str, trace_path: str | None, whatif: WhatIf | None, explicit_ranks: bool) -> None:
     if engine not in ENGINES:
         raise InputError("engine", engine, f"must be one of {', '.join(ENGINES)}")
     if engine != "event" and (explicit_ranks or (whatif is not None and not whatif.empty)):
         raise InputError("engine", engine, "what-ifs and --explicit-ranks need --engine event")
     if engine != "event" and trace_path is not None:
         raise InputError("trace", trace_path, "--trace needs --engine event")
-    eff = default_efficiency()
-    net_kwargs: dict[str, object] = {}
-    if calibration is not None:
-        cal = load_calibration(calibration)
-        eff = cal.apply_efficiency(eff)
-        plan = cal.apply_plan(plan)
-        net_kwargs = cal.network_kwargs(plan.cluster)
-    if not net_kwargs:
-        net_kwargs = network_kwargs(plan.cluster.gpu.nvlink_generation)
-    net = Network(plan.cluster, **net_kwargs)  # type: ignore[arg-type]
+
+
+def _simulate(plan: Plan, *, net: Network, eff: KernelEfficiency, engine: str, trace_path: str | None, whatif: WhatIf | None,
+              explicit_ranks: bool) -> StepResult:
     if plan.strategy.dp_impl == "dataparallel":  # single-process DataParallel: closed form, either engine
         if explicit_ranks or trace_path is not None or (whatif is not None and not whatif.empty):
             raise InputError("dp_impl", "dataparallel", "what-ifs, --trace and --explicit-ranks need the event "

@@ -13,7 +13,7 @@ from typing import Literal, Mapping
 
 from sim.errors import InputError
 from sim.checks import choice as _choice, positive_float as _positive_float, positive_int as _positive_int
-from sim.hostspecs import HostCalibration, HostSpec, Server
+from sim.hostspecs import HostSpec, Server
 
 Precision = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 FfnType = Literal["gelu", "swiglu"]
@@ -87,6 +87,9 @@ class Gpu:
     nvlink_bridge_gpus: int = 0
     nvlink_bridge_bytes_per_s_per_direction: float = 0.0
     fp32_accumulate_halved: bool = False  # GeForce: dense_flops_per_s are the FP32-accumulate rates
+    # bf16 tensor cores (False before Ampere: the loader fills the bf16 entries with fp16's and
+    # 16-bit mixed precision trains in fp16)
+    bf16_tensor_cores: bool = True
     aliases: tuple[str, ...] = ()
     source: str = ""
     notes: str = ""
@@ -118,6 +121,12 @@ class Gpu:
                 raise InputError(f"gpu[{self.id}].matmul_efficiency.{p}", v, "must be in (0, 1]")
         if not 0 < self.hbm_efficiency <= 1:
             raise InputError(f"gpu[{self.id}].hbm_efficiency", self.hbm_efficiency, "must be in (0, 1]")
+
+    @property
+    def default_precision(self) -> str:
+        """The training precision nobody has to ask for: bf16, fp16 where there are no bf16
+        tensor cores (fp8 changes numerics and is only used when asked for)."""
+        return "bf16" if self.bf16_tensor_cores else "fp16"
 
     def peak_flops_per_s(self, precision: str) -> float:
         """Dense peak for a training precision; fp16 falls back to bf16 (same tensor cores)."""
@@ -376,16 +385,14 @@ class Cluster:
     # nodes that divides the job (Slurm topology/block, ``--segment``), so no domain is split
     # between jobs and equal groups stay inside one; ``packed`` fills each domain in turn.
     placement: str = "block"
-    # Host-side rates measured on this machine (``planner simulate --calibration`` sets them
-    # from the profile's ``host`` block; sim.calibration): host memory bandwidth and the
-    # host<->device copies, for models of offloading.  None: nothing measured.
-    host_bandwidth: HostCalibration | None = None
     # The inside of one node of PCIe cards (sim.hostspecs.Server, built by sim.server): its
     # GPUs talk over that PCIe/host topology (and NVLink bridges) instead of an NVLink domain,
     # which is then the node (``nvlink_domain == gpus_per_node``).  None for SXM/OAM parts.
     server: Server | None = None
-    # The nodes' host side for offloading; None = the catalog defaults for the GPU's PCIe
-    # generation (``sim.offload.host_spec``).
+    # The nodes' host side (offloading and every host-side cost read it through
+    # ``sim.offload.host_spec``): set by a node-level override (``--host-dram-gib``) or a
+    # calibration profile's measured rates; None = the server's (PCIe cards), else the catalog
+    # defaults for the GPU's PCIe generation.
     host: HostSpec | None = None
 
     def __post_init__(self) -> None:

@@ -98,7 +98,8 @@ def test_catalog_lists_interface_ids(capsys):
         assert mid in model_ids
     fws = {r["id"]: r for r in d["frameworks"]}
     assert fws["megatron-lm-2021"]["grad_accumulation"] == "fp32_main_grad"
-    assert fws["torchtitan"]["fsdp_copies"] is True and fws["default"]["dp_overlap"] is True
+    assert fws["torchtitan"]["fsdp_copies"] is True and fws["megatron-core"]["dp_overlap"] is True
+    assert "default" in fws["megatron-core"]["aliases"]  # no superset profile (issue 21)
 
 
 def test_console_script_subprocess():

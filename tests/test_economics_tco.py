@@ -92,7 +92,14 @@ def test_tco_identities(gpt3_tco):
     r = gpt3_tco
     model = load_model("gpt3-175b")
     assert r.tokens == pytest.approx(20 * model.num_params)  # Chinchilla default
-    assert r.time_to_train_ideal_s == pytest.approx(r.tokens / r.plan.result.tokens_per_s)
+    # time to train plans with the calibrated estimate (planner.uncertainty), and carries its band
+    bias = r.plan.out["uncertainty"]["bias"]
+    assert r.plan.tokens_per_s == pytest.approx(r.plan.result.tokens_per_s / (1 + bias))
+    assert r.time_to_train_ideal_s == pytest.approx(r.tokens / r.plan.tokens_per_s)
+    d = r.as_dict()
+    assert d["time_to_train_s_low"] <= d["time_to_train_s"] <= d["time_to_train_s_high"]
+    assert d["cost_to_train_usd_low"] <= d["cost_to_train_usd"] <= d["cost_to_train_usd_high"]
+    assert d["time_to_train_s_high"] / d["time_to_train_s"] == pytest.approx(d["step_time_s_high"] / d["step_time_s"])
     assert r.time_to_train_s == pytest.approx(r.time_to_train_ideal_s / r.goodput)
     assert 0.9 < r.goodput < 1
     assert r.energy_kwh == pytest.approx(r.power.facility_w * r.time_to_train_s / 3.6e6)

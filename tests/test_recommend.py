@@ -11,7 +11,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.recommend import ObjectiveSpec, complexity, recommend
+from planner.recommend import ObjectiveSpec, Settings, complexity, recommend
 from planner.search import SearchSpace, search
 from sim.analytic import simulate_analytic
 from sim.catalog import catalog_dir, get_model
@@ -21,6 +21,7 @@ from sim.specs import Cluster
 from tests.conftest import cluster as shared_cluster
 
 FAST = dict(rerank=0, explain=False, suggest=False)
+MCORE = Settings.from_framework("megatron-core")  # one profile: every plan priced with the same mechanisms
 
 
 def cluster(gpu: str, n: int, *, domain: int = 8, nic: str | None = None, nics: int | None = None) -> Cluster:
@@ -62,7 +63,8 @@ def test_never_worse_than_the_published_expert_configuration(row):
     expert_s = expert.strategy(j)
     expert_t = simulate_analytic(expert.fastmodel.plan(expert_s), net=expert.fastmodel.net).step_time_s
 
-    rec = recommend(model, cl, gbs=gbs, seq_len=2048, space=SearchSpace(precision=("bf16",)), **FAST)
+    rec = recommend(model, cl, gbs=gbs, seq_len=2048, space=SearchSpace(precision=("bf16",)), settings=MCORE,
+                    memory_headroom=0.0, **FAST)
     best = rec.best
     assert best is not None and best.result.fits_memory
     assert best.result.step_time_s <= expert_t * (1 + rec.tie_tolerance), (best.strategy.to_string(), expert_s.to_string())
@@ -116,7 +118,7 @@ def test_bigger_nvlink_domain_never_hurts():
 
 def test_ties_go_to_the_simpler_plan():
     model, cl = get_model("llama3-8b"), cluster("h100-80gb", 16)
-    rec = recommend(model, cl, gbs=64, seq_len=4096, space=SearchSpace(max_mbs=4, max_vp=2), **FAST)
+    rec = recommend(model, cl, gbs=64, seq_len=4096, space=SearchSpace(max_mbs=4, max_vp=2), settings=MCORE, **FAST)
     r = rec.searches[0]
     t = r.candidates.step_time_s
     tied = np.flatnonzero(t <= t.min() * (1 + rec.tie_tolerance))
@@ -130,8 +132,8 @@ def test_ties_go_to_the_simpler_plan():
 def test_objectives_and_fewer_gpus():
     model, cl = get_model("llama3-8b"), cluster("h100-80gb", 64)
     space = SearchSpace(max_mbs=2, max_vp=2, precision=("bf16",))
-    fast = recommend(model, cl, gbs=64, seq_len=4096, space=space, min_gpus=8, **FAST)
-    cheap = recommend(model, cl, gbs=64, seq_len=4096, space=space, min_gpus=8,
+    fast = recommend(model, cl, gbs=64, seq_len=4096, space=space, min_gpus=8, settings=MCORE, **FAST)
+    cheap = recommend(model, cl, gbs=64, seq_len=4096, space=space, min_gpus=8, settings=MCORE,
                       objective=ObjectiveSpec(kind="cost", tokens=1e12), **FAST)
     assert [r.cluster.num_gpus for r in fast.searches] == [64, 32, 16, 8]
     assert fast.best.result.tokens_per_s >= cheap.best.result.tokens_per_s * (1 - 1e-3)
@@ -141,7 +143,7 @@ def test_objectives_and_fewer_gpus():
     d = cheap.plans[0].to_dict(cheap.objective)
     assert d["cost_to_train_usd"] > 0 and d["time_to_train_s"] > 0
     timed = recommend(model, cl, gbs=64, seq_len=4096, space=space, objective=ObjectiveSpec(kind="time", tokens=1e12),
-                      **FAST)
+                      settings=MCORE, **FAST)
     assert timed.best.strategy == fast.best.strategy if fast.best.num_gpus == 64 else True
     with pytest.raises(InputError, match="tokens"):
         ObjectiveSpec(kind="time")
@@ -173,7 +175,8 @@ def test_when_the_model_is_too_big_more_gpus_are_suggested():
     again = recommend(model, cluster("a100-80gb", more["num_gpus"]), gbs=64, seq_len=2048,
                       space=SearchSpace(max_mbs=2, max_vp=2), **FAST)
     assert again.best is not None and again.best.result.fits_memory
-    assert again.best.result.step_time_s == pytest.approx(more["step_time_s"], rel=1e-9)
+    assert again.best.step_time_s == pytest.approx(more["step_time_s"], rel=1e-9)  # the calibrated estimate
+    assert again.best.framework == more["framework"]
 
 
 def test_explanation_names_the_bound_and_the_alternatives():

@@ -4,6 +4,8 @@ other)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -12,7 +14,7 @@ from planner.search import SearchSpace, divisors, search
 from sim.analytic import simulate_analytic
 from sim.catalog import get_model
 from sim.errors import InputError
-from sim.memory import memory_breakdown
+from sim.memory import plan_memory
 from sim.plan import Plan
 from sim.specs import Cluster, Strategy
 from tests.conftest import cluster as shared_cluster
@@ -63,7 +65,7 @@ def test_fast_model_equals_simulate_analytic(case, framework):
 
 
 def _brute_force(model, cl, gbs, seq, space: SearchSpace) -> tuple[set[str], int]:
-    """Every combination of the space, checked the slow way: Strategy + Plan + memory_breakdown.
+    """Every combination of the space, checked the slow way: Strategy + Plan + plan_memory.
     Offload modes pair with the ZeRO stages they run with (optimizer 1-3, params 3; without data
     parallelism the lowest one); an offload plan whose twin without offload fits is considered
     but not kept (it cannot be faster)."""
@@ -97,14 +99,14 @@ def _brute_force(model, cl, gbs, seq, space: SearchSpace) -> tuple[set[str], int
                                     try:
                                         s = Strategy(tp=tp, cp=cp, pp=pp, dp=dp, vp=vp, mbs=mbs, gbs=gbs, seq_len=seq,
                                                      zero=z, sp=sp, recompute=rc, schedule=sched, offload=off)
-                                        Plan(model=model, cluster=cl, strategy=s)
+                                        plan = Plan(model=model, cluster=cl, strategy=s)
                                     except InputError:
                                         continue
                                     if off != "none":
                                         twin = s.with_(offload="none", zero=z if dp * cp > 1 else min(space.zero))
-                                        if memory_breakdown(model, cl, twin).fits:
+                                        if plan_memory(replace(plan, strategy=twin)).fits:
                                             continue
-                                    if memory_breakdown(model, cl, s).fits:
+                                    if plan_memory(plan).fits:
                                         fits.add(s.to_string())
     return fits, total
 

@@ -142,8 +142,10 @@ def test_synthetic_copies_are_recovered_and_round_trip(tmp_path, capsys):
 
     plan = Plan(model=get_model("llama3-8b"), cluster=cluster_from_catalog(cal.gpu, 8, gpus_per_node=8),
                 strategy=parse_strategy("tp=8,mbs=1,gbs=8", num_gpus=8, seq_len=4096))
-    assert cal.apply_plan(plan).cluster.host_bandwidth == hb
-    assert plan.cluster.host_bandwidth is None  # the catalog's cluster knows no measured host
+    host = cal.apply_plan(plan).cluster.host  # the node's one host, with the measured rates (sim.offload.host_spec)
+    assert host.host_mem_bytes_per_s == pytest.approx(hb.host_mem_bytes_per_s)
+    assert host.host_link_bytes_per_s == pytest.approx(min(hb.h2d_bytes_per_s, hb.d2h_bytes_per_s))
+    assert plan.cluster.host is None  # the catalog's cluster knows no measured host
 
     argv = ["simulate", "--model", "llama3-8b", "--gpu", cal.id, "--num-gpus", "8", "--gpus-per-node", "8",
             "--seq-len", "4096", "--strategy", "tp=8,mbs=1,gbs=8", "--json", "--calibration", cal.path]
@@ -156,7 +158,7 @@ def test_synthetic_copies_are_recovered_and_round_trip(tmp_path, capsys):
     _, cal_plain = _profile(tmp_path, "syn-host", S.records(TRUTH, 1, 1, host=False), file="plain.yaml")
     rc, out, _ = _run(capsys, argv[:-1] + [cal_plain.path])
     assert rc == 0 and "host_bandwidth" not in json.loads(out)
-    assert json.loads(out)["step_time_s"] == pytest.approx(step, rel=1e-12)  # not wired into the step
+    assert json.loads(out)["step_time_s"] == pytest.approx(step, rel=1e-12)  # no offload: the host is not on the path
 
 
 def test_unmeasured_paths_are_absent_not_zero(tmp_path, capsys):

@@ -13,50 +13,67 @@ tokens per step, 2^22 ~ 4M as Llama 2's, over the sequence length).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
-from sim.analytic import simulate_analytic
 from sim.conventions import default_global_batch
-from sim.costs import default_network
 from sim.errors import InfeasibleError
-from sim.network import Network
-from sim.plan import Plan
+from sim.framework import get_framework
 from sim.result import StepResult
+from sim.run import RunChoices, resolve
+from sim.simulate import simulate_run
 from sim.specs import Cluster, Model, Strategy
 
-from planner.recommend import recommend
+from planner.recommend import Settings, recommend
+from planner.report import priced
 from planner.search import SearchSpace
 
 DEFAULT_SEQ_LEN = 2048
 QUICK_SPACE = SearchSpace(tp=(1, 2, 4, 8), pp=(1, 2, 4, 8, 16), cp=(1,), mbs=(1,), zero=(1, 3), sp=(True,),
-                          recompute=("selective", "full"), schedule=("1f1b",), precision=("bf16",))
+                          recompute=("selective", "full"), schedule=("1f1b",))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ChosenPlan:
+    """The plan to cost: its strategy, the model's step (``result``) and the priced JSON
+    (``planner.report.priced``: the number to plan with, ``step_time_s``, inside its band)."""
+
     strategy: Strategy
     result: StepResult
     source: str  # "given" | "planner.recommend" | "planner.recommend (quick space)"
     candidates_evaluated: int
+    out: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def step_time_s(self) -> float:
+        return float(self.out["step_time_s"])  # type: ignore[arg-type]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return float(self.out["tokens_per_s"])  # type: ignore[arg-type]
+
+    def band_factors(self) -> tuple[float, float]:
+        """(low, high) of the band over the estimate: time and cost to train scale with them."""
+        return (float(self.out["step_time_s_low"]) / self.step_time_s,  # type: ignore[arg-type]
+                float(self.out["step_time_s_high"]) / self.step_time_s)  # type: ignore[arg-type]
 
 
-def evaluate(model: Model, cluster: Cluster, strategy: Strategy, net: Network | None = None) -> StepResult:
-    """Simulate one step of ``strategy`` with the analytic engine."""
-    plan = Plan(model=model, cluster=cluster, strategy=strategy)
-    return simulate_analytic(plan, net=net or default_network(cluster))
-
-
-def choose_plan(model: Model, cluster: Cluster, *, strategy: Strategy | None = None, gbs: int | None = None,
-                seq_len: int | None = None, quick: bool = False) -> ChosenPlan:
-    """The plan to cost (module docstring); ``strategy`` wins when given.  Raises
+def choose_plan(model: Model, cluster: Cluster, *, strategy: str | Strategy | None = None, gbs: int | None = None,
+                seq_len: int | None = None, quick: bool = False, choices: RunChoices | None = None) -> ChosenPlan:
+    """The plan to cost (module docstring); ``strategy`` (a STRATEGY string, resolved as
+    ``planner simulate`` resolves it: ``sim.run.resolve``) wins when given.  Raises
     ``InfeasibleError`` when the recommender finds nothing that fits."""
     if strategy is not None:
-        return ChosenPlan(strategy=strategy, result=evaluate(model, cluster, strategy), source="given",
-                          candidates_evaluated=1)
+        run = resolve(model, cluster, strategy, choices, seq_len=seq_len)
+        result = simulate_run(run, engine="analytic")
+        return ChosenPlan(strategy=run.plan.strategy, result=result, source="given", candidates_evaluated=1,
+                          out=priced(run, result))
     seq = seq_len or DEFAULT_SEQ_LEN
     b = gbs if gbs is not None else default_global_batch(seq)
+    c = choices or RunChoices()
+    settings = Settings(framework=get_framework(c.framework).id if c.framework else None,
+                        choices=replace(c, framework=None))
     rec = recommend(model, cluster, gbs=b, seq_len=seq, space=QUICK_SPACE if quick else None, top=1, rerank=0,
-                    explain=False, suggest=False)
+                    explain=False, suggest=False, settings=settings)
     if not rec.plans:
         raise InfeasibleError("oom", "num_gpus", cluster.num_gpus,
                               f"the recommender found no plan of {model.name} that fits {cluster.num_gpus} x "
@@ -64,4 +81,4 @@ def choose_plan(model: Model, cluster: Cluster, *, strategy: Strategy | None = N
     best = rec.plans[0]
     return ChosenPlan(strategy=best.strategy, result=best.result,
                       source="planner.recommend" + (" (quick space)" if quick else ""),
-                      candidates_evaluated=rec.considered)
+                      candidates_evaluated=rec.considered, out=best.to_dict(rec.objective))

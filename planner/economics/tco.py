@@ -5,7 +5,9 @@
   Large Language Models" (Chinchilla), Sec. 3 and Table 3 (~20 tokens/parameter); ``N`` is
   the total parameter count (for MoE models this is a choice: DeepSeek-V3 used ~22 tokens
   per total parameter).
-* **Time.**  ``time_to_train_ideal_s = tokens / tokens_per_s`` of the simulated step;
+* **Time.**  ``time_to_train_ideal_s = tokens / tokens_per_s`` of the calibrated estimate of the
+  step (``planner.uncertainty``; ``time_to_train_s_low``/``_high`` and the cost's scale with its
+  80% band: every cost here is proportional to the wall time);
   ``time_to_train_s`` divides by the analytic goodput (``planner.economics.goodput``: Daly's
   expected wall time with failures at the Young interval) unless failures are ignored.
 * **Capital cost** (``capex_usd``): GPUs + servers + scale-out network (``bom``).
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 
 from sim.conventions import conventions
 from sim.errors import InputError
+from sim.run import RunChoices
 from sim.specs import Cluster, Model, Strategy
 
 from planner.economics.bom import Bom, cluster_bom
@@ -94,18 +97,25 @@ class TcoResult:
         return self.bom.network_capex_usd
 
     def as_dict(self) -> dict[str, object]:
-        r = self.plan.result
+        r, o = self.plan.result, self.plan.out
+        lo, hi = self.plan.band_factors()
         return {
             "model": self.model, "gpu": self.cluster.gpu.id, "num_gpus": self.cluster.num_gpus,
             "num_nodes": self.cluster.num_nodes, "nic": self.cluster.nic.id, "topology": self.cluster.topology,
             "oversubscription": self.cluster.oversubscription,
             "strategy": self.plan.strategy.to_string(), "strategy_source": self.plan.source,
-            "step_time_s": r.step_time_s, "tokens_per_s": r.tokens_per_s, "mfu": r.mfu,
+            "framework": o.get("framework"),
+            "step_time_s": self.plan.step_time_s, "step_time_s_low": o["step_time_s_low"],
+            "step_time_s_high": o["step_time_s_high"], "model_step_time_s": r.step_time_s,
+            "uncertainty": o.get("uncertainty"),
+            "tokens_per_s": self.plan.tokens_per_s, "mfu": o["mfu"], "memory_peak_bytes": r.memory_peak_bytes,
             "fits_memory": r.fits_memory,
             "tokens": self.tokens, "time_to_train_ideal_s": self.time_to_train_ideal_s,
             "time_to_train_s": self.time_to_train_s, "time_to_train_days": self.time_to_train_s / 86400.0,
+            "time_to_train_s_low": self.time_to_train_s * lo, "time_to_train_s_high": self.time_to_train_s * hi,
             "goodput": self.goodput,
             "cost_to_train_usd": self.cost_to_train_usd, "pricing": self.pricing,
+            "cost_to_train_usd_low": self.cost_to_train_usd * lo, "cost_to_train_usd_high": self.cost_to_train_usd * hi,
             "owned_cost_to_train_usd": self.owned_cost_usd, "cloud_cost_to_train_usd": self.cloud_cost_usd,
             "usd_per_gpu_hour": self.usd_per_gpu_hour, "cost_breakdown": dict(self.cost_breakdown),
             "capex_usd": self.capex_usd, "network_capex_usd": self.network_capex_usd,
@@ -130,19 +140,19 @@ def token_budget(model: Model, options: TcoOptions) -> float:
     return per * model.num_params
 
 
-def compute_tco(model: Model, cluster: Cluster, *, strategy: Strategy | None = None, gbs: int | None = None,
+def compute_tco(model: Model, cluster: Cluster, *, strategy: str | Strategy | None = None, gbs: int | None = None,
                 seq_len: int | None = None, options: TcoOptions | None = None, prices: PriceBook | None = None,
-                plan: ChosenPlan | None = None) -> TcoResult:
+                plan: ChosenPlan | None = None, choices: RunChoices | None = None) -> TcoResult:
     """Cost, power, energy and time to train ``model`` on ``cluster`` (module docstring)."""
     opt = options or TcoOptions()
     pb = prices or load_prices()
-    plan = plan or choose_plan(model, cluster, strategy=strategy, gbs=gbs, seq_len=seq_len)
+    plan = plan or choose_plan(model, cluster, strategy=strategy, gbs=gbs, seq_len=seq_len, choices=choices)
     r = plan.result
     warnings = list(r.warnings)
     if not r.fits_memory:
         warnings.append("the costed plan does not fit in GPU memory")
     tokens = token_budget(model, opt)
-    ideal = tokens / r.tokens_per_s
+    ideal = tokens / plan.tokens_per_s  # the estimate to plan with (planner.uncertainty)
 
     gp_report = goodput_report(model, cluster, storage=opt.storage) if opt.include_failures else None
     gp = gp_report.goodput if gp_report else 1.0

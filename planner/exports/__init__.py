@@ -41,6 +41,12 @@ FORMAT_FRAMEWORK: dict[str, str] = {"megatron": "megatron-core", "torchrun": "me
                                     "tensorflow": "tf-multiworker"}
 
 
+def formats_of(framework: str) -> list[str]:
+    """The formats that launch ``framework`` (its own first: ``megatron``, ``torchtitan``,
+    ``deepspeed``, then the launchers)."""
+    return [f for f in FORMATS if FORMAT_FRAMEWORK[f] == framework]
+
+
 def framework_of_formats(formats: list[str]) -> str | None:
     """The one framework profile ``formats`` launch, or ``None`` when they launch several (the
     plan is then searched without that restriction and each format that cannot carry it is

@@ -32,7 +32,7 @@ import simpy
 from sim.compute import KernelEfficiency, default_efficiency
 from sim.costs import StepCosts, default_network, step_costs
 from sim.errors import InputError
-from sim.event.measure import step_result
+from sim.event.measure import engine_result
 from sim.event.resources import CollectiveStream, FairShare, Kind, LinkTable
 from sim.event.scenario import COMM_DIMS, Piece, Scenario, Unit, _bytes
 from sim.event.schedules import w_limit
@@ -415,7 +415,7 @@ def simulate_event(plan: Plan, *, net: Network | None = None, eff: KernelEfficie
     eng = Engine(Scenario(plan, costs, net, explicit=explicit_ranks, whatif=whatif), LinkTable(net),
                  overlap_slowdown=eff.overlap_compute_slowdown)
     eng.run()
-    result = step_result(eng, extra={})
+    result = engine_result(eng, extra={})
     if trace_path is not None:
         write_trace(trace_path, eng)
     return result

@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING, Sequence
 from sim.analytic import plan_warnings
 from sim.costs import offload_report
 from sim.memory import plan_memory
-from sim.ops import model_flops_per_step
-from sim.result import Breakdown, StepResult
+from sim.result import Breakdown, StepResult, step_result
 
 if TYPE_CHECKING:  # the engine imports this module
     from sim.event.engine import Engine, Entry
@@ -85,19 +84,16 @@ def breakdown_from_log(entries: Sequence[Entry], unit_end: Sequence[float]) -> t
     return bd, crit, busiest
 
 
-def step_result(eng: Engine, *, extra: dict[str, object]) -> StepResult:
+def engine_result(eng: Engine, *, extra: dict[str, object]) -> StepResult:
     """The ``StepResult`` of a finished engine run."""
 
     sc = eng.sc
     plan = sc.plan
-    model, cluster, s = plan.model, plan.cluster, plan.strategy
+    s = plan.strategy
     bd, crit, busiest = breakdown_from_log(eng.log, eng.unit_end)
     step = eng.unit_end[crit]
-    mf = model_flops_per_step(model, s)
     replicas = s.tp * s.dp * s.cp
     recompute_flops = sum(st.recompute_flops_per_microbatch for st in sc.costs.stages) * sc.m * replicas
-    peak = cluster.gpu.peak_flops_per_s("bf16")
-    denom = step * cluster.num_gpus * peak
     mem = plan_memory(plan)
     warnings = plan_warnings(plan, mem, bd.bubble_s / step if step else 0.0)
     if not sc.whatif.empty:
@@ -111,13 +107,9 @@ def step_result(eng: Engine, *, extra: dict[str, object]) -> StepResult:
             "stage_end_s": _stage_ends(eng),
             "whatif": sc.whatif.as_dict()}
     info.update(extra)
-    return StepResult(
-        step_time_s=step, tokens_per_s=s.tokens_per_step / step, mfu=mf / denom,
-        hfu=(mf + recompute_flops) / denom, model_flops_per_step=mf,
-        hardware_flops_per_step=mf + recompute_flops, memory=mem, breakdown=bd,
-        strategy=s.to_string(), engine="event", num_gpus=cluster.num_gpus, peak_flops_per_s=peak,
-        warnings=tuple(warnings), extra={"event": info, **({"offload": offload_report(plan)} if s.offload != "none"
-                                                            else {})})
+    return step_result(plan, step_time_s=step, breakdown=bd, memory=mem, recompute_flops_per_step=recompute_flops,
+                       engine="event", warnings=warnings,
+                       extra={"event": info, **({"offload": offload_report(plan)} if s.offload != "none" else {})})
 
 
 def _stage_ends(eng: Engine) -> list[float]:
