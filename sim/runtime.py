@@ -60,6 +60,7 @@ class MemoryRuntime:
 
     workspace_bytes: float  # cuBLAS/cuBLASLt workspaces held by the caching allocator
     fragmentation_fraction: float  # caching-allocator slack on top of live tensors
+    fp8_weight_cache_bytes_per_param: float = 0.0  # fp8 weight + transpose cached for the step
     loss_bytes_per_logit: Mapping[str, float] = field(default_factory=dict)  # by loss implementation
     loss_saved_bytes_per_logit: Mapping[str, float] = field(default_factory=dict)  # of which saved
     source: str = ""
@@ -157,6 +158,7 @@ def default_runtime() -> MemoryRuntime:
     saved = doc.mapping("loss").mapping("saved_bytes_per_logit")
     return MemoryRuntime(workspace_bytes=m.req("workspace_bytes"),
                          fragmentation_fraction=m.fraction("fragmentation_fraction"),
+                         fp8_weight_cache_bytes_per_param=m.req("fp8_weight_cache_bytes_per_param"),
                          loss_bytes_per_logit={k: loss.req(k, positive=True) for k in loss.rec},
                          loss_saved_bytes_per_logit={k: saved.req(k) for k in saved.rec},
                          source=m.text("source"))
