@@ -283,7 +283,7 @@ class FastModel:
         oc, hs, _ = self._host() if any_offload else (None, None, None)
         lay = state_layout(probe.state_layout)
         stage_list = stage_index_shapes(model, self.representative(layout))
-        extra = device_extra_bytes(self.representative(layout), model)
+        extra = device_extra_bytes(self.representative(layout), model, megatron_groups=lay.name == "megatron")
         norm_tok = np.array([[mbs * self.seq_len // layout.cp / (layout.tp if sp else 1) for sp in grid.sp]
                              for mbs in grid.mbs], dtype=float).reshape(M, S, 1, 1, 1)
 

@@ -477,7 +477,7 @@ def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
         fp8_saved_inputs=fp8_saved_inputs, moe_imbalance=moe_imbalance)
     back = max(layer_backward_bytes(model, s, moe=False),
                layer_backward_bytes(model, s, moe=True, moe_imbalance=moe_imbalance) if model.moe is not None else 0.0)
-    extra = device_extra_bytes(s, model)
+    extra = device_extra_bytes(s, model, megatron_groups=lay.name == "megatron")
     head_act = head_activation_bytes(model, s, eager=eager)
     host = host_spec(cluster)
     per_node = min(cluster.gpus_per_node, cluster.num_gpus)
