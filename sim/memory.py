@@ -417,7 +417,17 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
     acts = np.where(at_opt, zero_, act)
     temps = np.where(at_opt, zero_, temps + zero_)
     allocated = np.maximum(peak_opt, peak_act)
-    reserved = allocated * (1 + rt.fragmentation_fraction) + rt.workspace_bytes
+    # The caching allocator keeps a free list per CUDA stream (a freed block is reused only by
+    # allocations on the stream it was allocated on: c10/cuda/CUDACachingAllocator.cpp, BlockPool
+    # lookups compare block->stream).  FSDP2 allocates the reduce-scatter output, which the
+    # sharded gradients are views of, in its reduce-scatter stream and keeps it to the optimizer
+    # step (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py foreach_reduce: "the GPU
+    # sharded gradient is allocated in the RS stream"): those bytes cannot reuse the default
+    # stream's cached activation blocks, so the reserved peak is the default stream's peak plus
+    # the sharded gradients.
+    rs_pool = np.where(torch_amp & (z >= 2), g + 0.0 * allocated, 0.0)
+    in_rs = np.where(pp == 1, np.minimum(grads, rs_pool), 0.0)  # with pipelining the peak's grads are unsharded
+    reserved = (allocated - in_rs) * (1 + rt.fragmentation_fraction) + rs_pool + rt.workspace_bytes
     device = reserved + device_extra_bytes
     nvme = np.where(on_nvme, host_states, 0.0) if np.any(on_nvme) else 0.0
     host_states = np.where(on_nvme, 0.0, host_states) if np.any(on_nvme) else host_states
