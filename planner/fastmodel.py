@@ -36,7 +36,8 @@ from sim.compute import KernelEfficiency, default_efficiency, fp8_weight_cast_by
 from sim.costs import (LayerCost, default_network, dp_collectives, end_costs, plan_layer_ops,
                        layer_cost, p2p_bytes, p2p_time_s)
 from sim.memory import (head_activation_bytes, inflight, layer_activations, layer_backward_bytes,
-                        recompute_time_fraction, split_of, stage_activation_bytes, stage_memory)
+                        recompute_time_fraction, split_of, stage_activation_bytes, stage_memory,
+                        fp8_weight_cache_of)
 from sim.network import Network
 from sim.offload import OffloadRates, host_spec, offload_constants, offload_rates
 from sim.plan import Plan
@@ -285,7 +286,7 @@ class FastModel:
         oc, hs, _ = self._host() if any_offload else (None, None, None)
         lay = state_layout(probe.state_layout)
         stage_list = stage_index_shapes(model, self.representative(layout))
-        extra = device_extra_bytes(self.representative(layout), model)
+        extra = device_extra_bytes(self.representative(layout), model, megatron_groups=lay.name == "megatron")
         norm_tok = np.array([[mbs * self.seq_len // layout.cp / (layout.tp if sp else 1) for sp in grid.sp]
                              for mbs in grid.mbs], dtype=float).reshape(M, S, 1, 1, 1)
 
@@ -304,7 +305,8 @@ class FastModel:
                                    microbatches=m, pp=p, dense_full_bytes=dense_full, moe_full_bytes=moe_full,
                                    recompute_inputs=fi, recompute_full=ff, recompute_transient=tl,
                                    backward_bytes=back, head_act_bytes=head_act, device_extra_bytes=extra,
-                                   eager=probe.eager_elementwise, norm_tokens=norm_tok, selective_op=selective)
+                                   eager=probe.eager_elementwise, norm_tokens=norm_tok, selective_op=selective,
+                                   fp8_cached_weights=fp8_weight_cache_of(layout.precision, probe.fp8_weight_cache))
                 peak = np.maximum(peak, mem.total_bytes)
                 if any_offload:
                     host, nvme = np.maximum(host, mem.host_bytes), np.maximum(nvme, mem.nvme_bytes)

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from sim.plan import Plan
 
 __all__ = ["BYTES_ACT", "activation_bytes_per_layer", "model_has_dropout", "MemoryBreakdown", "StageMemory",
-           "stage_memory", "plan_memory", "memory_breakdown", "inflight", "inflight_microbatches"]
+           "stage_memory", "plan_memory", "fp8_weight_cache_of", "memory_breakdown", "inflight", "inflight_microbatches"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -284,7 +284,7 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
                  recompute_inputs: Num = 1.0, recompute_full: Num = 0.0, recompute_transient: Num = 1.0,
                  offload_layers: Num | None = None, backward_bytes: Num = 0.0, head_act_bytes: Num = 0.0,
                  device_extra_bytes: Num = 0.0, eager: bool = False, norm_tokens: Num = 0.0,
-                 selective_op: Num = False) -> StageMemory:
+                 selective_op: Num = False, fp8_cached_weights: Num = False) -> StageMemory:
     """Peak bytes of one GPU of a stage of ``shape`` for one plan or over arrays (module
     docstring): the larger of two moments, the start of the stage's first backward with
     ``inflight_mb`` micro-batches' activations held (the loss of the last stage, or a layer's
@@ -301,7 +301,9 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
     offloaded states go to NVMe, ``oc`` the host bytes per parameter; ``backward_bytes`` one
     layer's backward temporaries (``layer_backward_bytes``); ``head_act_bytes`` what the final
     norm and the output layer save per micro-batch (``head_activation_bytes``); ``device_extra_bytes`` the CUDA
-    context and communication buffers (``sim.runtime.device_extra_bytes``)."""
+    context and communication buffers (``sim.runtime.device_extra_bytes``); ``fp8_cached_weights``
+    whether fp8 copies of the layers' linear weights (and their transposes) are cached for the
+    step (``fp8_weight_cache_of``), counted with the weights."""
     lay = layout or state_layout("deepspeed")
     z = np.asarray(zero)
     p = shape.params
@@ -325,6 +327,11 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
     if shape.first and shape.last and model.tied_embeddings and pp == 1:
         embedding = 0.0  # one tied matrix (sim.stages.stage_params)
     layer_params = max(0.0, p.total - head - embedding) / n_layers if shape.num_layers else 0.0
+    # Transformer Engine's fp8 weight cache: the layers' linear weights (not norms, embedding or
+    # the output layer, which Megatron-Core keeps in 16 bits), gathered if ZeRO-3 gathers them
+    cache = np.where(np.asarray(fp8_cached_weights), rt.fp8_weight_cache_bytes_per_param
+                     * max(0.0, layer_params - model.norm_params_per_layer) * shape.num_layers, 0.0)
+    w = w + cache
     accumulated = np.asarray(microbatches) > np.asarray(inflight_mb)  # earlier micro-batches' gradients exist
 
     # ---- the start of the first backward: weights, gradients, activations, temporaries
@@ -410,13 +417,29 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
     acts = np.where(at_opt, zero_, act)
     temps = np.where(at_opt, zero_, temps + zero_)
     allocated = np.maximum(peak_opt, peak_act)
-    reserved = allocated * (1 + rt.fragmentation_fraction) + rt.workspace_bytes
+    # The caching allocator keeps a free list per CUDA stream (a freed block is reused only by
+    # allocations on the stream it was allocated on: c10/cuda/CUDACachingAllocator.cpp, BlockPool
+    # lookups compare block->stream).  FSDP2 allocates the reduce-scatter output, which the
+    # sharded gradients are views of, in its reduce-scatter stream and keeps it to the optimizer
+    # step (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py foreach_reduce: "the GPU
+    # sharded gradient is allocated in the RS stream"): those bytes cannot reuse the default
+    # stream's cached activation blocks, so the reserved peak is the default stream's peak plus
+    # the sharded gradients.
+    rs_pool = np.where(torch_amp & (z >= 2), g + 0.0 * allocated, 0.0)
+    in_rs = np.where(pp == 1, np.minimum(grads, rs_pool), 0.0)  # with pipelining the peak's grads are unsharded
+    reserved = (allocated - in_rs) * (1 + rt.fragmentation_fraction) + rs_pool + rt.workspace_bytes
     device = reserved + device_extra_bytes
     nvme = np.where(on_nvme, host_states, 0.0) if np.any(on_nvme) else 0.0
     host_states = np.where(on_nvme, 0.0, host_states) if np.any(on_nvme) else host_states
     return StageMemory(weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=optim, activations_bytes=acts,
                        temporaries_bytes=temps, reserve_bytes=device - allocated, reserved_bytes=reserved,
                        host_states_bytes=host_states, host_activations_bytes=host_act, nvme_bytes=nvme)
+
+
+def fp8_weight_cache_of(precision: str, fp8_weight_cache: bool) -> bool:
+    """Whether a plan holds fp8 weight copies for the whole step (fp8 training in a framework
+    that caches them across micro-batches, ``Plan.fp8_weight_cache``)."""
+    return precision == "fp8" and fp8_weight_cache
 
 
 def plan_memory(plan: "Plan") -> MemoryBreakdown:
@@ -426,7 +449,8 @@ def plan_memory(plan: "Plan") -> MemoryBreakdown:
     return memory_breakdown(plan.model, plan.cluster, plan.strategy, attention=plan.attention,
                             selective_policy=plan.selective_policy, loss=plan.loss, eager=plan.eager_elementwise,
                             fp8_saved_inputs=plan.fp8_saved_inputs, layout=state_layout(plan.state_layout),
-                            moe_imbalance=plan.moe_imbalance)
+                            moe_imbalance=plan.moe_imbalance,
+                            fp8_weight_cache=fp8_weight_cache_of(plan.strategy.precision, plan.fp8_weight_cache))
 
 
 def layer_activations(model: Model, s: Strategy, *, attention: str = "flash", selective_policy: str = "attention",
@@ -451,9 +475,10 @@ def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
                      attention: str = "flash", runtime: MemoryRuntime | None = None,
                      selective_policy: str = "attention", loss: str = "upcast", eager: bool = False,
                      fp8_saved_inputs: bool = False, layout: StateLayout | None = None,
-                     moe_imbalance: float = 1.0) -> MemoryBreakdown:
+                     moe_imbalance: float = 1.0, fp8_weight_cache: bool = False) -> MemoryBreakdown:
     """Memory of the most loaded GPU (the pipeline stage with the largest device-level peak),
-    with the three levels of every stage in ``by_stage``."""
+    with the three levels of every stage in ``by_stage``; ``fp8_weight_cache``: fp8 weight
+    copies held for the step (``fp8_weight_cache_of``)."""
     rt = runtime or default_runtime()
     s = strategy
     lay = layout or state_layout("deepspeed")
@@ -462,7 +487,7 @@ def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
         fp8_saved_inputs=fp8_saved_inputs, moe_imbalance=moe_imbalance)
     back = max(layer_backward_bytes(model, s, moe=False),
                layer_backward_bytes(model, s, moe=True, moe_imbalance=moe_imbalance) if model.moe is not None else 0.0)
-    extra = device_extra_bytes(s, model)
+    extra = device_extra_bytes(s, model, megatron_groups=lay.name == "megatron")
     head_act = head_activation_bytes(model, s, eager=eager)
     host = host_spec(cluster)
     per_node = min(cluster.gpus_per_node, cluster.num_gpus)
@@ -482,7 +507,7 @@ def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
                            recompute_full=ff, recompute_transient=tl, offload_layers=s.offload_num_layers,
                            backward_bytes=back, head_act_bytes=head_act, device_extra_bytes=extra, eager=eager,
                            norm_tokens=s.mbs * s.seq_len // s.cp / (s.tp if s.sp else 1),
-                           selective_op=s.recompute == "selective")
+                           selective_op=s.recompute == "selective", fp8_cached_weights=fp8_weight_cache)
         by_stage.append({"stage": i, "memory_peak_bytes": float(mem.allocated_bytes),
                          "memory_reserved_bytes": float(mem.reserved_bytes),
                          "memory_device_bytes": float(mem.total_bytes)})

@@ -60,6 +60,7 @@ class MemoryRuntime:
 
     workspace_bytes: float  # cuBLAS/cuBLASLt workspaces held by the caching allocator
     fragmentation_fraction: float  # caching-allocator slack on top of live tensors
+    fp8_weight_cache_bytes_per_param: float = 0.0  # fp8 weight + transpose cached for the step
     loss_bytes_per_logit: Mapping[str, float] = field(default_factory=dict)  # by loss implementation
     loss_saved_bytes_per_logit: Mapping[str, float] = field(default_factory=dict)  # of which saved
     source: str = ""
@@ -131,13 +132,24 @@ def device_memory() -> DeviceMemory:
                         nccl_p2p_bytes_per_peer=d.req("nccl_p2p_bytes_per_peer"))
 
 
-def device_extra_bytes(strategy: "Strategy", model: "Model") -> float:
+def device_extra_bytes(strategy: "Strategy", model: "Model", *, megatron_groups: bool = False) -> float:
     """What ``nvidia-smi`` shows beyond PyTorch's reserved pool: the CUDA context and the NCCL
     buffers of every communicator the rank uses (``catalogs/runtime.yaml``): ring
     communicators for tp, cp, the data-parallel gradient group and (MoE) the expert
-    data-parallel group, every peer of the expert all-to-all, and the pipeline neighbours."""
+    data-parallel group, every peer of the expert all-to-all, and the pipeline neighbours.
+
+    ``megatron_groups``: Megatron's ``parallel_state`` also runs collectives, each on its own
+    communicator (NCCL buffers are per communicator, NVIDIA/nccl issue #986), on the
+    data-parallel group without context parallelism (the loss reported per step,
+    ``average_losses_across_data_parallel_group``, core_v0.6.0 megatron/training/utils.py line
+    100, a ``new_group`` apart from the dp-cp group that reduces gradients, parallel_state.py
+    lines 289-300), on the model-parallel group tp x pp (the gradient norm of
+    ``clip_grad_norm_fp32``, core/optimizer/clip_grads.py line 98) and on the default group
+    (training.py line 208); groups of one rank are not counted."""
     s, d = strategy, device_memory()
     rings = sum(n > 1 for n in (s.tp, s.cp, s.dp * s.cp))
+    if megatron_groups:
+        rings += sum(n > 1 for n in (s.dp, s.tp * s.pp, s.num_gpus))
     if model.moe is not None:
         rings += s.expert_dp > 1 and s.expert_dp != s.dp * s.cp
         if s.expert_tp != s.tp:
@@ -157,6 +169,7 @@ def default_runtime() -> MemoryRuntime:
     saved = doc.mapping("loss").mapping("saved_bytes_per_logit")
     return MemoryRuntime(workspace_bytes=m.req("workspace_bytes"),
                          fragmentation_fraction=m.fraction("fragmentation_fraction"),
+                         fp8_weight_cache_bytes_per_param=m.req("fp8_weight_cache_bytes_per_param"),
                          loss_bytes_per_logit={k: loss.req(k, positive=True) for k in loss.rec},
                          loss_saved_bytes_per_logit={k: saved.req(k) for k in saved.rec},
                          source=m.text("source"))

@@ -205,3 +205,37 @@ def test_tracker_agrees_with_the_planner_per_category(index):
     row = compare(build_plan(model_id, layers, n, text))
     bad = {c: r for c, r in row["categories"].items() if not r["within_tolerance"]}
     assert not bad, (text, bad)
+
+
+def test_transformer_engine_fp8_weight_cache_counts_two_bytes_per_linear_weight():
+    """Megatron-Core passes is_first_microbatch, so TE caches each linear weight's fp8 copy and
+    its transpose for the step (runtime.yaml fp8_weight_cache_bytes_per_param): with fp8, the
+    weights grow by 2 B per local linear weight (the layers' parameters less their norms)."""
+    from sim.runtime import default_runtime
+
+    base = "tp=2,dp=4,mbs=1,gbs=64,seq=8192,sp=1,recompute=none,zero=1"
+    bf16 = plan_memory(_plan("llama3-8b", 8, base))
+    fp8 = plan_memory(_plan("llama3-8b", 8, base + ",precision=fp8"))
+    m = get_model("llama3-8b")
+    h, kv = m.hidden_size, m.num_kv_heads * m.hidden_size // m.num_attention_heads
+    linear = m.num_layers * (h * (2 * h + 2 * kv) + 3 * h * m.ffn_hidden_size) / 2  # QKV, out, SwiGLU; tp=2
+    assert default_runtime().fp8_weight_cache_bytes_per_param == 2.0
+    assert fp8.weights_bytes - bf16.weights_bytes == pytest.approx(2.0 * linear, rel=1e-9)
+
+
+def test_fsdp2_sharded_gradients_reserved_in_the_reduce_scatter_stream_pool():
+    """FSDP2 allocates the reduce-scatter output (the sharded gradients) in its own stream; the
+    caching allocator cannot reuse the default stream's blocks for it, so the reserved level is
+    the default stream's peak (with its slack) plus the sharded fp32 gradients: 4 B x N / dp."""
+    from sim.runtime import default_runtime
+
+    rt = default_runtime()
+    p = _plan("llama3-8b", 8, "dp=8,mbs=1,gbs=8,seq=8192,zero=3,recompute=full", "torchtitan")
+    mem = plan_memory(p)
+    assert mem.gradients_bytes == 0.0  # peak before any backward: the shards do not exist yet
+    sharded_grads = 4.0 * get_model("llama3-8b").num_params / 8
+    expect = mem.allocated_bytes * (1 + rt.fragmentation_fraction) + rt.workspace_bytes + sharded_grads
+    assert mem.reserved_bytes == pytest.approx(expect, rel=1e-9)
+    ddp = plan_memory(_plan("llama3-8b", 8, "dp=8,mbs=1,gbs=8,seq=8192,zero=0,recompute=full", "torchtitan"))
+    assert ddp.reserved_bytes == pytest.approx(ddp.allocated_bytes * (1 + rt.fragmentation_fraction)
+                                               + rt.workspace_bytes, rel=1e-9)

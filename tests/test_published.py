@@ -37,7 +37,8 @@ TOLERANCES = {
                                                     "step) on 64-128 H100 runs 20-32% slower than modelled"),
 }
 OVERALL = {"median_abs_step_error": 0.10, "p90_abs_step_error": 0.37}
-MEMORY_MEDIAN = 0.16  # device-level (FlagPerf nvidia-smi) and reserved (torchtitan) memory, all rows
+MEMORY_MEDIAN = 0.13  # device-level (FlagPerf nvidia-smi) and reserved (torchtitan) memory, all rows; 12.5% with
+# the FSDP2 reduce-scatter stream pool, Megatron's extra communicators and TE's fp8 weight cache (was 14.8%)
 
 
 @pytest.fixture(scope="module")
@@ -88,11 +89,13 @@ def test_in_sample_published_rows(in_sample):
     assert s["median_abs_step_error"] <= 0.08
     # torchtitan peak reserved memory.  Issue 22: the allocated level is now checked tensor by
     # tensor against PyTorch's tracker (planner validate memory); the published reserved peaks
-    # sit 3-15% above it (every row under: caching-allocator slack beyond the cited 5%, and the
-    # long-sequence CP rows' ring-attention buffers, are not modelled).  Was 0.06 / 0.10 when
-    # the activation count over-estimated by about as much as the allocator slack.
-    assert s["median_abs_memory_error"] <= 0.13
-    assert s["max_abs_memory_error"] <= 0.16
+    # sit 3-11% above the reserved prediction (every row under: the sharded gradients in FSDP2's
+    # reduce-scatter stream pool are now counted; eager torchtitan's extra cached activation
+    # blocks (-9/-10% vs -3% compiled) and the long-sequence CP rows' ring-attention buffers
+    # are not modelled).  Was 0.13 / 0.16 before the stream pool; 0.06 / 0.10 when the
+    # activation count over-estimated by about as much as the allocator slack.
+    assert s["median_abs_memory_error"] <= 0.10
+    assert s["max_abs_memory_error"] <= 0.12
 
 
 def test_utilisation_follows_source_definition(in_sample):
