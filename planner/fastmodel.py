@@ -34,7 +34,7 @@ import numpy as np
 
 from sim.compute import KernelEfficiency, default_efficiency, fp8_weight_cast_bytes_per_param
 from sim.costs import (LayerCost, default_network, dp_collectives, end_costs, plan_layer_ops,
-                       layer_cost, p2p_bytes, p2p_time_s)
+                       layer_cost, p2p_bytes, p2p_time_s, pieces_hbm_bytes_per_s)
 from sim.memory import activation_bytes_per_layer, inflight, stage_activation_bytes, stage_memory
 from sim.network import Network
 from sim.offload import OffloadRates, host_spec, offload_constants, offload_rates
@@ -318,7 +318,7 @@ class FastModel:
 
         p2p = np.array([[self._p2p_s(layout, mbs, sp) for sp in grid.sp] for mbs in grid.mbs],
                        dtype=float).reshape(M, S, 1, 1, 1)
-        hbm = cl.gpu.hbm_bytes_per_s * cl.gpu.hbm_efficiency
+        hbm = pieces_hbm_bytes_per_s(cl, self.eff)
         accum = np.array([self.comm.grad_accumulation_bytes(probe.grad_accumulation, mm) for mm in m_list],
                          dtype=float).reshape(M, 1, 1, 1, 1)
         cast = fp8_weight_cast_bytes_per_param(self.eff, layout.precision, probe.strategy.fp8_recipe,

@@ -254,7 +254,7 @@ def fit_host_op_floor(fitted: Mapping[str, Any], base: KernelEfficiency, every: 
     nets = _networks(fitted, rows)
     best, err = fit_scalar(lambda us: _vtrain_median_error(replace(base, host_op_floor_s=us * 1e-6), rows, nets),
                            [float(x) for x in range(30, 95, 5)])
-    return {"host_op_floor_s": best * 1e-6, "median_abs_error_single_node": round(err, 4), "rows_used": len(rows)}
+    return {"host_op_floor_s": round(best * 1e-6, 9), "median_abs_error_single_node": round(err, 4), "rows_used": len(rows)}
 
 
 def fit_all(exclude: frozenset[str] | set[str] = frozenset()) -> dict:

@@ -21,6 +21,7 @@ from sim.errors import InputError
 from sim.records import Record
 from sim.ops import BF16_GEMMS, Op
 from sim.specs import Gpu
+from sim.variability import slowest_rank_factor
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -90,6 +91,10 @@ class KernelEfficiency:
     attention_curves: Mapping[str, Mapping[str, tuple[SaturatingCurve, SaturatingCurve]]] = field(
         default_factory=dict)
     fp8_recipes: Mapping[str, Fp8Recipe] = field(default_factory=dict)
+    # Relative standard deviation of sustained speed between GPUs of one SKU in a cluster
+    # (catalogs/efficiency.yaml rank_variability, sim/variability.py): a step of N GPUs runs
+    # at the slowest one's pace.  0: every GPU equally fast.
+    gpu_speed_sigma: float = 0.0
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -102,6 +107,13 @@ class KernelEfficiency:
         if not 0 <= self.overlap_compute_slowdown < 1:
             raise InputError("efficiency.overlap_compute_slowdown", self.overlap_compute_slowdown,
                              "must be in [0, 1)")
+        if not 0 <= self.gpu_speed_sigma < 0.5:
+            raise InputError("efficiency.gpu_speed_sigma", self.gpu_speed_sigma, "must be in [0, 0.5)")
+
+    def slowest_rank_factor(self, num_ranks: int) -> float:
+        """Compute time of the slowest of ``num_ranks`` GPUs over the median GPU's
+        (``sim.variability``); 1 for one GPU or ``gpu_speed_sigma = 0``."""
+        return slowest_rank_factor(num_ranks, self.gpu_speed_sigma)
 
     def sustained_fraction(self, architecture: str, precision: str) -> float:
         return self.gemm_sustained_by_arch.get(architecture, {}).get(precision, self.gemm_sustained_fraction)
@@ -154,6 +166,8 @@ def kernel_efficiency(fitted: Mapping | None) -> KernelEfficiency:
     default = doc.mapping("default", allowed=_DEFAULT_KEYS + ("source",))
     d: dict[str, object] = {k: default.req(k) for k in _DEFAULT_KEYS}
     d["source"] = default.text("source")
+    d["gpu_speed_sigma"] = doc.mapping("rank_variability", allowed=("gpu_speed_sigma", "source", "notes")).fraction(
+        "gpu_speed_sigma")
     recipes = doc.mapping("fp8_recipes")
     fitted_recipes: Mapping = {}
     if fitted:

@@ -182,23 +182,30 @@ def layer_cost(plan: Plan, net: Network, lops: LayerOps, eff: KernelEfficiency, 
         # make_graphed_callables): no per-op host dispatch, only the GPU-side launch cost
         eff = replace(eff, host_op_floor_s=0.0)
     eager = plan.eager_elementwise
-    fwd, bwd = ops_time(gpu, s.precision, lops.ops, eff, eager=eager)
+    # GPU work runs at the pace of the job's slowest GPU (sim.variability)
+    slowest = eff.slowest_rank_factor(plan.cluster.num_gpus)
+
+    def timed(ops: tuple, eager: bool = False) -> tuple[float, float]:
+        f, b = ops_time(gpu, s.precision, ops, eff, eager=eager)
+        return slowest * f, slowest * b
+
+    fwd, bwd = timed(lops.ops, eager)
     attn_ops = tuple(op for op in lops.ops if op.recompute_selective)
-    attn_f, _ = ops_time(gpu, s.precision, attn_ops, eff, eager=eager)
+    attn_f, _ = timed(attn_ops, eager)
     mm_ops = tuple(op for op in lops.ops if op.kind == "matmul" and not op.recompute_selective)
-    mm_f, mm_b = ops_time(gpu, s.precision, mm_ops, eff)
+    mm_f, mm_b = timed(mm_ops)
     if s.recompute == "full":
         recompute_s = fwd
         recompute_flops = sum(op.counted_flops for op in lops.ops)
     elif s.recompute == "selective" and plan.selective_policy == "op":
         # element-wise ops and every other linear layer are recomputed; attention is kept
         mem_ops = tuple(op for op in lops.ops if op.kind == "memory")
-        recompute_s = ops_time(gpu, s.precision, mem_ops, eff, eager=eager)[0] + mm_f / 2
+        recompute_s = timed(mem_ops, eager)[0] + mm_f / 2
         recompute_flops = sum(op.counted_flops for op in mm_ops) / 2
     elif s.recompute == "selective" and plan.selective_policy in SELECTIVE_OPS:
         names = SELECTIVE_OPS[plan.selective_policy]
         re_ops = tuple(op for op in lops.ops if op.name in names or op.name.removeprefix("fp8_cast_") in names)
-        recompute_s = ops_time(gpu, s.precision, re_ops, eff, eager=eager)[0]
+        recompute_s = timed(re_ops, eager)[0]
         recompute_flops = sum(op.counted_flops for op in re_ops)
     elif s.recompute == "selective":
         recompute_s = attn_f
@@ -301,16 +308,24 @@ def p2p_bytes(model: Model, s: Strategy) -> float:
     return 2.0 * s.mbs * (s.seq_len // s.cp) * model.hidden_size / s.tp
 
 
+def pieces_hbm_bytes_per_s(cluster: Cluster, eff: KernelEfficiency) -> float:
+    """HBM rate of the memory-bound per-parameter passes (optimizer, gradient accumulation,
+    FSDP copies, fp8 weight casts): the GPU's achievable rate on the job's slowest GPU
+    (``sim.variability``)."""
+    g = cluster.gpu
+    return g.hbm_bytes_per_s * g.hbm_efficiency / eff.slowest_rank_factor(cluster.num_gpus)
+
+
 def stage_pieces_for(plan: Plan, net: Network, eff: KernelEfficiency, params: StageParams, num_layers: int,
                      layer_fwd_s: float, layer_bwd_s: float, act_bytes: float = 0.0) -> StagePieces:
     """``stage_pieces`` of one stage of ``plan`` (floats); ``act_bytes``: the stage's saved
     activations of one micro-batch (what activation offload moves)."""
-    s, gpu = plan.strategy, plan.cluster.gpu
+    s = plan.strategy
     rt = default_comm_runtime()
     return stage_pieces(coll=dp_collectives(net, s, params, rt, eff), zero=s.zero,
                         dp_size=s.zero_shard, expert_dp=s.expert_dp, params=params, num_layers=num_layers, layer_fwd_s=layer_fwd_s,
                         layer_bwd_s=layer_bwd_s, dp_overlap=s.dp_overlap,
-                        hbm_bytes_per_s=gpu.hbm_bytes_per_s * gpu.hbm_efficiency, rt=rt, eff=eff,
+                        hbm_bytes_per_s=pieces_hbm_bytes_per_s(plan.cluster, eff), rt=rt, eff=eff,
                         accum_bytes_per_param=rt.grad_accumulation_bytes(plan.grad_accumulation, s.num_microbatches),
                         fp16=s.precision == "fp16", fsdp_copies=plan.fsdp_copies,
                         weight_cast_bytes_per_param=fp8_weight_cast_bytes_per_param(
@@ -446,8 +461,9 @@ class EndCosts:
 
 def end_costs(plan: Plan, eff: KernelEfficiency) -> EndCosts:
     s, gpu, model = plan.strategy, plan.cluster.gpu, plan.model
+    k = eff.slowest_rank_factor(plan.cluster.num_gpus)  # the slowest GPU sets the pace (sim.variability)
     head = head_ops(model, s)
     head_f, head_b = ops_time(gpu, s.precision, head, eff, eager=plan.eager_elementwise)
     emb_f, emb_b = ops_time(gpu, s.precision, embedding_ops(model, s), eff)
-    return EndCosts(embedding_fwd_s=emb_f, embedding_bwd_s=emb_b, head_fwd_s=head_f, head_bwd_s=head_b,
+    return EndCosts(embedding_fwd_s=k * emb_f, embedding_bwd_s=k * emb_b, head_fwd_s=k * head_f, head_bwd_s=k * head_b,
                     head_flops=sum(op.counted_flops for op in head))
