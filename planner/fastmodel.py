@@ -276,7 +276,8 @@ class FastModel:
                                    full_recompute=full, recomputed_layer_bytes=recomputed,
                                    inflight_mb=inflight(p, m, vp, gpipe, sh.index), tokens=tokens, rt=self.mem_rt,
                                    offload_optimizer=pick(off_opt), offload_params=pick(off_par),
-                                   offload_activations=pick(off_act), on_nvme=pick(on_nvme), oc=oc)
+                                   offload_activations=pick(off_act), on_nvme=pick(on_nvme), oc=oc,
+                                   bf16_optimizer=probe.deepspeed_bf16_optimizer and layout.precision == "bf16")
                 peak = np.maximum(peak, mem.total_bytes)
                 if any_offload:
                     host, nvme = np.maximum(host, mem.host_bytes), np.maximum(nvme, mem.nvme_bytes)
@@ -336,7 +337,7 @@ class FastModel:
                                   weight_cast_bytes_per_param=cast, offload_optimizer=off_opt,
                                   offload_params=off_par, offload_activations=off_act,
                                   act_bytes=stage_activation_bytes(sh, dense_act, moe_act) if timed_offload else 0.0,
-                                  rates=rates)
+                                  rates=rates, bf16_optimizer=probe.deepspeed_bf16_optimizer and layout.precision == "bf16")
             stages.append(stage_times(layer_fwd_s=lf, layer_bwd_s=lb, recompute_s=lr,
                                       layer_exposed_fwd_s=layer_sum(sh, "exposed_fwd_s"),
                                       layer_exposed_bwd_s=layer_sum(sh, "exposed_bwd_s"), extra_fwd_s=ef,

@@ -332,7 +332,8 @@ def stage_pieces_for(plan: Plan, net: Network, eff: KernelEfficiency, params: St
                             eff, s.precision, s.fp8_recipe, plan.fp8_weight_cache, s.num_microbatches),
                         offload_optimizer=s.offload_optimizer, offload_params=s.offload_params,
                         offload_activations=s.offload_activations, act_bytes=act_bytes,
-                        rates=strategy_rates(plan.cluster, s))
+                        rates=strategy_rates(plan.cluster, s),
+                        bf16_optimizer=plan.deepspeed_bf16_optimizer and s.precision == "bf16")
 
 
 def moe_dispatch_s(plan: Plan, net: Network, eff: KernelEfficiency, nbytes: float) -> float:

@@ -146,13 +146,14 @@ class Framework:
     family: str = "megatron"  # megatron | fsdp | xla: the class uncertainty bands are kept by
     capabilities: Capabilities = Capabilities()
     moe_dispatcher: str = "alltoall"  # how MoE tokens are dispatched (sim.costs.moe_dispatch_s)
+    deepspeed_bf16_optimizer: bool = False  # DeepSpeed engine: BF16_Optimizer for bf16 without ZeRO
     aliases: tuple[str, ...] = ()
     source: str = ""
     notes: str = ""
 
 
 _KEYS = ("id", "name", "aliases", "attention", "dp_overlap", "elementwise", "selective_recompute",
-         "grad_accumulation", "fsdp_copies", "loss", "sequence_parallel_default", "tp_overlap_default", "zero_default", "fp8_weight_cache", "family", "capabilities", "moe_dispatcher", "source", "notes")
+         "grad_accumulation", "fsdp_copies", "loss", "sequence_parallel_default", "tp_overlap_default", "zero_default", "fp8_weight_cache", "family", "capabilities", "moe_dispatcher", "deepspeed_bf16_optimizer", "source", "notes")
 
 
 @functools.cache
@@ -173,6 +174,7 @@ def _frameworks() -> dict[str, Framework]:
                        fp8_weight_cache=r.flag("fp8_weight_cache"),
                        family=r.text("family", choices=FAMILIES), capabilities=_capabilities(r),
                        moe_dispatcher=r.text("moe_dispatcher", default="alltoall", choices=MOE_DISPATCHERS),
+                       deepspeed_bf16_optimizer=r.flag("deepspeed_bf16_optimizer"),
                        aliases=r.strings("aliases", lower=False),
                        source=r.text("source"), notes=r.text("notes", default=""))
         for key in (fw.id, *fw.aliases):
@@ -194,7 +196,8 @@ def apply_framework(plan_kwargs: dict, fw: Framework) -> dict:
     return {**plan_kwargs, "attention": fw.attention, "eager_elementwise": fw.eager_elementwise,
             "selective_policy": fw.selective_recompute, "grad_accumulation": fw.grad_accumulation,
             "fsdp_copies": fw.fsdp_copies, "loss": fw.loss, "fp8_weight_cache": fw.fp8_weight_cache,
-            "uneven_vp": fw.capabilities.uneven_vp, "moe_dispatcher": fw.moe_dispatcher}
+            "uneven_vp": fw.capabilities.uneven_vp, "moe_dispatcher": fw.moe_dispatcher,
+            "deepspeed_bf16_optimizer": fw.deepspeed_bf16_optimizer}
 
 
 def list_frameworks() -> list[Framework]:

@@ -218,15 +218,22 @@ def model_state_bytes(params: StageParams, strategy: Strategy) -> tuple[float, f
     return float(w), float(g), float(o)
 
 
-def state_bytes(params: StageParams, zero: Num, shard: int, expert_shard: int) -> tuple[Num, Num, Num]:
+def state_bytes(params: StageParams, zero: Num, shard: int, expert_shard: int,
+                bf16_optimizer: bool = False) -> tuple[Num, Num, Num]:
     """``model_state_bytes`` for a ZeRO stage or an array of them; dense states shard over
     ``shard`` = dp * cp ranks, expert states over ``expert_shard`` (the expert data
-    parallelism, ``Strategy.expert_dp``)."""
+    parallelism, ``Strategy.expert_dp``).  ``bf16_optimizer`` (a bf16 plan of a DeepSpeed
+    profile): where the ZeRO stage is 0, DeepSpeed's BF16_Optimizer keeps an unsharded fp32
+    gradient buffer (4 B/param) next to the bf16 gradients and shards the fp32 master weights
+    and Adam states (12 B/param) over the data-parallel group (``sim.step.stage_pieces``;
+    deepspeed/runtime/bf16_optimizer.py ``fp32_groups_gradients_flat``,
+    ``fp32_groups_flat_partition``)."""
     z = np.asarray(zero)
+    bf16opt = np.asarray(bf16_optimizer) & (z == 0)
 
     def split(p: float, n: int) -> tuple[Num, Num, Num]:
-        return (np.where(z >= 3, 2 * p / n, 2 * p), np.where(z >= 2, 2 * p / n, 2 * p),
-                np.where(z >= 1, 12 * p / n, 12 * p))
+        return (np.where(z >= 3, 2 * p / n, 2 * p), np.where(z >= 2, 2 * p / n, 2 * p + np.where(bf16opt, 4 * p, 0.0)),
+                np.where((z >= 1) | bf16opt, 12 * p / n, 12 * p))
 
     a = split(params.dense_params, shard)
     b = split(params.expert_params, expert_shard)
@@ -266,14 +273,14 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
                  dense_act_bytes: Num, moe_act_bytes: Num, full_recompute: Num, recomputed_layer_bytes: Num,
                  inflight_mb: Num, tokens: Num, rt: MemoryRuntime, offload_optimizer: Num = False,
                  offload_params: Num = False, offload_activations: Num = False, on_nvme: Num = False,
-                 oc: OffloadConstants | None = None) -> StageMemory:
+                 oc: OffloadConstants | None = None, bf16_optimizer: bool = False) -> StageMemory:
     """Peak bytes of one GPU of a stage of ``shape`` (module docstring), for one plan or over
     arrays: ``zero`` (ZeRO stage), per-layer activations ``dense_act_bytes`` / ``moe_act_bytes``,
     ``full_recompute`` (bool), ``inflight_mb`` (``inflight``), ``tokens`` per micro-batch and
     CP rank; ``offload_*`` (bools) what leaves the GPU, ``on_nvme`` whether offloaded states
     go to NVMe, ``oc`` the host bytes per parameter (``sim.offload``, needed with offload)."""
     z = np.asarray(zero)
-    w, g, o = state_bytes(shape.params, zero, shard, expert_shard)
+    w, g, o = state_bytes(shape.params, zero, shard, expert_shard, bf16_optimizer)
     off_opt, off_par, off_act = np.asarray(offload_optimizer), np.asarray(offload_params), np.asarray(offload_activations)
     host_states = 0.0
     if np.any(off_opt):
@@ -312,13 +319,16 @@ def plan_memory(plan: "Plan") -> MemoryBreakdown:
     """``memory_breakdown`` with everything a ``Plan`` says (attention kernel, selective policy);
     both engines report memory through this one call."""
     return memory_breakdown(plan.model, plan.cluster, plan.strategy, attention=plan.attention,
-                            selective_policy=plan.selective_policy, loss=plan.loss)
+                            selective_policy=plan.selective_policy, loss=plan.loss,
+                            bf16_optimizer=plan.deepspeed_bf16_optimizer)
 
 
 def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
                      attention: str = "flash", runtime: MemoryRuntime | None = None,
-                     selective_policy: str = "attention", loss: str = "upcast") -> MemoryBreakdown:
-    """Memory of the most loaded GPU (the pipeline stage with the largest total)."""
+                     selective_policy: str = "attention", loss: str = "upcast",
+                     bf16_optimizer: bool = False) -> MemoryBreakdown:
+    """Memory of the most loaded GPU (the pipeline stage with the largest total);
+    ``bf16_optimizer``: a bf16 plan of a DeepSpeed profile (``state_bytes``)."""
     rt = runtime or default_runtime()
     s = strategy
     kw = {"attention": attention, "selective_policy": selective_policy}
@@ -338,7 +348,8 @@ def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
                            recomputed_layer_bytes=recomputed, inflight_mb=inflight_microbatches(s, shape.index),
                            tokens=s.mbs * s.seq_len // s.cp, rt=rt, offload_optimizer=s.offload_optimizer,
                            offload_params=s.offload_params, offload_activations=s.offload_activations,
-                           on_nvme=s.offload_device == "nvme", oc=oc)
+                           on_nvme=s.offload_device == "nvme", oc=oc,
+                           bf16_optimizer=bf16_optimizer and s.precision == "bf16")
         # the node holds its GPUs' offloaded bytes: the most loaded stage's, per_node times
         if float(mem.host_bytes) + float(mem.nvme_bytes) > host_states + host_acts + nvme:
             host_states, host_acts, nvme = (float(mem.host_states_bytes), float(mem.host_activations_bytes),

@@ -35,7 +35,8 @@ class Plan:
     Korthikanti et al. 2022) or ``op`` (torchtitan's op-level policy: element-wise ops and every
     other linear layer).  ``grad_accumulation`` is how each micro-batch's weight gradients are
     added into the step's (``catalogs/runtime.yaml``); ``fsdp_copies`` whether ZeRO-3 pays
-    FSDP2's per-parameter packing around its collectives.  ``sim.framework`` sets these from a
+    FSDP2's per-parameter packing around its collectives; ``deepspeed_bf16_optimizer`` whether
+    the DeepSpeed engine runs bf16 without ZeRO through its BF16_Optimizer.  ``sim.framework`` sets these from a
     framework profile.
     """
 
@@ -56,6 +57,15 @@ class Plan:
     # routed tokens of the busiest expert-parallel rank over the mean (1.0: balanced routing)
     moe_imbalance: float = 1.0
     moe_dispatcher: str = "alltoall"  # MOE_DISPATCHERS
+    # DeepSpeed's engine wraps a bf16 run without ZeRO in its BF16_Optimizer (unsharded fp32
+    # gradient buffer accumulated every micro-batch, fp32 all-reduce, its own ZeRO-1 sharding of
+    # the master weights and Adam states): sim.step.stage_pieces, sim.memory.state_bytes
+    deepspeed_bf16_optimizer: bool = False
+
+    @property
+    def bf16_optimizer_active(self) -> bool:
+        """Whether DeepSpeed's BF16_Optimizer runs this plan (bf16 without ZeRO)."""
+        return self.deepspeed_bf16_optimizer and self.strategy.precision == "bf16" and self.strategy.zero == 0
 
     def __post_init__(self) -> None:
         if self.grad_accumulation not in GRAD_ACCUMULATION:

@@ -33,6 +33,8 @@ class CommRuntime:
     # FSDP2 pack/unpack around each all-gather (fwd, and again in bwd) and reduce-scatter
     fsdp_gather_copy_bytes_per_param: float = 0.0
     fsdp_reduce_copy_bytes_per_param: float = 0.0
+    # DeepSpeed BF16_Optimizer: per step over its unsharded fp32 gradient buffer (norm + zeroing)
+    bf16_optimizer_full_buffer_bytes_per_param: float = 0.0
 
     def grad_accumulation_bytes(self, mode: str, microbatches: int) -> float:
         """Bytes per parameter per micro-batch, averaged over the step's micro-batches
@@ -71,13 +73,15 @@ def default_comm_runtime() -> CommRuntime:
     c, o = doc.mapping("communication"), doc.mapping("optimizer")
     acc = doc.mapping("grad_accumulation").mapping("bytes_per_param")
     copies = doc.mapping("fsdp_copies")
+    bf16 = doc.mapping("deepspeed_bf16_optimizer")
     return CommRuntime(grad_reduce_bytes_per_param=c.req("grad_reduce_bytes_per_param", positive=True),
                        param_gather_bytes_per_param=c.req("param_gather_bytes_per_param", positive=True),
                        optimizer_bytes_per_param=o.req("bytes_per_param", positive=True),
                        fp16_extra_bytes_per_param=o.req("fp16_extra_bytes_per_param"),
                        grad_accumulation_bytes_per_param={k: acc.req(k) for k in acc.rec},
                        fsdp_gather_copy_bytes_per_param=copies.req("all_gather_copy_out_bytes_per_param"),
-                       fsdp_reduce_copy_bytes_per_param=copies.req("reduce_scatter_copy_in_bytes_per_param"))
+                       fsdp_reduce_copy_bytes_per_param=copies.req("reduce_scatter_copy_in_bytes_per_param"),
+                       bf16_optimizer_full_buffer_bytes_per_param=bf16.req("full_buffer_bytes_per_param"))
 
 
 @functools.cache

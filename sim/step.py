@@ -177,7 +177,7 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
                  rt: CommRuntime, eff: KernelEfficiency, accum_bytes_per_param: Num, fp16: bool,
                  fsdp_copies: bool, weight_cast_bytes_per_param: Num = 0.0, offload_optimizer: Num = False,
                  offload_params: Num = False, offload_activations: Num = False, act_bytes: Num = 0.0,
-                 rates: OffloadRates | None = None) -> StagePieces:
+                 rates: OffloadRates | None = None, bf16_optimizer: bool = False) -> StagePieces:
     """The per-stage pieces (``StagePieces``) of a stage, for one ZeRO stage or an array of them.
 
     ``layer_fwd_s`` / ``layer_bwd_s``: the stage's compute per micro-batch (layers incl.
@@ -194,6 +194,12 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
       parameter at the GPU's achievable HBM rate; gradient accumulation outside the GEMM and
       FSDP2's packing around its collectives likewise (``catalogs/runtime.yaml``), and the fp8
       cast of the weights (``weight_cast_bytes_per_param``, ``sim.compute``).
+    * DeepSpeed's BF16_Optimizer (``bf16_optimizer``, a bf16 plan of a DeepSpeed profile; it
+      runs where the ZeRO stage is 0): the gradients are all-reduced in fp32 as without ZeRO,
+      but the master weights and Adam states are sharded over the data-parallel group (its own
+      ZeRO-1) and the updated bf16 weights all-gathered after the step; every micro-batch adds
+      its bf16 gradients into the unsharded fp32 buffer (``grad_accumulation`` ``deepspeed_bf16``),
+      and the step reads and zeroes that buffer (``catalogs/runtime.yaml``).
     * Offload (``offload_*`` bools, ``rates`` from ``sim.offload``, ``act_bytes`` the stage's
       saved activations of one micro-batch; module docstring): with ``M`` the shard's
       parameters, the weights in (``2M``) before the forward and again before the backward and
@@ -207,8 +213,9 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
     """
     z = np.asarray(zero)
     z3 = z >= 3
+    bf16opt = np.asarray(bf16_optimizer) & (z == 0)  # DeepSpeed BF16_Optimizer: fp32 all-reduce, own ZeRO-1
     grad_sync = np.where(z == 0, coll.all_reduce_s, coll.reduce_scatter_s)
-    param_gather = np.where((z == 1) | (z == 2), coll.all_gather_s, 0.0)
+    param_gather = np.where((z == 1) | (z == 2) | bf16opt, coll.all_gather_s, 0.0)
     ag, rs = coll.all_gather_s, coll.reduce_scatter_s
     n1 = max(1, num_layers)
     if dp_overlap:
@@ -221,11 +228,13 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
     slow_f = np.where(z3, sigma * np.maximum(0.0, ag - z3f), 0.0)
     slow_b = np.where(z3, sigma * np.maximum(0.0, ag + rs - z3b), 0.0)
 
-    local = local_params(params, z, dp_size, expert_dp)
+    local = local_params(params, np.where(bf16opt, 1, z), dp_size, expert_dp)
     opt_bytes = rt.optimizer_bytes_per_param + (rt.fp16_extra_bytes_per_param if fp16 else 0.0)
-    opt_s = local * opt_bytes / hbm_bytes_per_s
+    opt_s = (local * opt_bytes
+             + np.where(bf16opt, params.total * rt.bf16_optimizer_full_buffer_bytes_per_param, 0.0)) / hbm_bytes_per_s
     # weight gradients of each micro-batch added into the step's buffer (FSDP: into the shard)
-    accum_s = np.where(z3, local, params.total) * accum_bytes_per_param / hbm_bytes_per_s
+    accum = np.where(bf16opt, rt.grad_accumulation_bytes_per_param.get("deepspeed_bf16", 0.0), accum_bytes_per_param)
+    accum_s = np.where(z3, local, params.total) * accum / hbm_bytes_per_s
     copies = z3 & (dp_size > 1) & fsdp_copies
     copy_f = np.where(copies, params.total * rt.fsdp_gather_copy_bytes_per_param / hbm_bytes_per_s, 0.0)
     copy_b = np.where(copies, params.total * (rt.fsdp_gather_copy_bytes_per_param

@@ -359,7 +359,7 @@ class Engine:
             log.append(Entry(u.index, "host", "weights to GPU", "offload", t, env.now, True))
         end = env.now
         dp = sc.dp[i]
-        if sc.zero in (1, 2) and self._dp[i] is not None and dp.gather_bytes + dp.gather_fixed_s > 0:
+        if sc.param_gather and self._dp[i] is not None and dp.gather_bytes + dp.gather_fixed_s > 0:
             t_opt = env.now
             yield self.dp_stream[i].issue("all-gather params", self._dp[i], dp.gather_bytes, dp.gather_fixed_s)
             hidden = self._first_fwd_s[u.index] if sc.dp_overlap else 0.0
