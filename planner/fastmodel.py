@@ -41,7 +41,7 @@ from sim.offload import OffloadRates, host_spec, offload_constants, offload_rate
 from sim.plan import Plan
 from sim.runtime import default_comm_runtime, default_runtime
 from sim.specs import Cluster, Model, Strategy
-from sim.stages import StageShape, layer_params, stage_shapes
+from sim.stages import StageShape, layer_params, stage_parameter_tensors, stage_shapes
 from sim.step import DpCollectives, compose, stage_pieces, stage_times
 
 
@@ -337,7 +337,9 @@ class FastModel:
                                   weight_cast_bytes_per_param=cast, offload_optimizer=off_opt,
                                   offload_params=off_par, offload_activations=off_act,
                                   act_bytes=stage_activation_bytes(sh, dense_act, moe_act) if timed_offload else 0.0,
-                                  rates=rates, bf16_optimizer=probe.deepspeed_bf16_optimizer and layout.precision == "bf16")
+                                  rates=rates, bf16_optimizer=probe.deepspeed_bf16_optimizer and layout.precision == "bf16",
+                                  zero3_tensors=(stage_parameter_tensors(model, sh)
+                                                 if probe.zero3_gather == "per_tensor_sync" else 0))
             stages.append(stage_times(layer_fwd_s=lf, layer_bwd_s=lb, recompute_s=lr,
                                       layer_exposed_fwd_s=layer_sum(sh, "exposed_fwd_s"),
                                       layer_exposed_bwd_s=layer_sum(sh, "exposed_bwd_s"), extra_fwd_s=ef,

@@ -23,7 +23,7 @@ from sim.ops import LayerOps, embedding_ops, head_ops, layer_ops
 from sim.plan import Plan
 from sim.runtime import CommRuntime, default_comm_runtime
 from sim.specs import Cluster, Model, Strategy
-from sim.stages import StageParams, layer_params, stage_layers, stage_shapes
+from sim.stages import StageParams, layer_params, stage_layers, stage_parameter_tensors, stage_shapes
 from sim.step import DpCollectives, StagePieces, StageTimes, local_params, stage_pieces, stage_times
 
 
@@ -93,6 +93,7 @@ class StageCost:
     offload_bwd_s: float = 0.0
     offload_grad_s: float = 0.0  # per step
     offload_param_s: float = 0.0
+    zero3_sync_s: float = 0.0  # per pass: ZeRO-3 gathers tensor by tensor (part of zero3_exposed_*)
 
     @property
     def pieces(self) -> StagePieces:
@@ -286,7 +287,8 @@ def dp_collectives(net: Network, s: Strategy, params: StageParams, rt: CommRunti
     return DpCollectives(all_reduce_s=sum(coll("all_reduce", d, n, p, g) for d, n, p in groups),
                          reduce_scatter_s=sum(coll("reduce_scatter", d, n, p, g) for d, n, p in sharded),
                          all_gather_s=sum(coll("all_gather", d, n, p, pg) for d, n, p in sharded),
-                         replica_all_reduce_s=replica)
+                         replica_all_reduce_s=replica,
+                         all_gather_latency_s=coll("all_gather", dense_dim, dense_ranks, 1.0, 1.0))
 
 
 def p2p_time_s(net: Network, s: Strategy, eff: KernelEfficiency, nbytes: float) -> float:
@@ -317,9 +319,11 @@ def pieces_hbm_bytes_per_s(cluster: Cluster, eff: KernelEfficiency) -> float:
 
 
 def stage_pieces_for(plan: Plan, net: Network, eff: KernelEfficiency, params: StageParams, num_layers: int,
-                     layer_fwd_s: float, layer_bwd_s: float, act_bytes: float = 0.0) -> StagePieces:
+                     layer_fwd_s: float, layer_bwd_s: float, act_bytes: float = 0.0, tensors: int = 0) -> StagePieces:
     """``stage_pieces`` of one stage of ``plan`` (floats); ``act_bytes``: the stage's saved
-    activations of one micro-batch (what activation offload moves)."""
+    activations of one micro-batch (what activation offload moves); ``tensors``: its parameter
+    tensors (``sim.stages.stage_parameter_tensors``), gathered one by one under
+    ``Plan.zero3_gather`` ``per_tensor_sync``."""
     s = plan.strategy
     rt = default_comm_runtime()
     return stage_pieces(coll=dp_collectives(net, s, params, rt, eff), zero=s.zero,
@@ -333,7 +337,8 @@ def stage_pieces_for(plan: Plan, net: Network, eff: KernelEfficiency, params: St
                         offload_optimizer=s.offload_optimizer, offload_params=s.offload_params,
                         offload_activations=s.offload_activations, act_bytes=act_bytes,
                         rates=strategy_rates(plan.cluster, s),
-                        bf16_optimizer=plan.deepspeed_bf16_optimizer and s.precision == "bf16")
+                        bf16_optimizer=plan.deepspeed_bf16_optimizer and s.precision == "bf16",
+                        zero3_tensors=tensors if plan.zero3_gather == "per_tensor_sync" else 0)
 
 
 def moe_dispatch_s(plan: Plan, net: Network, eff: KernelEfficiency, nbytes: float) -> float:
@@ -404,7 +409,8 @@ def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | N
         if pieces is None:
             pieces = stage_pieces_for(plan, net, eff, sh.params, len(layers), sum(c.fwd_s for c in costs) + extra_f,
                                       sum(c.bwd_s + c.recompute_s for c in costs) + extra_b,
-                                      act_bytes=float(stage_activation_bytes(sh, *act)))
+                                      act_bytes=float(stage_activation_bytes(sh, *act)),
+                                      tensors=stage_parameter_tensors(model, sh))
             pieces_of[sh.index] = pieces
         stages.append(StageCost(
             stage=i, layers=tuple(layers), layer_costs=costs, extra_fwd_s=extra_f, extra_bwd_s=extra_b,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from sim.catalog import catalog_document
 from sim.errors import InfeasibleError, InputError
-from sim.plan import ATTENTION_IMPLS, GRAD_ACCUMULATION, LOSS_IMPLS, MOE_DISPATCHERS, SELECTIVE_POLICIES
+from sim.plan import ATTENTION_IMPLS, GRAD_ACCUMULATION, LOSS_IMPLS, MOE_DISPATCHERS, SELECTIVE_POLICIES, ZERO3_GATHERS
 from sim.specs import (DEFAULT_ORDER, FP8_RECIPES, OFFLOAD_DEVICES, OFFLOADS, ORDERS, SCHEDULES, TRAIN_PRECISIONS,
                        Strategy)
 from sim.records import Record
@@ -147,13 +147,14 @@ class Framework:
     capabilities: Capabilities = Capabilities()
     moe_dispatcher: str = "alltoall"  # how MoE tokens are dispatched (sim.costs.moe_dispatch_s)
     deepspeed_bf16_optimizer: bool = False  # DeepSpeed engine: BF16_Optimizer for bf16 without ZeRO
+    zero3_gather: str = "bucketed"  # bucketed | per_tensor_sync (DeepSpeed ZeRO-3 of 2021)
     aliases: tuple[str, ...] = ()
     source: str = ""
     notes: str = ""
 
 
 _KEYS = ("id", "name", "aliases", "attention", "dp_overlap", "elementwise", "selective_recompute",
-         "grad_accumulation", "fsdp_copies", "loss", "sequence_parallel_default", "tp_overlap_default", "zero_default", "fp8_weight_cache", "family", "capabilities", "moe_dispatcher", "deepspeed_bf16_optimizer", "source", "notes")
+         "grad_accumulation", "fsdp_copies", "loss", "sequence_parallel_default", "tp_overlap_default", "zero_default", "fp8_weight_cache", "family", "capabilities", "moe_dispatcher", "deepspeed_bf16_optimizer", "zero3_gather", "source", "notes")
 
 
 @functools.cache
@@ -175,6 +176,7 @@ def _frameworks() -> dict[str, Framework]:
                        family=r.text("family", choices=FAMILIES), capabilities=_capabilities(r),
                        moe_dispatcher=r.text("moe_dispatcher", default="alltoall", choices=MOE_DISPATCHERS),
                        deepspeed_bf16_optimizer=r.flag("deepspeed_bf16_optimizer"),
+                       zero3_gather=r.text("zero3_gather", default="bucketed", choices=ZERO3_GATHERS),
                        aliases=r.strings("aliases", lower=False),
                        source=r.text("source"), notes=r.text("notes", default=""))
         for key in (fw.id, *fw.aliases):
@@ -197,7 +199,7 @@ def apply_framework(plan_kwargs: dict, fw: Framework) -> dict:
             "selective_policy": fw.selective_recompute, "grad_accumulation": fw.grad_accumulation,
             "fsdp_copies": fw.fsdp_copies, "loss": fw.loss, "fp8_weight_cache": fw.fp8_weight_cache,
             "uneven_vp": fw.capabilities.uneven_vp, "moe_dispatcher": fw.moe_dispatcher,
-            "deepspeed_bf16_optimizer": fw.deepspeed_bf16_optimizer}
+            "deepspeed_bf16_optimizer": fw.deepspeed_bf16_optimizer, "zero3_gather": fw.zero3_gather}
 
 
 def list_frameworks() -> list[Framework]:

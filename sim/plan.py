@@ -16,6 +16,9 @@ GRAD_ACCUMULATION: tuple[str, ...] = ("fused", "fp32_main_grad", "autograd")
 LOSS_IMPLS: tuple[str, ...] = ("upcast", "inplace", "fused")
 # MoE token dispatch (Megatron-Core --moe-token-dispatcher-type alltoall|allgather|flex with DeepEP)
 MOE_DISPATCHERS: tuple[str, ...] = ("alltoall", "allgather", "deepep")
+# How a ZeRO-3 engine gathers parameters: coalesced buckets with prefetch (FSDP, DeepSpeed >= 0.5.10)
+# or one synchronous collective per parameter tensor (DeepSpeed ZeRO-3 of 2021)
+ZERO3_GATHERS: tuple[str, ...] = ("bucketed", "per_tensor_sync")
 
 _INT_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "mbs", "gbs", "zero", "seq_len", "dp_shard")
 _BOOL_KEYS = ("sp", "tp_overlap", "dp_overlap", "ep_overlap", "pp_overlap", "cuda_graphs")
@@ -61,6 +64,7 @@ class Plan:
     # gradient buffer accumulated every micro-batch, fp32 all-reduce, its own ZeRO-1 sharding of
     # the master weights and Adam states): sim.step.stage_pieces, sim.memory.state_bytes
     deepspeed_bf16_optimizer: bool = False
+    zero3_gather: str = "bucketed"  # ZERO3_GATHERS (sim.step.stage_pieces)
 
     @property
     def bf16_optimizer_active(self) -> bool:
@@ -78,6 +82,8 @@ class Plan:
         if self.selective_policy not in SELECTIVE_POLICIES:
             raise InputError("selective_policy", self.selective_policy,
                              f"must be one of {', '.join(SELECTIVE_POLICIES)}")
+        if self.zero3_gather not in ZERO3_GATHERS:
+            raise InputError("zero3_gather", self.zero3_gather, f"must be one of {', '.join(ZERO3_GATHERS)}")
         if self.moe_dispatcher not in MOE_DISPATCHERS:
             raise InputError("moe-dispatcher", self.moe_dispatcher, f"must be one of {', '.join(MOE_DISPATCHERS)}")
         if isinstance(self.moe_imbalance, bool) or not isinstance(self.moe_imbalance, (int, float)) \

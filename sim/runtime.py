@@ -35,6 +35,8 @@ class CommRuntime:
     fsdp_reduce_copy_bytes_per_param: float = 0.0
     # DeepSpeed BF16_Optimizer: per step over its unsharded fp32 gradient buffer (norm + zeroing)
     bf16_optimizer_full_buffer_bytes_per_param: float = 0.0
+    # 2021 DeepSpeed ZeRO-3: host time per rank of the group for every parameter tensor gathered
+    zero3_host_per_rank_s: float = 0.0
 
     def grad_accumulation_bytes(self, mode: str, microbatches: int) -> float:
         """Bytes per parameter per micro-batch, averaged over the step's micro-batches
@@ -81,7 +83,8 @@ def default_comm_runtime() -> CommRuntime:
                        grad_accumulation_bytes_per_param={k: acc.req(k) for k in acc.rec},
                        fsdp_gather_copy_bytes_per_param=copies.req("all_gather_copy_out_bytes_per_param"),
                        fsdp_reduce_copy_bytes_per_param=copies.req("reduce_scatter_copy_in_bytes_per_param"),
-                       bf16_optimizer_full_buffer_bytes_per_param=bf16.req("full_buffer_bytes_per_param"))
+                       bf16_optimizer_full_buffer_bytes_per_param=bf16.req("full_buffer_bytes_per_param"),
+                       zero3_host_per_rank_s=doc.mapping("zero3_per_tensor_gather").req("host_per_rank_s"))
 
 
 @functools.cache

@@ -138,6 +138,9 @@ class StagePieces:
     offload_bwd_s: Num = 0.0  # (weights and activations in, gradients out)
     offload_grad_s: Num = 0.0  # per step, full duration: gradient shard to the host (ZeRO-1/2)
     offload_param_s: Num = 0.0  # per step, exposed: updated weight shard back to the GPU
+    # part of zero3_exposed_fwd_s and of zero3_exposed_bwd_s: the fixed costs of gathering tensor by
+    # tensor, synchronously (Plan.zero3_gather per_tensor_sync), per micro-batch and pass
+    zero3_sync_s: Num = 0.0
 
     @property
     def param_work_fwd_s(self) -> Num:
@@ -162,6 +165,9 @@ class DpCollectives:
     reduce_scatter_s: float
     all_gather_s: float
     replica_all_reduce_s: float = 0.0  # HSDP: the sharded gradients over the replicas
+    # fixed part of one parameter all-gather over the sharded group (latency steps + launch): what
+    # each extra collective costs when an engine gathers tensor by tensor
+    all_gather_latency_s: float = 0.0
 
 
 def local_params(params: StageParams, zero: Num, dp_size: int, expert_dp: int) -> Num:
@@ -177,7 +183,8 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
                  rt: CommRuntime, eff: KernelEfficiency, accum_bytes_per_param: Num, fp16: bool,
                  fsdp_copies: bool, weight_cast_bytes_per_param: Num = 0.0, offload_optimizer: Num = False,
                  offload_params: Num = False, offload_activations: Num = False, act_bytes: Num = 0.0,
-                 rates: OffloadRates | None = None, bf16_optimizer: bool = False) -> StagePieces:
+                 rates: OffloadRates | None = None, bf16_optimizer: bool = False,
+                 zero3_tensors: int = 0) -> StagePieces:
     """The per-stage pieces (``StagePieces``) of a stage, for one ZeRO stage or an array of them.
 
     ``layer_fwd_s`` / ``layer_bwd_s``: the stage's compute per micro-batch (layers incl.
@@ -194,6 +201,12 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
       parameter at the GPU's achievable HBM rate; gradient accumulation outside the GEMM and
       FSDP2's packing around its collectives likewise (``catalogs/runtime.yaml``), and the fp8
       cast of the weights (``weight_cast_bytes_per_param``, ``sim.compute``).
+    * ZeRO-3 gathered tensor by tensor, synchronously (``zero3_tensors`` > 0: the stage's
+      parameter tensors, DeepSpeed ZeRO-3 of 2021, ``Plan.zero3_gather``): each tensor's gather
+      waits for the GPU (``torch.cuda.synchronize``: a host dispatch floor ``host_op_floor_s``),
+      pays its own collective latency and ``zero3_host_per_rank_s`` of host work per rank of the
+      group (``catalogs/runtime.yaml``), before the forward and again before the backward of
+      every micro-batch; nothing prefetches.
     * DeepSpeed's BF16_Optimizer (``bf16_optimizer``, a bf16 plan of a DeepSpeed profile; it
       runs where the ZeRO stage is 0): the gradients are all-reduced in fp32 as without ZeRO,
       but the master weights and Adam states are sharded over the data-parallel group (its own
@@ -223,6 +236,11 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
         z3b = np.maximum(0.0, ag + rs - layer_bwd_s) + rs / n1
     else:  # no prefetch: every gather and reduce-scatter is on the critical path
         z3f, z3b = ag + 0.0 * layer_fwd_s, ag + rs + 0.0 * layer_bwd_s
+    sync = 0.0
+    if zero3_tensors:  # one synchronous gather per tensor: latency, a drained queue, O(dp) host work
+        per_tensor = coll.all_gather_latency_s + eff.host_op_floor_s + rt.zero3_host_per_rank_s * dp_size
+        sync = np.where(z3, zero3_tensors * per_tensor, 0.0)
+        z3f, z3b = z3f + sync, z3b + sync
     z3f, z3b = np.where(z3, z3f, 0.0), np.where(z3, z3b, 0.0)
     sigma = eff.overlap_compute_slowdown
     slow_f = np.where(z3, sigma * np.maximum(0.0, ag - z3f), 0.0)
@@ -266,7 +284,8 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
                        zero3_exposed_bwd_s=z3b, overlap_slowdown_fwd_s=slow_f, overlap_slowdown_bwd_s=slow_b,
                        optimizer_s=opt_s, grad_accum_s=accum_s, fsdp_copy_fwd_s=copy_f, fsdp_copy_bwd_s=copy_b,
                        fp8_weight_cast_s=cast_s, dp_replica_sync_s=coll.replica_all_reduce_s + 0.0 * z,
-                       offload_fwd_s=off_f, offload_bwd_s=off_b, offload_grad_s=off_g, offload_param_s=off_p)
+                       offload_fwd_s=off_f, offload_bwd_s=off_b, offload_grad_s=off_g, offload_param_s=off_p,
+                       zero3_sync_s=sync + 0.0 * z)
 
 
 def stage_times(*, layer_fwd_s: Num, layer_bwd_s: Num, recompute_s: Num, layer_exposed_fwd_s: Num,

@@ -198,6 +198,11 @@ class Engine:
                     t = env.now
                     yield ev
                     log.append(Entry(u.index, "compute", f"wait all-gather {op} {pc.name}", "dp", t, env.now, True, op))
+                sync = sc.costs.stages[i].zero3_sync_s * pc.param_frac
+                if sync > 0:  # gathered tensor by tensor, each behind a synchronize (sim.step.stage_pieces)
+                    t = env.now
+                    yield env.timeout(sync)
+                    log.append(Entry(u.index, "compute", f"host gathers {op} {pc.name}", "dp", t, env.now, True, op))
             yield from self._piece(u, op, pc, len(pieces) > 1)
             if pc.makes_grads and pc.param_frac > 0 and self._dp[i] is not None:
                 dp = sc.dp[i]
@@ -294,7 +299,8 @@ class Engine:
         prefetch of piece ``j + 1``."""
         i = u.stage
         dp, kind, issued = self.sc.dp[i], self._dp[i], state["ag"]
-        for jj in (j, j + 1):
+        ahead = (j,) if self.sc.costs.stages[i].zero3_sync_s > 0 else (j, j + 1)  # synchronous: no prefetch
+        for jj in ahead:
             if jj < len(pieces) and (op, jj) not in issued:
                 issued[(op, jj)] = self.ag_stream[i].issue(f"all-gather {op} {pieces[jj].name}", kind,  # type: ignore[arg-type]
                                                            dp.gather_bytes * pieces[jj].param_frac, dp.gather_fixed_s)
