@@ -231,3 +231,32 @@ def fit_deepep_dispatch() -> dict[str, float]:
                for k in ("dispatch_gbps", "combine_gbps")]
         out[tier] = round(statistics.median(got), 4)
     return out
+
+
+RING_ENTRY = "ring-flash-attention-zigzag-8gpu"
+
+
+def fit_ring_attention() -> dict[str, Any]:
+    """Per-step overhead of load-balanced ring attention relative to the full kernel, fitted from
+    ring-flash-attention's benchmark (``attention.yaml`` ``ring-flash-attention-zigzag-8gpu``).
+
+    Model: a ring of ``c`` steps over chunks of ``t`` local tokens takes
+    ``1 + (c - 1)/c * delta * t_ref / t`` times the kernel time of the same work: every step
+    after the first adds a merge of the partial output by log-sum-exp (forward) or an fp32
+    accumulation of dQ and the rotating dK/dV (backward) and splits the kernel, costs linear in
+    ``t`` against kernel work quadratic in it.  ``delta`` per architecture and pass from the
+    zigzag ring at ``c = 8``, ``t_ref = 8192``: forward from the forward-only ratio, backward from
+    the forward+backward ratio less the forward part (the flash kernel's own forward/backward
+    split).  Known error: one ring degree and chunk size per GPU; the 1/t scaling is assumed."""
+    e = _entries("attention")[RING_ENTRY]
+    c, t_ref = int(e["ring_degree"]), float(e["local_tokens"])
+    out: dict[str, Any] = {"reference_local_tokens": t_ref}
+    for sysm in e["systems"]:
+        flash, ring = sysm["flash_iter_per_s"], sysm["zigzag_ring_iter_per_s"]
+        t_f0, t_fb0 = 1.0 / flash["fwd"], 1.0 / flash["fwd_bwd"]  # one GPU's chunk, full kernel
+        t_f, t_fb = 1.0 / (c * ring["fwd"]), 1.0 / (c * ring["fwd_bwd"])  # the ring, per chunk of work
+        r_f = t_f / t_f0
+        r_b = (t_fb - t_f) / (t_fb0 - t_f0)
+        out[sysm["architecture"]] = {"fwd": round((r_f - 1) * c / (c - 1), 4), "bwd": round((r_b - 1) * c / (c - 1), 4)}
+    return out
+

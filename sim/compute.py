@@ -91,6 +91,11 @@ class KernelEfficiency:
     attention_curves: Mapping[str, Mapping[str, tuple[SaturatingCurve, SaturatingCurve]]] = field(
         default_factory=dict)
     fp8_recipes: Mapping[str, Fp8Recipe] = field(default_factory=dict)
+    # Ring (context-parallel) attention: architecture -> (fwd, bwd) relative overhead of each
+    # ring step after the first, at ``ring_reference_tokens`` local tokens, scaling as 1/tokens
+    # (planner.fit_kernels.fit_ring_attention); architectures without a benchmark use the mean.
+    ring_step_overhead: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    ring_reference_tokens: float = 0.0
     # Relative standard deviation of sustained speed between GPUs of one SKU in a cluster
     # (catalogs/efficiency.yaml rank_variability, sim/variability.py): a step of N GPUs runs
     # at the slowest one's pace.  0: every GPU equally fast.
@@ -114,6 +119,19 @@ class KernelEfficiency:
         """Compute time of the slowest of ``num_ranks`` GPUs over the median GPU's
         (``sim.variability``); 1 for one GPU or ``gpu_speed_sigma = 0``."""
         return slowest_rank_factor(num_ranks, self.gpu_speed_sigma)
+
+    def ring_slowdown(self, architecture: str, ring_steps: float, local_tokens: float) -> tuple[float, float]:
+        """(fwd, bwd) time of ring attention over ``ring_steps`` chunks of ``local_tokens``
+        queries relative to the same work in one kernel:
+        ``1 + (c - 1)/c * delta * t_ref / t`` (``planner.fit_kernels.fit_ring_attention``)."""
+        if ring_steps <= 1 or not self.ring_step_overhead or local_tokens <= 0:
+            return 1.0, 1.0
+        d = self.ring_step_overhead.get(architecture)
+        if d is None:  # no ring benchmark on this architecture: the mean of those that have one
+            vals = list(self.ring_step_overhead.values())
+            d = (sum(v[0] for v in vals) / len(vals), sum(v[1] for v in vals) / len(vals))
+        k = (ring_steps - 1) / ring_steps * self.ring_reference_tokens / local_tokens
+        return 1.0 + d[0] * k, 1.0 + d[1] * k
 
     def sustained_fraction(self, architecture: str, precision: str) -> float:
         return self.gemm_sustained_by_arch.get(architecture, {}).get(precision, self.gemm_sustained_fraction)
@@ -193,6 +211,11 @@ def kernel_efficiency(fitted: Mapping | None) -> KernelEfficiency:
                 for arch in ac.rec}
         if f.has("fp8_recipes"):
             fitted_recipes = f.rec["fp8_recipes"]
+        if f.has("ring_attention"):
+            ra = f.mapping("ring_attention")
+            d["ring_reference_tokens"] = ra.req("reference_local_tokens", positive=True)
+            d["ring_step_overhead"] = {arch: (ra.mapping(arch).req("fwd"), ra.mapping(arch).req("bwd"))
+                                       for arch in ra.rec if arch != "reference_local_tokens"}
         if f.has("deepep_dispatch"):
             dd = f.mapping("deepep_dispatch")
             d["deepep_dispatch"] = {tier: dd.fraction(tier) for tier in dd.rec}
@@ -310,7 +333,9 @@ def op_time(gpu: Gpu, precision: str, op: Op, eff: KernelEfficiency, *, eager: b
         peak = gpu.peak_flops_per_s("bf16")
         fwd = max(op.flops / (peak * frac[0]), op.hbm_bytes / hbm, floor)
         bwd = max(op.flops * op.backward_flop_factor / (peak * frac[1]), 2 * op.hbm_bytes / hbm, 2 * floor)
-        return OpTime(fwd + over, bwd + 2 * over)
+        # context parallelism: the local queries (m) attend the global keys (n) in n/m ring steps
+        ring_f, ring_b = eff.ring_slowdown(gpu.architecture, op.n / op.m if op.m else 1.0, op.m)
+        return OpTime(fwd * ring_f + over, bwd * ring_b + 2 * over)
     # fp8 applies to linear layers; attention batched GEMMs, router and output layer stay bf16
     gemm_precision = "bf16" if op.name in BF16_GEMMS else precision
     if gemm_precision == "fp8" and "fp8" not in gpu.dense_flops_per_s:
