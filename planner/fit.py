@@ -70,9 +70,18 @@ def fit_scale_up(mb: Mapping[str, Any]) -> dict:
             effs["h200-nvlink4"] = e["busbw_GBps_nvls_off"]["8"] * 1e9 / 450e9
         if e.get("busbw_GBps_nvls_off") and "B200" in e["system"]:
             effs["b200-nvlink5"] = e["busbw_GBps_nvls_off"]["8"] * 1e9 / 900e9
+    # NVLink SHARP (NVLS): NCCL's default all-reduce on NVSwitch systems against the ring
+    # (NCCL_NVLS_ENABLE=0), per generation and group size (the switch reduces in-network)
+    nvls = {}
+    for e in mb["allreduce_busbw"]["entries"]:
+        on, off = e.get("busbw_GBps_default"), e.get("busbw_GBps_nvls_off")
+        gen = "nvlink4" if "H200" in e.get("system", "") else ("nvlink5" if "B200" in e.get("system", "") else None)
+        if on and off and gen:
+            nvls[gen] = {int(n): round(max(1.0, on[n] / off[n]), 4) for n in on if n in off}
     return {"bandwidth_efficiency": round(statistics.median(effs.values()), 4),
             "step_latency_s": float(f"{ab.step_latency_s:.3g}"),
             "per_generation": {k: round(v, 4) for k, v in effs.items()},
+            "nvls_all_reduce_gain": nvls,
             "max_rel_error_a100_curve": round(ab.max_rel_error, 3)}
 
 

@@ -278,10 +278,20 @@ def network_size_curves(fitted: Mapping | None = None) -> dict[str, object]:
     return {tier: SizeCurve(points) for tier, points in (fitted.get("size_curves") or {}).items()}
 
 
+def nvls_gain(scale_up_link: str | None = None, fitted: Mapping | None = None) -> dict[int, float]:
+    """NVLink SHARP all-reduce bus bandwidth over the ring's, by group size, on the NVSwitch
+    generation ``scale_up_link`` (fitted from NCCL sweeps with NVLS on and off: H200 for
+    NVLink4, B200 for NVLink5); empty where NVLS does not exist (A100's NVSwitch, PCIe)."""
+    fitted = catalog_fitted() if fitted is None else fitted
+    table = (fitted.get("scale_up") or {}).get("nvls_all_reduce_gain") or {}
+    return {int(n): float(g) for n, g in (table.get(scale_up_link or "") or {}).items()}
+
+
 def network_kwargs(scale_up_link: str | None = None, fitted: Mapping | None = None) -> dict[str, object]:
     """Keyword arguments of the calibrated ``sim.network.Network``: large-message efficiency
-    per tier (``network_efficiency``) and the size curves (``network_size_curves``)."""
-    return {"bandwidth_efficiency": network_efficiency(scale_up_link, fitted),
+    per tier (``network_efficiency``), the size curves (``network_size_curves``) and the
+    NVLS all-reduce gain of the scale-up generation (``nvls_gain``)."""
+    return {"bandwidth_efficiency": network_efficiency(scale_up_link, fitted), "nvls_gain": nvls_gain(scale_up_link, fitted),
             "size_curves": network_size_curves(fitted)}
 
 

@@ -223,7 +223,19 @@ def layer_cost(plan: Plan, net: Network, lops: LayerOps, eff: KernelEfficiency, 
         one = net.dim_collective_time_s("all_reduce", s, "etp", lops.etp_comm_bytes) + eff.collective_overhead_s
         tp_f += one
         tp_b += one * (2 if s.recompute == "full" else 1)
-    if s.tp_overlap:  # async TP / userbuffers: hidden behind the GEMMs it feeds
+    tp_reduce_f = tp_reduce_b = 0.0
+    if s.tp_overlap and plan.tp_overlap_kind == "async_tp" and s.tp > 1:
+        # PyTorch micro-pipelined TP (torch/distributed/_symmetric_memory: fused all-gather-matmul
+        # and matmul-reduce-scatter in tp chunks): the last chunk's transfer cannot overlap, and
+        # the reduce-scatter's stacked partials (tp chunks of the output) are summed by one more
+        # kernel after the last chunk: read the unreduced output, write the shard
+        n = s.tp
+        ex_tp_f = tp_f / n + max(0.0, tp_f * (n - 1) / n - mm_f)
+        ex_tp_b = tp_b / n + max(0.0, tp_b * (n - 1) / n - mm_b)
+        reduce_one = slowest * lops.tp_comm_bytes * (1 + 1 / n) / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency)
+        tp_reduce_f = lops.tp_collectives_per_pass * reduce_one
+        tp_reduce_b = tp_reduce_f * (2 if s.recompute == "full" else 1)
+    elif s.tp_overlap:  # userbuffers (Transformer Engine): pipelined ring exchange hidden behind the GEMMs
         ex_tp_f, ex_tp_b = max(0.0, tp_f - mm_f), max(0.0, tp_b - mm_b)
     else:
         ex_tp_f, ex_tp_b = tp_f, tp_b
@@ -253,7 +265,7 @@ def layer_cost(plan: Plan, net: Network, lops: LayerOps, eff: KernelEfficiency, 
     sigma = eff.overlap_compute_slowdown
     slow_f = sigma * ((tp_f - ex_tp_f) + (cp_f - ex_cp_f) + (ep_f - ex_ep_f))
     slow_b = sigma * ((tp_b - ex_tp_b) + (cp_b - ex_cp_b) + (ep_b - ex_ep_b))
-    fwd, bwd = fwd + slow_f, bwd + slow_b
+    fwd, bwd = fwd + slow_f + tp_reduce_f, bwd + slow_b + tp_reduce_b
 
     return LayerCost(
         fwd_s=fwd, bwd_s=bwd, recompute_s=recompute_s, attention_fwd_s=attn_f, matmul_fwd_s=mm_f,

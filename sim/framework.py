@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from sim.catalog import catalog_document
 from sim.errors import InfeasibleError, InputError
-from sim.plan import ATTENTION_IMPLS, GRAD_ACCUMULATION, LOSS_IMPLS, MOE_DISPATCHERS, SELECTIVE_POLICIES, ZERO3_GATHERS
+from sim.plan import ATTENTION_IMPLS, GRAD_ACCUMULATION, LOSS_IMPLS, MOE_DISPATCHERS, SELECTIVE_POLICIES, TP_OVERLAP_KINDS, ZERO3_GATHERS
 from sim.specs import (DEFAULT_ORDER, FP8_RECIPES, OFFLOAD_DEVICES, OFFLOADS, ORDERS, SCHEDULES, TRAIN_PRECISIONS,
                        Strategy)
 from sim.records import Record
@@ -148,13 +148,14 @@ class Framework:
     moe_dispatcher: str = "alltoall"  # how MoE tokens are dispatched (sim.costs.moe_dispatch_s)
     deepspeed_bf16_optimizer: bool = False  # DeepSpeed engine: BF16_Optimizer for bf16 without ZeRO
     zero3_gather: str = "bucketed"  # bucketed | per_tensor_sync (DeepSpeed ZeRO-3 of 2021)
+    tp_overlap_kind: str = "userbuffers"  # userbuffers (TE) | async_tp (torch.compile micro-pipelining)
     aliases: tuple[str, ...] = ()
     source: str = ""
     notes: str = ""
 
 
 _KEYS = ("id", "name", "aliases", "attention", "dp_overlap", "elementwise", "selective_recompute",
-         "grad_accumulation", "fsdp_copies", "loss", "sequence_parallel_default", "tp_overlap_default", "zero_default", "fp8_weight_cache", "family", "capabilities", "moe_dispatcher", "deepspeed_bf16_optimizer", "zero3_gather", "source", "notes")
+         "grad_accumulation", "fsdp_copies", "loss", "sequence_parallel_default", "tp_overlap_default", "zero_default", "fp8_weight_cache", "family", "capabilities", "moe_dispatcher", "deepspeed_bf16_optimizer", "zero3_gather", "tp_overlap_kind", "source", "notes")
 
 
 @functools.cache
@@ -177,6 +178,7 @@ def _frameworks() -> dict[str, Framework]:
                        moe_dispatcher=r.text("moe_dispatcher", default="alltoall", choices=MOE_DISPATCHERS),
                        deepspeed_bf16_optimizer=r.flag("deepspeed_bf16_optimizer"),
                        zero3_gather=r.text("zero3_gather", default="bucketed", choices=ZERO3_GATHERS),
+                       tp_overlap_kind=r.text("tp_overlap_kind", default="userbuffers", choices=TP_OVERLAP_KINDS),
                        aliases=r.strings("aliases", lower=False),
                        source=r.text("source"), notes=r.text("notes", default=""))
         for key in (fw.id, *fw.aliases):
@@ -199,7 +201,8 @@ def apply_framework(plan_kwargs: dict, fw: Framework) -> dict:
             "selective_policy": fw.selective_recompute, "grad_accumulation": fw.grad_accumulation,
             "fsdp_copies": fw.fsdp_copies, "loss": fw.loss, "fp8_weight_cache": fw.fp8_weight_cache,
             "uneven_vp": fw.capabilities.uneven_vp, "moe_dispatcher": fw.moe_dispatcher,
-            "deepspeed_bf16_optimizer": fw.deepspeed_bf16_optimizer, "zero3_gather": fw.zero3_gather}
+            "deepspeed_bf16_optimizer": fw.deepspeed_bf16_optimizer, "zero3_gather": fw.zero3_gather,
+            "tp_overlap_kind": fw.tp_overlap_kind}
 
 
 def list_frameworks() -> list[Framework]:

@@ -19,6 +19,10 @@ MOE_DISPATCHERS: tuple[str, ...] = ("alltoall", "allgather", "deepep")
 # How a ZeRO-3 engine gathers parameters: coalesced buckets with prefetch (FSDP, DeepSpeed >= 0.5.10)
 # or one synchronous collective per parameter tensor (DeepSpeed ZeRO-3 of 2021)
 ZERO3_GATHERS: tuple[str, ...] = ("bucketed", "per_tensor_sync")
+# How tp_overlap hides tensor-parallel communication: Transformer Engine userbuffers (Megatron-Core,
+# NeMo: ring-exchange pipelined with the GEMM chunks) or PyTorch's compiler micro-pipelining
+# (async TP: symmetric-memory chunks, the reduce-scatter's partials summed by a kernel at the end)
+TP_OVERLAP_KINDS: tuple[str, ...] = ("userbuffers", "async_tp")
 
 _INT_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "mbs", "gbs", "zero", "seq_len", "dp_shard")
 _BOOL_KEYS = ("sp", "tp_overlap", "dp_overlap", "ep_overlap", "pp_overlap", "cuda_graphs")
@@ -65,6 +69,7 @@ class Plan:
     # the master weights and Adam states): sim.step.stage_pieces, sim.memory.state_bytes
     deepspeed_bf16_optimizer: bool = False
     zero3_gather: str = "bucketed"  # ZERO3_GATHERS (sim.step.stage_pieces)
+    tp_overlap_kind: str = "userbuffers"  # TP_OVERLAP_KINDS (sim.costs.layer_cost)
 
     @property
     def bf16_optimizer_active(self) -> bool:
@@ -82,6 +87,8 @@ class Plan:
         if self.selective_policy not in SELECTIVE_POLICIES:
             raise InputError("selective_policy", self.selective_policy,
                              f"must be one of {', '.join(SELECTIVE_POLICIES)}")
+        if self.tp_overlap_kind not in TP_OVERLAP_KINDS:
+            raise InputError("tp_overlap_kind", self.tp_overlap_kind, f"must be one of {', '.join(TP_OVERLAP_KINDS)}")
         if self.zero3_gather not in ZERO3_GATHERS:
             raise InputError("zero3_gather", self.zero3_gather, f"must be one of {', '.join(ZERO3_GATHERS)}")
         if self.moe_dispatcher not in MOE_DISPATCHERS:
