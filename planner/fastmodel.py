@@ -34,7 +34,7 @@ import numpy as np
 
 from sim.compute import KernelEfficiency, default_efficiency, fp8_weight_cast_bytes_per_param
 from sim.costs import (LayerCost, default_network, dp_collectives, end_costs, plan_layer_ops,
-                       layer_cost, p2p_bytes, p2p_time_s, pieces_hbm_bytes_per_s)
+                       host_sync_counts, layer_cost, p2p_bytes, p2p_time_s, pieces_hbm_bytes_per_s)
 from sim.memory import activation_bytes_per_layer, inflight, stage_activation_bytes, stage_memory
 from sim.network import Network
 from sim.offload import OffloadRates, host_spec, offload_constants, offload_rates
@@ -339,7 +339,8 @@ class FastModel:
                                   act_bytes=stage_activation_bytes(sh, dense_act, moe_act) if timed_offload else 0.0,
                                   rates=rates, bf16_optimizer=probe.deepspeed_bf16_optimizer and layout.precision == "bf16",
                                   zero3_tensors=(stage_parameter_tensors(model, sh)
-                                                 if probe.zero3_gather == "per_tensor_sync" else 0))
+                                                 if probe.zero3_gather == "per_tensor_sync" else 0),
+                                  host_syncs=host_sync_counts(probe.host_syncs, layout.pp))
             stages.append(stage_times(layer_fwd_s=lf, layer_bwd_s=lb, recompute_s=lr,
                                       layer_exposed_fwd_s=layer_sum(sh, "exposed_fwd_s"),
                                       layer_exposed_bwd_s=layer_sum(sh, "exposed_bwd_s"), extra_fwd_s=ef,

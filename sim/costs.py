@@ -20,7 +20,7 @@ from sim.memory import activation_bytes_per_layer, stage_activation_bytes
 from sim.network import Network
 from sim.offload import offload_bytes, strategy_rates
 from sim.ops import LayerOps, embedding_ops, head_ops, layer_ops
-from sim.plan import Plan
+from sim.plan import HostSyncs, Plan
 from sim.runtime import CommRuntime, default_comm_runtime
 from sim.specs import Cluster, Model, Strategy
 from sim.stages import StageParams, layer_params, stage_layers, stage_parameter_tensors, stage_shapes
@@ -94,6 +94,8 @@ class StageCost:
     offload_grad_s: float = 0.0  # per step
     offload_param_s: float = 0.0
     zero3_sync_s: float = 0.0  # per pass: ZeRO-3 gathers tensor by tensor (part of zero3_exposed_*)
+    host_sync_fwd_s: float = 0.0  # per micro-batch and chunk pass: host synchronisations (Plan.host_syncs)
+    host_sync_bwd_s: float = 0.0
 
     @property
     def pieces(self) -> StagePieces:
@@ -322,6 +324,14 @@ def p2p_bytes(model: Model, s: Strategy) -> float:
     return 2.0 * s.mbs * (s.seq_len // s.cp) * model.hidden_size / s.tp
 
 
+def host_sync_counts(h: HostSyncs, pp: int) -> tuple[float, float, float]:
+    """(forward, backward, per-step) host synchronisations of a framework (``Plan.host_syncs``)
+    with ``pp`` pipeline stages; a pipelined stage's p2p syncs split between its forward and
+    backward."""
+    p2p = h.p2p / 2 if pp > 1 else 0.0
+    return h.forward + p2p, h.backward + p2p, float(h.step)
+
+
 def pieces_hbm_bytes_per_s(cluster: Cluster, eff: KernelEfficiency) -> float:
     """HBM rate of the memory-bound per-parameter passes (optimizer, gradient accumulation,
     FSDP copies, fp8 weight casts): the GPU's achievable rate on the job's slowest GPU
@@ -350,7 +360,8 @@ def stage_pieces_for(plan: Plan, net: Network, eff: KernelEfficiency, params: St
                         offload_activations=s.offload_activations, act_bytes=act_bytes,
                         rates=strategy_rates(plan.cluster, s),
                         bf16_optimizer=plan.deepspeed_bf16_optimizer and s.precision == "bf16",
-                        zero3_tensors=tensors if plan.zero3_gather == "per_tensor_sync" else 0)
+                        zero3_tensors=tensors if plan.zero3_gather == "per_tensor_sync" else 0,
+                        host_syncs=host_sync_counts(plan.host_syncs, s.pp))
 
 
 def moe_dispatch_s(plan: Plan, net: Network, eff: KernelEfficiency, nbytes: float) -> float:

@@ -32,6 +32,27 @@ _ALIASES = {"seq": "seq_len", "micro_batch": "mbs", "global_batch": "gbs", "zero
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class HostSyncs:
+    """Host synchronisations (``torch.cuda.synchronize`` or a device-to-host copy such as
+    ``.item()`` / ``.cpu()``) a framework makes per micro-batch and model chunk in the forward,
+    the backward and around each pipeline send or receive, and per optimizer step.  Each drains
+    the GPU's queue: the GPU then idles while the host issues the next kernel
+    (``sim.step.stage_pieces``).  Counted from each framework's code (``catalogs/frameworks.yaml``
+    ``host_syncs``); zero for stacks whose timers do not synchronise by default."""
+
+    forward: int = 0
+    backward: int = 0
+    p2p: int = 0  # per micro-batch and chunk on a stage that sends and receives
+    step: int = 0
+
+    def __post_init__(self) -> None:
+        for n in ("forward", "backward", "p2p", "step"):
+            v = getattr(self, n)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise InputError(f"host_syncs.{n}", v, "must be an integer >= 0")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Plan:
     """What to simulate.
 
@@ -70,6 +91,7 @@ class Plan:
     deepspeed_bf16_optimizer: bool = False
     zero3_gather: str = "bucketed"  # ZERO3_GATHERS (sim.step.stage_pieces)
     tp_overlap_kind: str = "userbuffers"  # TP_OVERLAP_KINDS (sim.costs.layer_cost)
+    host_syncs: HostSyncs = HostSyncs()  # host synchronisations per micro-batch and per step
 
     @property
     def bf16_optimizer_active(self) -> bool:

@@ -87,6 +87,8 @@ class StageTimes:
     dp_replica_sync_s: Num = 0.0
     offload_grad_s: Num = 0.0  # per step: gradient shard to the host behind the reduction (ZeRO-1/2)
     offload_param_s: Num = 0.0  # per step: updated weights back from the host, after the optimizer
+    host_sync_fwd_s: Num = 0.0  # per micro-batch and chunk pass: host synchronisations (Plan.host_syncs)
+    host_sync_bwd_s: Num = 0.0
     count: int = 1
     before: tuple[int, ...] = ()
 
@@ -95,8 +97,8 @@ class StageTimes:
         (``vp`` of each per micro-batch under interleaving, as Megatron's 1F1B issues them):
         blocking, or with ``pp_overlap`` (Megatron-Core ``overlap_p2p_comm``: sends on their own
         stream) hidden behind the next chunk's compute, only the excess exposed."""
-        f = self.compute_fwd_s + self.exposed_fwd_s
-        b = self.compute_bwd_s + self.exposed_bwd_s
+        f = self.compute_fwd_s + self.exposed_fwd_s + vp * self.host_sync_fwd_s
+        b = self.compute_bwd_s + self.exposed_bwd_s + vp * self.host_sync_bwd_s
         send_f = np.where(pp_overlap, np.maximum(0.0, self.p2p_s - f / vp), self.p2p_s)
         send_b = np.where(pp_overlap, np.maximum(0.0, self.p2p_s - b / vp), self.p2p_s)
         return f + self.fwd_sends * vp * send_f, b + self.bwd_sends * vp * send_b
@@ -141,6 +143,10 @@ class StagePieces:
     # part of zero3_exposed_fwd_s and of zero3_exposed_bwd_s: the fixed costs of gathering tensor by
     # tensor, synchronously (Plan.zero3_gather per_tensor_sync), per micro-batch and pass
     zero3_sync_s: Num = 0.0
+    # host synchronisations (Plan.host_syncs): per micro-batch and model chunk, the GPU idles
+    # one host dispatch per sync; the per-step ones are in optimizer_s
+    host_sync_fwd_s: Num = 0.0
+    host_sync_bwd_s: Num = 0.0
 
     @property
     def param_work_fwd_s(self) -> Num:
@@ -184,7 +190,7 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
                  fsdp_copies: bool, weight_cast_bytes_per_param: Num = 0.0, offload_optimizer: Num = False,
                  offload_params: Num = False, offload_activations: Num = False, act_bytes: Num = 0.0,
                  rates: OffloadRates | None = None, bf16_optimizer: bool = False,
-                 zero3_tensors: int = 0) -> StagePieces:
+                 zero3_tensors: int = 0, host_syncs: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> StagePieces:
     """The per-stage pieces (``StagePieces``) of a stage, for one ZeRO stage or an array of them.
 
     ``layer_fwd_s`` / ``layer_bwd_s``: the stage's compute per micro-batch (layers incl.
@@ -207,6 +213,10 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
       pays its own collective latency and ``zero3_host_per_rank_s`` of host work per rank of the
       group (``catalogs/runtime.yaml``), before the forward and again before the backward of
       every micro-batch; nothing prefetches.
+    * Host synchronisations (``host_syncs``: forward and backward per micro-batch and chunk,
+      per step; counts from ``Plan.host_syncs``): each drains the GPU's queue, which then waits
+      one host dispatch (``host_op_floor_s``) for the next kernel; the per-step ones join the
+      optimizer step.
     * DeepSpeed's BF16_Optimizer (``bf16_optimizer``, a bf16 plan of a DeepSpeed profile; it
       runs where the ZeRO stage is 0): the gradients are all-reduced in fp32 as without ZeRO,
       but the master weights and Adam states are sharded over the data-parallel group (its own
@@ -249,7 +259,8 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
     local = local_params(params, np.where(bf16opt, 1, z), dp_size, expert_dp)
     opt_bytes = rt.optimizer_bytes_per_param + (rt.fp16_extra_bytes_per_param if fp16 else 0.0)
     opt_s = (local * opt_bytes
-             + np.where(bf16opt, params.total * rt.bf16_optimizer_full_buffer_bytes_per_param, 0.0)) / hbm_bytes_per_s
+             + np.where(bf16opt, params.total * rt.bf16_optimizer_full_buffer_bytes_per_param, 0.0)) / hbm_bytes_per_s \
+        + host_syncs[2] * eff.host_op_floor_s
     # weight gradients of each micro-batch added into the step's buffer (FSDP: into the shard)
     accum = np.where(bf16opt, rt.grad_accumulation_bytes_per_param.get("deepspeed_bf16", 0.0), accum_bytes_per_param)
     accum_s = np.where(z3, local, params.total) * accum / hbm_bytes_per_s
@@ -285,7 +296,8 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
                        optimizer_s=opt_s, grad_accum_s=accum_s, fsdp_copy_fwd_s=copy_f, fsdp_copy_bwd_s=copy_b,
                        fp8_weight_cast_s=cast_s, dp_replica_sync_s=coll.replica_all_reduce_s + 0.0 * z,
                        offload_fwd_s=off_f, offload_bwd_s=off_b, offload_grad_s=off_g, offload_param_s=off_p,
-                       zero3_sync_s=sync + 0.0 * z)
+                       zero3_sync_s=sync + 0.0 * z,
+                       host_sync_fwd_s=host_syncs[0] * eff.host_op_floor_s, host_sync_bwd_s=host_syncs[1] * eff.host_op_floor_s)
 
 
 def stage_times(*, layer_fwd_s: Num, layer_bwd_s: Num, recompute_s: Num, layer_exposed_fwd_s: Num,
@@ -304,7 +316,8 @@ def stage_times(*, layer_fwd_s: Num, layer_bwd_s: Num, recompute_s: Num, layer_e
         p2p_s=p2p_s, weight_grad_s=0.5 * layer_bwd_s, dp_grad_sync_s=pieces.dp_grad_sync_s,
         dp_param_gather_s=pieces.dp_param_gather_s, optimizer_s=pieces.optimizer_s, num_layers=num_layers,
         dp_replica_sync_s=pieces.dp_replica_sync_s, offload_grad_s=pieces.offload_grad_s,
-        offload_param_s=pieces.offload_param_s,
+        offload_param_s=pieces.offload_param_s, host_sync_fwd_s=pieces.host_sync_fwd_s,
+        host_sync_bwd_s=pieces.host_sync_bwd_s,
         fwd_sends=0 if last else 1, bwd_sends=0 if first else 1, count=count, before=before)
 
 

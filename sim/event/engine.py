@@ -190,6 +190,12 @@ class Engine:
         zero3 = sc.zero == 3 and self._dp[i] is not None
         pieces = layers if (final or zero3) else (agg,)
         op = f"{ph}{mb}" + (f".{c}" if sc.v > 1 else "")
+        st_cost = sc.costs.stages[i]
+        host = st_cost.host_sync_fwd_s if ph == "F" else (st_cost.host_sync_bwd_s if ph == "B" else 0.0)
+        if host > 0:  # host synchronisations of the framework (Plan.host_syncs): the GPU waits for the host
+            t = env.now
+            yield env.timeout(host)
+            log.append(Entry(u.index, "compute", f"host syncs {op}", "compute", t, env.now, True, op))
         t_start = env.now
         for j, pc in enumerate(pieces):
             if zero3 and ph != "W":
