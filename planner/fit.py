@@ -7,7 +7,8 @@
    the fixed cost of a collective call, and the per-tier size curves (``sim.fitting``);
 2. **kernels** from ``catalogs/microbenchmarks/`` (``planner.fit_kernels``): the sustained GEMM
    fraction per architecture, the fp8 recipes' quantization cost, attention efficiency vs
-   sequence length, the per-step overhead of ring (context-parallel) attention;
+   sequence length, the per-step overhead of ring (context-parallel) attention, the sustained-over-
+   burst compute rate (long-running GEMM sweeps against mamf-finder's bursts);
 3. **GEMM shape factor and the fallback sustained fraction** (GPUs without a training-shape
    GEMM benchmark, i.e. Ampere) from Korthikanti et al. 2022 Table 4's per-layer timings and
    half of the vTrain multi-node rows, and the **host dispatch floor** from a quarter of the
@@ -35,7 +36,7 @@ from sim.fitting import fit_ring_all_reduce, fit_scalar, parse_size
 from sim.network import Network, SizeCurve
 
 from planner.fit_kernels import (fit_attention_curves, fit_deepep_dispatch, fit_fp8_recipes, fit_gemm_per_architecture,
-                                 fit_ring_attention)
+                                 fit_ring_attention, fit_sustained_clock)
 from planner.vtrain import load_vtrain
 
 # Source keys of the training-run data the fit reads (planner.reference.source_of names the same).
@@ -280,6 +281,7 @@ def fit_all(exclude: frozenset[str] | set[str] = frozenset()) -> dict:
     out["attention_curves"] = fit_attention_curves()
     out["deepep_dispatch"] = fit_deepep_dispatch()
     out["ring_attention"] = fit_ring_attention()
+    out["sustained_clock"] = fit_sustained_clock()
     per_arch = fit_gemm_per_architecture()
     # The GEMM shape factor and the host floor interact (a floored op hides its shape), so
     # they are fitted alternately from the catalog defaults until both stop moving.

@@ -95,6 +95,10 @@ class KernelEfficiency:
     # ring step after the first, at ``ring_reference_tokens`` local tokens, scaling as 1/tokens
     # (planner.fit_kernels.fit_ring_attention); architectures without a benchmark use the mean.
     ring_step_overhead: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    # Compute rate a GPU sustains under continuous load over the short-burst rate the kernel
+    # benchmarks measured, per architecture (planner.fit_kernels.fit_sustained_clock); 1 where no
+    # same-era sustained sweep exists.
+    sustained_clock_by_arch: Mapping[str, float] = field(default_factory=dict)
     ring_reference_tokens: float = 0.0
     # Relative standard deviation of sustained speed between GPUs of one SKU in a cluster
     # (catalogs/efficiency.yaml rank_variability, sim/variability.py): a step of N GPUs runs
@@ -211,6 +215,10 @@ def kernel_efficiency(fitted: Mapping | None) -> KernelEfficiency:
                 for arch in ac.rec}
         if f.has("fp8_recipes"):
             fitted_recipes = f.rec["fp8_recipes"]
+        if f.has("sustained_clock"):
+            sc = f.mapping("sustained_clock")
+            per = sc.mapping("per_architecture") if sc.has("per_architecture") else None
+            d["sustained_clock_by_arch"] = {a: per.fraction(a) for a in per.rec} if per is not None else {}
         if f.has("ring_attention"):
             ra = f.mapping("ring_attention")
             d["ring_reference_tokens"] = ra.req("reference_local_tokens", positive=True)
@@ -318,7 +326,7 @@ def gemm_half_dim(gpu: Gpu, precision: str, eff: KernelEfficiency) -> float:
 def matmul_efficiency(gpu: Gpu, precision: str, op: Op, eff: KernelEfficiency) -> float:
     base = gpu.achievable_matmul_fraction(precision)
     if op.kind == "matmul":
-        base *= eff.sustained_fraction(gpu.architecture, precision)
+        base *= eff.sustained_fraction(gpu.architecture, precision) * eff.sustained_clock_by_arch.get(gpu.architecture, 1.0)
     if eff.gemm_half_dim > 0 and op.kind == "matmul":
         d = min(op.m, op.n, op.k)
         base *= d / (d + gemm_half_dim(gpu, precision, eff))
@@ -340,7 +348,7 @@ def op_time(gpu: Gpu, precision: str, op: Op, eff: KernelEfficiency, *, eager: b
     if op.kind == "attention":
         frac = eff.attention_fraction(gpu.architecture, op.kernel or "flash", op.m,
                                       gpu.achievable_matmul_fraction("bf16"))
-        peak = gpu.peak_flops_per_s("bf16")
+        peak = gpu.peak_flops_per_s("bf16") * eff.sustained_clock_by_arch.get(gpu.architecture, 1.0)
         fwd = max(op.flops / (peak * frac[0]), op.hbm_bytes / hbm, floor)
         bwd = max(op.flops * op.backward_flop_factor / (peak * frac[1]), 2 * op.hbm_bytes / hbm, 2 * floor)
         # context parallelism: the local queries (m) attend the global keys (n) in n/m ring steps
