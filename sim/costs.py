@@ -217,12 +217,18 @@ def layer_cost(plan: Plan, net: Network, lops: LayerOps, eff: KernelEfficiency, 
         recompute_s = recompute_flops = 0.0
 
     tp_f = tp_b = 0.0
-    if s.tp > 1 and lops.tp_comm_bytes:
+    if s.tp > 1 and lops.tp_comm_bytes and s.sp:  # sequence parallelism: reduce-scatter + all-gather
+        one = (net.dim_collective_time_s("reduce_scatter", s, "tp", lops.tp_comm_bytes)
+               + net.dim_collective_time_s("all_gather", s, "tp", lops.tp_comm_bytes) + 2 * eff.collective_overhead_s)
+        tp_f = lops.tp_collectives_per_pass * one
+        tp_b = lops.tp_collectives_per_pass * one * (2 if s.recompute == "full" else 1)
+    elif s.tp > 1 and lops.tp_comm_bytes:
         one = net.dim_collective_time_s("all_reduce", s, "tp", lops.tp_comm_bytes) + eff.collective_overhead_s
         tp_f = lops.tp_collectives_per_pass * one
         tp_b = lops.tp_collectives_per_pass * one * (2 if s.recompute == "full" else 1)
     if lops.etp_comm_bytes:  # experts' own tensor parallelism (etp != tp): gather + reduce-scatter
-        one = net.dim_collective_time_s("all_reduce", s, "etp", lops.etp_comm_bytes) + eff.collective_overhead_s
+        one = (net.dim_collective_time_s("reduce_scatter", s, "etp", lops.etp_comm_bytes)
+               + net.dim_collective_time_s("all_gather", s, "etp", lops.etp_comm_bytes) + 2 * eff.collective_overhead_s)
         tp_f += one
         tp_b += one * (2 if s.recompute == "full" else 1)
     tp_reduce_f = tp_reduce_b = 0.0
