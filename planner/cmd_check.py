@@ -70,10 +70,12 @@ def cmd_check_published(args: argparse.Namespace) -> int:
         print(f"{d['id'][:58]:<58} {pub:>9} {d['predicted_step_time_s']:9.3f} "
               f"{_pct(d['step_time_error']):>7}  {_util(d):>18}  {mem:>17} {_pct(d['memory_error']):>7}")
     print("-" * len(head))
-    print(f"{'source':<36} {'runs':>4} {'median':>7} {'p90':>7} {'max':>7}   {'memory runs':>11} {'median':>7}")
+    print(f"{'source':<36} {'runs':>4} {'median':>7} {'p90':>7} {'max':>7} {'signed':>7}   {'memory runs':>11} "
+          f"{'median':>7}")
     for src, s in list(by_source.items()) + [("all", summ)]:
         print(f"{src[:36]:<36} {s['num_runs']:>4} {_frac(s['median_abs_step_error']):>7} "
-              f"{_frac(s['p90_abs_step_error']):>7} {_frac(s['max_abs_step_error']):>7}   "
+              f"{_frac(s['p90_abs_step_error']):>7} {_frac(s['max_abs_step_error']):>7} "
+              f"{_pct(s['signed_median_step_error']):>7}   "
               f"{s['num_memory_rows']:>11} {_frac(s['median_abs_memory_error']) if s['num_memory_rows'] else '':>7}")
     if "band_coverage" in summ:
         by = ", ".join(f"{k} {v['coverage']:.0%} of {v['runs']}" for k, v in summ["band_coverage_by_class"].items())

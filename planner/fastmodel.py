@@ -34,7 +34,7 @@ import numpy as np
 
 from sim.compute import KernelEfficiency, default_efficiency, fp8_weight_cast_bytes_per_param
 from sim.costs import (LayerCost, default_network, dp_collectives, end_costs, plan_layer_ops,
-                       layer_cost, p2p_bytes, p2p_time_s)
+                       host_sync_counts, layer_cost, p2p_bytes, p2p_time_s, pieces_hbm_bytes_per_s)
 from sim.memory import (head_activation_bytes, inflight, layer_activations, layer_backward_bytes,
                         recompute_time_fraction, split_of, stage_activation_bytes, stage_memory,
                         fp8_weight_cache_of)
@@ -43,7 +43,7 @@ from sim.offload import OffloadRates, host_spec, offload_constants, offload_rate
 from sim.plan import Plan
 from sim.runtime import default_comm_runtime, default_runtime, device_extra_bytes, state_layout
 from sim.specs import Cluster, Model, Strategy
-from sim.stages import StageShape, layer_params, stage_index_shapes, stage_shapes
+from sim.stages import StageShape, layer_params, stage_index_shapes, stage_parameter_tensors, stage_shapes
 from sim.step import DpCollectives, compose, stage_pieces, stage_times
 
 
@@ -306,7 +306,8 @@ class FastModel:
                                    recompute_inputs=fi, recompute_full=ff, recompute_transient=tl,
                                    backward_bytes=back, head_act_bytes=head_act, device_extra_bytes=extra,
                                    eager=probe.eager_elementwise, norm_tokens=norm_tok, selective_op=selective,
-                                   fp8_cached_weights=fp8_weight_cache_of(layout.precision, probe.fp8_weight_cache))
+                                   fp8_cached_weights=fp8_weight_cache_of(layout.precision, probe.fp8_weight_cache),
+                                   bf16_optimizer=probe.deepspeed_bf16_optimizer and layout.precision == "bf16")
                 peak = np.maximum(peak, mem.total_bytes)
                 if any_offload:
                     host, nvme = np.maximum(host, mem.host_bytes), np.maximum(nvme, mem.nvme_bytes)
@@ -349,7 +350,7 @@ class FastModel:
 
         p2p = np.array([[self._p2p_s(layout, mbs, sp) for sp in grid.sp] for mbs in grid.mbs],
                        dtype=float).reshape(M, S, 1, 1, 1)
-        hbm = cl.gpu.hbm_bytes_per_s * cl.gpu.hbm_efficiency
+        hbm = pieces_hbm_bytes_per_s(cl, self.eff)
         accum = np.array([self.comm.grad_accumulation_bytes(probe.grad_accumulation, mm) for mm in m_list],
                          dtype=float).reshape(M, 1, 1, 1, 1)
         cast = fp8_weight_cast_bytes_per_param(self.eff, layout.precision, probe.strategy.fp8_recipe,
@@ -369,7 +370,11 @@ class FastModel:
                                   weight_cast_bytes_per_param=cast, offload_optimizer=off_opt,
                                   offload_params=off_par, offload_activations=off_act,
                                   act_bytes=stage_activation_bytes(sh, dense_act, moe_act) if timed_offload else 0.0,
-                                  rates=rates, pipelined_fsdp=p > 1 and probe.state_layout == "torch_amp")
+                                  rates=rates, pipelined_fsdp=p > 1 and probe.state_layout == "torch_amp",
+                                  bf16_optimizer=probe.deepspeed_bf16_optimizer and layout.precision == "bf16",
+                                  zero3_tensors=(stage_parameter_tensors(model, sh)
+                                                 if probe.zero3_gather == "per_tensor_sync" else 0),
+                                  host_syncs=host_sync_counts(probe.host_syncs, layout.pp))
             stages.append(stage_times(layer_fwd_s=lf, layer_bwd_s=lb, recompute_s=lr,
                                       layer_exposed_fwd_s=layer_sum(sh, "exposed_fwd_s"),
                                       layer_exposed_bwd_s=layer_sum(sh, "exposed_bwd_s"), extra_fwd_s=ef,

@@ -7,7 +7,8 @@
    the fixed cost of a collective call, and the per-tier size curves (``sim.fitting``);
 2. **kernels** from ``catalogs/microbenchmarks/`` (``planner.fit_kernels``): the sustained GEMM
    fraction per architecture, the fp8 recipes' quantization cost, attention efficiency vs
-   sequence length;
+   sequence length, the per-step overhead of ring (context-parallel) attention, the sustained-over-
+   burst compute rate (long-running GEMM sweeps against mamf-finder's bursts);
 3. **GEMM shape factor and the fallback sustained fraction** (GPUs without a training-shape
    GEMM benchmark, i.e. Ampere) from Korthikanti et al. 2022 Table 4's per-layer timings and
    half of the vTrain multi-node rows, and the **host dispatch floor** from a quarter of the
@@ -34,7 +35,8 @@ from sim.compute import KernelEfficiency, kernel_efficiency, network_kwargs
 from sim.fitting import fit_ring_all_reduce, fit_scalar, parse_size
 from sim.network import Network, SizeCurve
 
-from planner.fit_kernels import fit_attention_curves, fit_deepep_dispatch, fit_fp8_recipes, fit_gemm_per_architecture
+from planner.fit_kernels import (fit_attention_curves, fit_deepep_dispatch, fit_fp8_recipes, fit_gemm_per_architecture,
+                                 fit_ring_attention, fit_sustained_clock)
 from planner.vtrain import load_vtrain
 
 # Source keys of the training-run data the fit reads (planner.reference.source_of names the same).
@@ -69,9 +71,18 @@ def fit_scale_up(mb: Mapping[str, Any]) -> dict:
             effs["h200-nvlink4"] = e["busbw_GBps_nvls_off"]["8"] * 1e9 / 450e9
         if e.get("busbw_GBps_nvls_off") and "B200" in e["system"]:
             effs["b200-nvlink5"] = e["busbw_GBps_nvls_off"]["8"] * 1e9 / 900e9
+    # NVLink SHARP (NVLS): NCCL's default all-reduce on NVSwitch systems against the ring
+    # (NCCL_NVLS_ENABLE=0), per generation and group size (the switch reduces in-network)
+    nvls = {}
+    for e in mb["allreduce_busbw"]["entries"]:
+        on, off = e.get("busbw_GBps_default"), e.get("busbw_GBps_nvls_off")
+        gen = "nvlink4" if "H200" in e.get("system", "") else ("nvlink5" if "B200" in e.get("system", "") else None)
+        if on and off and gen:
+            nvls[gen] = {int(n): round(max(1.0, on[n] / off[n]), 4) for n in on if n in off}
     return {"bandwidth_efficiency": round(statistics.median(effs.values()), 4),
             "step_latency_s": float(f"{ab.step_latency_s:.3g}"),
             "per_generation": {k: round(v, 4) for k, v in effs.items()},
+            "nvls_all_reduce_gain": nvls,
             "max_rel_error_a100_curve": round(ab.max_rel_error, 3)}
 
 
@@ -254,7 +265,7 @@ def fit_host_op_floor(fitted: Mapping[str, Any], base: KernelEfficiency, every: 
     nets = _networks(fitted, rows)
     best, err = fit_scalar(lambda us: _vtrain_median_error(replace(base, host_op_floor_s=us * 1e-6), rows, nets),
                            [float(x) for x in range(30, 95, 5)])
-    return {"host_op_floor_s": best * 1e-6, "median_abs_error_single_node": round(err, 4), "rows_used": len(rows)}
+    return {"host_op_floor_s": round(best * 1e-6, 9), "median_abs_error_single_node": round(err, 4), "rows_used": len(rows)}
 
 
 def fit_all(exclude: frozenset[str] | set[str] = frozenset()) -> dict:
@@ -269,6 +280,8 @@ def fit_all(exclude: frozenset[str] | set[str] = frozenset()) -> dict:
     out["fp8_recipes"] = fit_fp8_recipes()
     out["attention_curves"] = fit_attention_curves()
     out["deepep_dispatch"] = fit_deepep_dispatch()
+    out["ring_attention"] = fit_ring_attention()
+    out["sustained_clock"] = fit_sustained_clock()
     per_arch = fit_gemm_per_architecture()
     # The GEMM shape factor and the host floor interact (a floored op hides its shape), so
     # they are fitted alternately from the catalog defaults until both stop moving.

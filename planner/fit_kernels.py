@@ -231,3 +231,75 @@ def fit_deepep_dispatch() -> dict[str, float]:
                for k in ("dispatch_gbps", "combine_gbps")]
         out[tier] = round(statistics.median(got), 4)
     return out
+
+
+RING_ENTRY = "ring-flash-attention-zigzag-8gpu"
+
+
+def fit_ring_attention() -> dict[str, Any]:
+    """Per-step overhead of load-balanced ring attention relative to the full kernel, fitted from
+    ring-flash-attention's benchmark (``attention.yaml`` ``ring-flash-attention-zigzag-8gpu``).
+
+    Model: a ring of ``c`` steps over chunks of ``t`` local tokens takes
+    ``1 + (c - 1)/c * delta * t_ref / t`` times the kernel time of the same work: every step
+    after the first adds a merge of the partial output by log-sum-exp (forward) or an fp32
+    accumulation of dQ and the rotating dK/dV (backward) and splits the kernel, costs linear in
+    ``t`` against kernel work quadratic in it.  ``delta`` per architecture and pass from the
+    zigzag ring at ``c = 8``, ``t_ref = 8192``: forward from the forward-only ratio, backward from
+    the forward+backward ratio less the forward part (the flash kernel's own forward/backward
+    split).  Known error: one ring degree and chunk size per GPU; the 1/t scaling is assumed."""
+    e = _entries("attention")[RING_ENTRY]
+    c, t_ref = int(e["ring_degree"]), float(e["local_tokens"])
+    out: dict[str, Any] = {"reference_local_tokens": t_ref}
+    for sysm in e["systems"]:
+        flash, ring = sysm["flash_iter_per_s"], sysm["zigzag_ring_iter_per_s"]
+        t_f0, t_fb0 = 1.0 / flash["fwd"], 1.0 / flash["fwd_bwd"]  # one GPU's chunk, full kernel
+        t_f, t_fb = 1.0 / (c * ring["fwd"]), 1.0 / (c * ring["fwd_bwd"])  # the ring, per chunk of work
+        r_f = t_f / t_f0
+        r_b = (t_fb - t_f) / (t_fb0 - t_f0)
+        out[sysm["architecture"]] = {"fwd": round((r_f - 1) * c / (c - 1), 4), "bwd": round((r_b - 1) * c / (c - 1), 4)}
+    return out
+
+
+# Long-running GEMM sweeps (cuBLASLt after 10,000 warm-up iterations: the GPU at its sustained,
+# thermally settled clock) paired with mamf-finder's short bursts (50 warm-up, 100 timed) on the
+# same GPU and precision.
+SUSTAINED_SWEEPS = ("azure-cublaslt-fp8-h100", "azure-cublaslt-fp8-h200", "azure-cublaslt-fp8-fp4-gb200")
+
+
+def _cuda_version(text: str) -> tuple[int, int] | None:
+    import re
+
+    hit = re.search(r"CUDA (\d+)\.(\d+)", text) or re.search(r"cu(\d{2})(\d)", text)
+    return (int(hit.group(1)), int(hit.group(2))) if hit else None
+
+
+def fit_sustained_clock() -> dict[str, Any]:
+    """Sustained-over-burst GEMM rate per architecture: the best large-GEMM rate of a sweep run
+    after 10,000 warm-up iterations over mamf-finder's best short-burst rate on the same GPU and
+    precision (``gemm.yaml``), where both ran the same CUDA major version within two minor
+    versions (a later cuBLAS is a different library, not a different clock).  Under sustained
+    load the GPU settles at a lower clock than in a 150-iteration burst (power and temperature
+    limits); the burst rates are what ``matmul_efficiency`` and the kernel curves were measured
+    at.  Mean over the pairs of an architecture; architectures without a same-era pair: none
+    (treated as 1).  Known error: the sweep's square shapes are not mamf's searched best shape
+    (biases the ratio low by a shape effect), fp8 pairs only."""
+    mb = _entries("gemm")
+    mamf = {(p["gpu"], "fp8" if "fp8" in str(p["dtype"]) else "bf16"): p for p in mb["mamf-finder-best-shape"]["points"]}
+    pairs: dict[str, float] = {}
+    by_arch: dict[str, list[float]] = {}
+    for entry_id in SUSTAINED_SWEEPS:
+        e = mb[entry_id]
+        gpu_id = str(e["gpu"]).split()[0]
+        burst = mamf.get((gpu_id, "fp8"))
+        points = e.get("points") or e.get("fp8") or []
+        if burst is None or not points:
+            continue
+        v_sweep, v_burst = _cuda_version(str(e.get("software", ""))), _cuda_version(str(burst.get("torch", "")))
+        if v_sweep is None or v_burst is None or v_sweep[0] != v_burst[0] or abs(v_sweep[1] - v_burst[1]) > 2:
+            continue
+        ratio = max(float(p["tflops"]) for p in points) / float(burst["tflops"])
+        pairs[gpu_id] = round(ratio, 4)
+        by_arch.setdefault(get_gpu(gpu_id).architecture, []).append(ratio)
+    return {"per_architecture": {a: round(statistics.fmean(v), 4) for a, v in by_arch.items()}, "pairs": pairs}
+

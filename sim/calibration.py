@@ -56,7 +56,7 @@ from typing import Any, Mapping
 import yaml
 
 from sim.catalog import catalog_dir, get_gpu, gpu_from_record, link_from_record, list_links
-from sim.compute import network_efficiency, network_size_curves
+from sim.compute import network_efficiency, network_size_curves, nvls_gain
 from sim.errors import InputError
 from sim.records import Record
 from sim.hostspecs import HOST_COPY_DIRECTIONS, HostCalibration, HostCopy
@@ -161,6 +161,9 @@ class Calibration:
             changes.setdefault("gemm_sustained_fraction", 1.0)
             changes["gemm_sustained_by_arch"] = {a: v for a, v in eff.gemm_sustained_by_arch.items()
                                                  if a != self.gpu.architecture}
+            # ... and the sustained-over-burst clock factor (the rate measured on the device stands)
+            changes["sustained_clock_by_arch"] = {a: v for a, v in eff.sustained_clock_by_arch.items()
+                                                  if a != self.gpu.architecture}
         fa, fb = self.efficiency.get("attention_fwd_vs_matmul"), self.efficiency.get("attention_bwd_vs_matmul")
         table = getattr(eff, "attention_fractions", None)
         if fa and fb and table is not None and self.gpu.architecture:
@@ -223,7 +226,10 @@ class Calibration:
         if self.nic is not None:
             eff["scale-out"] = 1.0
             curves.pop("scale-out", None)
-        return {"bandwidth_efficiency": eff, "size_curves": curves}
+        # NVLS: the catalog's gain for an unmeasured NVSwitch generation; a measured scale-up
+        # tier is what the device's all-reduce achieved
+        nvls = {} if self.scale_up is not None else nvls_gain(self.gpu.nvlink_generation)
+        return {"bandwidth_efficiency": eff, "size_curves": curves, "nvls_gain": nvls}
 
     def memory_runtime(self, default):  # (MemoryRuntime) -> MemoryRuntime
         """Framework memory constants of this host (``memory`` section), else ``default``."""

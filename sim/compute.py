@@ -21,6 +21,7 @@ from sim.errors import InputError
 from sim.records import Record
 from sim.ops import BF16_GEMMS, Op
 from sim.specs import Gpu
+from sim.variability import slowest_rank_factor
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -90,6 +91,19 @@ class KernelEfficiency:
     attention_curves: Mapping[str, Mapping[str, tuple[SaturatingCurve, SaturatingCurve]]] = field(
         default_factory=dict)
     fp8_recipes: Mapping[str, Fp8Recipe] = field(default_factory=dict)
+    # Ring (context-parallel) attention: architecture -> (fwd, bwd) relative overhead of each
+    # ring step after the first, at ``ring_reference_tokens`` local tokens, scaling as 1/tokens
+    # (planner.fit_kernels.fit_ring_attention); architectures without a benchmark use the mean.
+    ring_step_overhead: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    # Compute rate a GPU sustains under continuous load over the short-burst rate the kernel
+    # benchmarks measured, per architecture (planner.fit_kernels.fit_sustained_clock); 1 where no
+    # same-era sustained sweep exists.
+    sustained_clock_by_arch: Mapping[str, float] = field(default_factory=dict)
+    ring_reference_tokens: float = 0.0
+    # Relative standard deviation of sustained speed between GPUs of one SKU in a cluster
+    # (catalogs/efficiency.yaml rank_variability, sim/variability.py): a step of N GPUs runs
+    # at the slowest one's pace.  0: every GPU equally fast.
+    gpu_speed_sigma: float = 0.0
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -102,6 +116,26 @@ class KernelEfficiency:
         if not 0 <= self.overlap_compute_slowdown < 1:
             raise InputError("efficiency.overlap_compute_slowdown", self.overlap_compute_slowdown,
                              "must be in [0, 1)")
+        if not 0 <= self.gpu_speed_sigma < 0.5:
+            raise InputError("efficiency.gpu_speed_sigma", self.gpu_speed_sigma, "must be in [0, 0.5)")
+
+    def slowest_rank_factor(self, num_ranks: int) -> float:
+        """Compute time of the slowest of ``num_ranks`` GPUs over the median GPU's
+        (``sim.variability``); 1 for one GPU or ``gpu_speed_sigma = 0``."""
+        return slowest_rank_factor(num_ranks, self.gpu_speed_sigma)
+
+    def ring_slowdown(self, architecture: str, ring_steps: float, local_tokens: float) -> tuple[float, float]:
+        """(fwd, bwd) time of ring attention over ``ring_steps`` chunks of ``local_tokens``
+        queries relative to the same work in one kernel:
+        ``1 + (c - 1)/c * delta * t_ref / t`` (``planner.fit_kernels.fit_ring_attention``)."""
+        if ring_steps <= 1 or not self.ring_step_overhead or local_tokens <= 0:
+            return 1.0, 1.0
+        d = self.ring_step_overhead.get(architecture)
+        if d is None:  # no ring benchmark on this architecture: the mean of those that have one
+            vals = list(self.ring_step_overhead.values())
+            d = (sum(v[0] for v in vals) / len(vals), sum(v[1] for v in vals) / len(vals))
+        k = (ring_steps - 1) / ring_steps * self.ring_reference_tokens / local_tokens
+        return 1.0 + d[0] * k, 1.0 + d[1] * k
 
     def sustained_fraction(self, architecture: str, precision: str) -> float:
         return self.gemm_sustained_by_arch.get(architecture, {}).get(precision, self.gemm_sustained_fraction)
@@ -154,6 +188,8 @@ def kernel_efficiency(fitted: Mapping | None) -> KernelEfficiency:
     default = doc.mapping("default", allowed=_DEFAULT_KEYS + ("source",))
     d: dict[str, object] = {k: default.req(k) for k in _DEFAULT_KEYS}
     d["source"] = default.text("source")
+    d["gpu_speed_sigma"] = doc.mapping("rank_variability", allowed=("gpu_speed_sigma", "source", "notes")).fraction(
+        "gpu_speed_sigma")
     recipes = doc.mapping("fp8_recipes")
     fitted_recipes: Mapping = {}
     if fitted:
@@ -179,6 +215,15 @@ def kernel_efficiency(fitted: Mapping | None) -> KernelEfficiency:
                 for arch in ac.rec}
         if f.has("fp8_recipes"):
             fitted_recipes = f.rec["fp8_recipes"]
+        if f.has("sustained_clock"):
+            sc = f.mapping("sustained_clock")
+            per = sc.mapping("per_architecture") if sc.has("per_architecture") else None
+            d["sustained_clock_by_arch"] = {a: per.fraction(a) for a in per.rec} if per is not None else {}
+        if f.has("ring_attention"):
+            ra = f.mapping("ring_attention")
+            d["ring_reference_tokens"] = ra.req("reference_local_tokens", positive=True)
+            d["ring_step_overhead"] = {arch: (ra.mapping(arch).req("fwd"), ra.mapping(arch).req("bwd"))
+                                       for arch in ra.rec if arch != "reference_local_tokens"}
         if f.has("deepep_dispatch"):
             dd = f.mapping("deepep_dispatch")
             d["deepep_dispatch"] = {tier: dd.fraction(tier) for tier in dd.rec}
@@ -241,10 +286,20 @@ def network_size_curves(fitted: Mapping | None = None) -> dict[str, object]:
     return {tier: SizeCurve(points) for tier, points in (fitted.get("size_curves") or {}).items()}
 
 
+def nvls_gain(scale_up_link: str | None = None, fitted: Mapping | None = None) -> dict[int, float]:
+    """NVLink SHARP all-reduce bus bandwidth over the ring's, by group size, on the NVSwitch
+    generation ``scale_up_link`` (fitted from NCCL sweeps with NVLS on and off: H200 for
+    NVLink4, B200 for NVLink5); empty where NVLS does not exist (A100's NVSwitch, PCIe)."""
+    fitted = catalog_fitted() if fitted is None else fitted
+    table = (fitted.get("scale_up") or {}).get("nvls_all_reduce_gain") or {}
+    return {int(n): float(g) for n, g in (table.get(scale_up_link or "") or {}).items()}
+
+
 def network_kwargs(scale_up_link: str | None = None, fitted: Mapping | None = None) -> dict[str, object]:
     """Keyword arguments of the calibrated ``sim.network.Network``: large-message efficiency
-    per tier (``network_efficiency``) and the size curves (``network_size_curves``)."""
-    return {"bandwidth_efficiency": network_efficiency(scale_up_link, fitted),
+    per tier (``network_efficiency``), the size curves (``network_size_curves``) and the
+    NVLS all-reduce gain of the scale-up generation (``nvls_gain``)."""
+    return {"bandwidth_efficiency": network_efficiency(scale_up_link, fitted), "nvls_gain": nvls_gain(scale_up_link, fitted),
             "size_curves": network_size_curves(fitted)}
 
 
@@ -271,7 +326,7 @@ def gemm_half_dim(gpu: Gpu, precision: str, eff: KernelEfficiency) -> float:
 def matmul_efficiency(gpu: Gpu, precision: str, op: Op, eff: KernelEfficiency) -> float:
     base = gpu.achievable_matmul_fraction(precision)
     if op.kind == "matmul":
-        base *= eff.sustained_fraction(gpu.architecture, precision)
+        base *= eff.sustained_fraction(gpu.architecture, precision) * eff.sustained_clock_by_arch.get(gpu.architecture, 1.0)
     if eff.gemm_half_dim > 0 and op.kind == "matmul":
         d = min(op.m, op.n, op.k)
         base *= d / (d + gemm_half_dim(gpu, precision, eff))
@@ -293,10 +348,12 @@ def op_time(gpu: Gpu, precision: str, op: Op, eff: KernelEfficiency, *, eager: b
     if op.kind == "attention":
         frac = eff.attention_fraction(gpu.architecture, op.kernel or "flash", op.m,
                                       gpu.achievable_matmul_fraction("bf16"))
-        peak = gpu.peak_flops_per_s("bf16")
+        peak = gpu.peak_flops_per_s("bf16") * eff.sustained_clock_by_arch.get(gpu.architecture, 1.0)
         fwd = max(op.flops / (peak * frac[0]), op.hbm_bytes / hbm, floor)
         bwd = max(op.flops * op.backward_flop_factor / (peak * frac[1]), 2 * op.hbm_bytes / hbm, 2 * floor)
-        return OpTime(fwd + over, bwd + 2 * over)
+        # context parallelism: the local queries (m) attend the global keys (n) in n/m ring steps
+        ring_f, ring_b = eff.ring_slowdown(gpu.architecture, op.n / op.m if op.m else 1.0, op.m)
+        return OpTime(fwd * ring_f + over, bwd * ring_b + 2 * over)
     # fp8 applies to linear layers; attention batched GEMMs, router and output layer stay bf16
     gemm_precision = "bf16" if op.name in BF16_GEMMS else precision
     if gemm_precision == "fp8" and "fp8" not in gpu.dense_flops_per_s:

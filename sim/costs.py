@@ -20,10 +20,10 @@ from sim.memory import layer_activations, recompute_time_fraction, stage_activat
 from sim.network import Network
 from sim.offload import offload_bytes, strategy_rates
 from sim.ops import LayerOps, embedding_ops, head_ops, layer_ops
-from sim.plan import Plan
+from sim.plan import HostSyncs, Plan
 from sim.runtime import CommRuntime, default_comm_runtime
 from sim.specs import Cluster, Model, Strategy
-from sim.stages import StageParams, layer_params, stage_layers, stage_shapes
+from sim.stages import StageParams, layer_params, stage_layers, stage_parameter_tensors, stage_shapes
 from sim.step import DpCollectives, StagePieces, StageTimes, local_params, stage_pieces, stage_times
 
 
@@ -94,6 +94,9 @@ class StageCost:
     offload_grad_s: float = 0.0  # per step
     offload_param_s: float = 0.0
     fsdp_step_sync_s: float = 0.0  # FSDP with pipelining: gather + reduce-scatter once per step, exposed
+    zero3_sync_s: float = 0.0  # per pass: ZeRO-3 gathers tensor by tensor (part of zero3_exposed_*)
+    host_sync_fwd_s: float = 0.0  # per micro-batch and chunk pass: host synchronisations (Plan.host_syncs)
+    host_sync_bwd_s: float = 0.0
 
     @property
     def pieces(self) -> StagePieces:
@@ -183,23 +186,30 @@ def layer_cost(plan: Plan, net: Network, lops: LayerOps, eff: KernelEfficiency, 
         # make_graphed_callables): no per-op host dispatch, only the GPU-side launch cost
         eff = replace(eff, host_op_floor_s=0.0)
     eager = plan.eager_elementwise
-    fwd, bwd = ops_time(gpu, s.precision, lops.ops, eff, eager=eager)
+    # GPU work runs at the pace of the job's slowest GPU (sim.variability)
+    slowest = eff.slowest_rank_factor(plan.cluster.num_gpus)
+
+    def timed(ops: tuple, eager: bool = False) -> tuple[float, float]:
+        f, b = ops_time(gpu, s.precision, ops, eff, eager=eager)
+        return slowest * f, slowest * b
+
+    fwd, bwd = timed(lops.ops, eager)
     attn_ops = tuple(op for op in lops.ops if op.recompute_selective)
-    attn_f, _ = ops_time(gpu, s.precision, attn_ops, eff, eager=eager)
+    attn_f, _ = timed(attn_ops, eager)
     mm_ops = tuple(op for op in lops.ops if op.kind == "matmul" and not op.recompute_selective)
-    mm_f, mm_b = ops_time(gpu, s.precision, mm_ops, eff)
+    mm_f, mm_b = timed(mm_ops)
     if s.recompute == "full":
         recompute_s = fwd
         recompute_flops = sum(op.counted_flops for op in lops.ops)
     elif s.recompute == "selective" and plan.selective_policy == "op":
         # element-wise ops and every other linear layer are recomputed; attention is kept
         mem_ops = tuple(op for op in lops.ops if op.kind == "memory")
-        recompute_s = ops_time(gpu, s.precision, mem_ops, eff, eager=eager)[0] + mm_f / 2
+        recompute_s = timed(mem_ops, eager)[0] + mm_f / 2
         recompute_flops = sum(op.counted_flops for op in mm_ops) / 2
     elif s.recompute == "selective" and plan.selective_policy in SELECTIVE_OPS:
         names = SELECTIVE_OPS[plan.selective_policy]
         re_ops = tuple(op for op in lops.ops if op.name in names or op.name.removeprefix("fp8_cast_") in names)
-        recompute_s = ops_time(gpu, s.precision, re_ops, eff, eager=eager)[0]
+        recompute_s = timed(re_ops, eager)[0]
         recompute_flops = sum(op.counted_flops for op in re_ops)
     elif s.recompute == "selective":
         recompute_s = attn_f
@@ -208,15 +218,33 @@ def layer_cost(plan: Plan, net: Network, lops: LayerOps, eff: KernelEfficiency, 
         recompute_s = recompute_flops = 0.0
 
     tp_f = tp_b = 0.0
-    if s.tp > 1 and lops.tp_comm_bytes:
+    if s.tp > 1 and lops.tp_comm_bytes and s.sp:  # sequence parallelism: reduce-scatter + all-gather
+        one = (net.dim_collective_time_s("reduce_scatter", s, "tp", lops.tp_comm_bytes)
+               + net.dim_collective_time_s("all_gather", s, "tp", lops.tp_comm_bytes) + 2 * eff.collective_overhead_s)
+        tp_f = lops.tp_collectives_per_pass * one
+        tp_b = lops.tp_collectives_per_pass * one * (2 if s.recompute == "full" else 1)
+    elif s.tp > 1 and lops.tp_comm_bytes:
         one = net.dim_collective_time_s("all_reduce", s, "tp", lops.tp_comm_bytes) + eff.collective_overhead_s
         tp_f = lops.tp_collectives_per_pass * one
         tp_b = lops.tp_collectives_per_pass * one * (2 if s.recompute == "full" else 1)
     if lops.etp_comm_bytes:  # experts' own tensor parallelism (etp != tp): gather + reduce-scatter
-        one = net.dim_collective_time_s("all_reduce", s, "etp", lops.etp_comm_bytes) + eff.collective_overhead_s
+        one = (net.dim_collective_time_s("reduce_scatter", s, "etp", lops.etp_comm_bytes)
+               + net.dim_collective_time_s("all_gather", s, "etp", lops.etp_comm_bytes) + 2 * eff.collective_overhead_s)
         tp_f += one
         tp_b += one * (2 if s.recompute == "full" else 1)
-    if s.tp_overlap:  # async TP / userbuffers: hidden behind the GEMMs it feeds
+    tp_reduce_f = tp_reduce_b = 0.0
+    if s.tp_overlap and plan.tp_overlap_kind == "async_tp" and s.tp > 1:
+        # PyTorch micro-pipelined TP (torch/distributed/_symmetric_memory: fused all-gather-matmul
+        # and matmul-reduce-scatter in tp chunks): the last chunk's transfer cannot overlap, and
+        # the reduce-scatter's stacked partials (tp chunks of the output) are summed by one more
+        # kernel after the last chunk: read the unreduced output, write the shard
+        n = s.tp
+        ex_tp_f = tp_f / n + max(0.0, tp_f * (n - 1) / n - mm_f)
+        ex_tp_b = tp_b / n + max(0.0, tp_b * (n - 1) / n - mm_b)
+        reduce_one = slowest * lops.tp_comm_bytes * (1 + 1 / n) / (gpu.hbm_bytes_per_s * gpu.hbm_efficiency)
+        tp_reduce_f = lops.tp_collectives_per_pass * reduce_one
+        tp_reduce_b = tp_reduce_f * (2 if s.recompute == "full" else 1)
+    elif s.tp_overlap:  # userbuffers (Transformer Engine): pipelined ring exchange hidden behind the GEMMs
         ex_tp_f, ex_tp_b = max(0.0, tp_f - mm_f), max(0.0, tp_b - mm_b)
     else:
         ex_tp_f, ex_tp_b = tp_f, tp_b
@@ -246,7 +274,7 @@ def layer_cost(plan: Plan, net: Network, lops: LayerOps, eff: KernelEfficiency, 
     sigma = eff.overlap_compute_slowdown
     slow_f = sigma * ((tp_f - ex_tp_f) + (cp_f - ex_cp_f) + (ep_f - ex_ep_f))
     slow_b = sigma * ((tp_b - ex_tp_b) + (cp_b - ex_cp_b) + (ep_b - ex_ep_b))
-    fwd, bwd = fwd + slow_f, bwd + slow_b
+    fwd, bwd = fwd + slow_f + tp_reduce_f, bwd + slow_b + tp_reduce_b
 
     return LayerCost(
         fwd_s=fwd, bwd_s=bwd, recompute_s=recompute_s, attention_fwd_s=attn_f, matmul_fwd_s=mm_f,
@@ -280,7 +308,8 @@ def dp_collectives(net: Network, s: Strategy, params: StageParams, rt: CommRunti
     return DpCollectives(all_reduce_s=sum(coll("all_reduce", d, n, p, g) for d, n, p in groups),
                          reduce_scatter_s=sum(coll("reduce_scatter", d, n, p, g) for d, n, p in sharded),
                          all_gather_s=sum(coll("all_gather", d, n, p, pg) for d, n, p in sharded),
-                         replica_all_reduce_s=replica)
+                         replica_all_reduce_s=replica,
+                         all_gather_latency_s=coll("all_gather", dense_dim, dense_ranks, 1.0, 1.0))
 
 
 def p2p_time_s(net: Network, s: Strategy, eff: KernelEfficiency, nbytes: float) -> float:
@@ -302,16 +331,34 @@ def p2p_bytes(model: Model, s: Strategy) -> float:
     return 2.0 * s.mbs * (s.seq_len // s.cp) * model.hidden_size / s.tp
 
 
+def host_sync_counts(h: HostSyncs, pp: int) -> tuple[float, float, float]:
+    """(forward, backward, per-step) host synchronisations of a framework (``Plan.host_syncs``)
+    with ``pp`` pipeline stages; a pipelined stage's p2p syncs split between its forward and
+    backward."""
+    p2p = h.p2p / 2 if pp > 1 else 0.0
+    return h.forward + p2p, h.backward + p2p, float(h.step)
+
+
+def pieces_hbm_bytes_per_s(cluster: Cluster, eff: KernelEfficiency) -> float:
+    """HBM rate of the memory-bound per-parameter passes (optimizer, gradient accumulation,
+    FSDP copies, fp8 weight casts): the GPU's achievable rate on the job's slowest GPU
+    (``sim.variability``)."""
+    g = cluster.gpu
+    return g.hbm_bytes_per_s * g.hbm_efficiency / eff.slowest_rank_factor(cluster.num_gpus)
+
+
 def stage_pieces_for(plan: Plan, net: Network, eff: KernelEfficiency, params: StageParams, num_layers: int,
-                     layer_fwd_s: float, layer_bwd_s: float, act_bytes: float = 0.0) -> StagePieces:
+                     layer_fwd_s: float, layer_bwd_s: float, act_bytes: float = 0.0, tensors: int = 0) -> StagePieces:
     """``stage_pieces`` of one stage of ``plan`` (floats); ``act_bytes``: the stage's saved
-    activations of one micro-batch (what activation offload moves)."""
-    s, gpu = plan.strategy, plan.cluster.gpu
+    activations of one micro-batch (what activation offload moves); ``tensors``: its parameter
+    tensors (``sim.stages.stage_parameter_tensors``), gathered one by one under
+    ``Plan.zero3_gather`` ``per_tensor_sync``."""
+    s = plan.strategy
     rt = default_comm_runtime()
     return stage_pieces(coll=dp_collectives(net, s, params, rt, eff), zero=s.zero,
                         dp_size=s.zero_shard, expert_dp=s.expert_dp, params=params, num_layers=num_layers, layer_fwd_s=layer_fwd_s,
                         layer_bwd_s=layer_bwd_s, dp_overlap=s.dp_overlap,
-                        hbm_bytes_per_s=gpu.hbm_bytes_per_s * gpu.hbm_efficiency, rt=rt, eff=eff,
+                        hbm_bytes_per_s=pieces_hbm_bytes_per_s(plan.cluster, eff), rt=rt, eff=eff,
                         accum_bytes_per_param=rt.grad_accumulation_bytes(plan.grad_accumulation, s.num_microbatches),
                         fp16=s.precision == "fp16", fsdp_copies=plan.fsdp_copies, optimizer_impl=plan.optimizer_impl,
                         weight_cast_bytes_per_param=fp8_weight_cast_bytes_per_param(
@@ -319,7 +366,10 @@ def stage_pieces_for(plan: Plan, net: Network, eff: KernelEfficiency, params: St
                         offload_optimizer=s.offload_optimizer, offload_params=s.offload_params,
                         offload_activations=s.offload_activations, act_bytes=act_bytes,
                         rates=strategy_rates(plan.cluster, s),
-                        pipelined_fsdp=s.pp > 1 and plan.state_layout == "torch_amp")
+                        pipelined_fsdp=s.pp > 1 and plan.state_layout == "torch_amp",
+                        bf16_optimizer=plan.deepspeed_bf16_optimizer and s.precision == "bf16",
+                        zero3_tensors=tensors if plan.zero3_gather == "per_tensor_sync" else 0,
+                        host_syncs=host_sync_counts(plan.host_syncs, s.pp))
 
 
 def moe_dispatch_s(plan: Plan, net: Network, eff: KernelEfficiency, nbytes: float) -> float:
@@ -394,7 +444,8 @@ def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | N
         if pieces is None:
             pieces = stage_pieces_for(plan, net, eff, sh.params, len(layers), sum(c.fwd_s for c in costs) + extra_f,
                                       sum(c.bwd_s + c.recompute_s for c in costs) + extra_b,
-                                      act_bytes=float(stage_activation_bytes(sh, *act)))
+                                      act_bytes=float(stage_activation_bytes(sh, *act)),
+                                      tensors=stage_parameter_tensors(model, sh))
             pieces_of[sh.index] = pieces
         stages.append(StageCost(
             stage=i, layers=tuple(layers), layer_costs=costs, extra_fwd_s=extra_f, extra_bwd_s=extra_b,
@@ -452,8 +503,9 @@ class EndCosts:
 
 def end_costs(plan: Plan, eff: KernelEfficiency) -> EndCosts:
     s, gpu, model = plan.strategy, plan.cluster.gpu, plan.model
+    k = eff.slowest_rank_factor(plan.cluster.num_gpus)  # the slowest GPU sets the pace (sim.variability)
     head = head_ops(model, s)
     head_f, head_b = ops_time(gpu, s.precision, head, eff, eager=plan.eager_elementwise)
     emb_f, emb_b = ops_time(gpu, s.precision, embedding_ops(model, s), eff)
-    return EndCosts(embedding_fwd_s=emb_f, embedding_bwd_s=emb_b, head_fwd_s=head_f, head_bwd_s=head_b,
+    return EndCosts(embedding_fwd_s=k * emb_f, embedding_bwd_s=k * emb_b, head_fwd_s=k * head_f, head_bwd_s=k * head_b,
                     head_flops=sum(op.counted_flops for op in head))

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from sim.catalog import catalog_document
 from sim.compute import default_efficiency
 from sim.errors import InfeasibleError, InputError
-from sim.plan import ATTENTION_IMPLS, GRAD_ACCUMULATION, LOSS_IMPLS, MOE_DISPATCHERS, OPTIMIZER_IMPLS, SELECTIVE_POLICIES
+from sim.plan import (ATTENTION_IMPLS, GRAD_ACCUMULATION, LOSS_IMPLS, MOE_DISPATCHERS, OPTIMIZER_IMPLS,
+                      SELECTIVE_POLICIES, TP_OVERLAP_KINDS, ZERO3_GATHERS, HostSyncs)
 from sim.specs import (DEFAULT_ORDER, DP_IMPLS, FP8_RECIPES, OFFLOAD_DEVICES, OFFLOADS, ORDERS, SCHEDULES,
                        TRAIN_PRECISIONS, Strategy)
 from sim.records import Record
@@ -148,6 +149,14 @@ def _capabilities(r: Record) -> Capabilities:
                         source=c.text("source"))
 
 
+def _host_syncs(r: Record) -> HostSyncs:
+    if not r.has("host_syncs"):
+        return HostSyncs()
+    h = r.mapping("host_syncs", allowed=("forward", "backward", "p2p", "step", "source"))
+    h.text("source")
+    return HostSyncs(**{k: h.integer(k, minimum=0, optional=True, default=0) for k in ("forward", "backward", "p2p", "step")})
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Framework:
     id: str
@@ -171,6 +180,10 @@ class Framework:
     dp_impl: str = "ddp"  # how it runs data parallelism: ddp (all-reduce) | parameter-server (async)
     model_states: str = "deepspeed"  # runtime.yaml model_states layout (Plan.state_layout)
     fp8_saved_inputs: bool = False  # fp8 GEMM inputs saved in 1-byte form (Transformer Engine)
+    deepspeed_bf16_optimizer: bool = False  # DeepSpeed engine: BF16_Optimizer for bf16 without ZeRO
+    zero3_gather: str = "bucketed"  # bucketed | per_tensor_sync (DeepSpeed ZeRO-3 of 2021)
+    tp_overlap_kind: str = "userbuffers"  # userbuffers (TE) | async_tp (torch.compile micro-pipelining)
+    host_syncs: HostSyncs = HostSyncs()  # per micro-batch (forward, backward, p2p) and per step
     aliases: tuple[str, ...] = ()
     source: str = ""
     notes: str = ""
@@ -179,7 +192,8 @@ class Framework:
 _KEYS = ("id", "name", "aliases", "attention", "dp_overlap", "elementwise", "selective_recompute",
          "grad_accumulation", "fsdp_copies", "loss", "sequence_parallel_default", "tp_overlap_default", "zero_default",
          "fp8_weight_cache", "family", "capabilities", "moe_dispatcher", "optimizer", "dp_impl", "model_states",
-         "fp8_saved_inputs", "source", "notes")
+         "fp8_saved_inputs", "deepspeed_bf16_optimizer", "zero3_gather", "tp_overlap_kind", "host_syncs", "source",
+         "notes")
 
 
 @functools.cache
@@ -204,6 +218,10 @@ def _frameworks() -> dict[str, Framework]:
                        dp_impl=r.text("dp_impl", default="ddp", choices=DP_IMPLS),
                        model_states=r.text("model_states", choices=STATE_LAYOUTS),
                        fp8_saved_inputs=r.flag("fp8_saved_inputs"),
+                       deepspeed_bf16_optimizer=r.flag("deepspeed_bf16_optimizer"),
+                       zero3_gather=r.text("zero3_gather", default="bucketed", choices=ZERO3_GATHERS),
+                       tp_overlap_kind=r.text("tp_overlap_kind", default="userbuffers", choices=TP_OVERLAP_KINDS),
+                       host_syncs=_host_syncs(r),
                        aliases=r.strings("aliases", lower=False),
                        source=r.text("source"), notes=r.text("notes", default=""))
         for key in (fw.id, *fw.aliases):
@@ -228,7 +246,9 @@ def apply_framework(plan_kwargs: dict, fw: Framework) -> dict:
             "selective_policy": fw.selective_recompute, "grad_accumulation": fw.grad_accumulation,
             "fsdp_copies": fw.fsdp_copies, "loss": fw.loss, "fp8_weight_cache": fw.fp8_weight_cache,
             "uneven_vp": fw.capabilities.uneven_vp, "moe_dispatcher": fw.moe_dispatcher,
-            "optimizer_impl": fw.optimizer, "state_layout": fw.model_states, "fp8_saved_inputs": fw.fp8_saved_inputs}
+            "optimizer_impl": fw.optimizer, "state_layout": fw.model_states, "fp8_saved_inputs": fw.fp8_saved_inputs,
+            "deepspeed_bf16_optimizer": fw.deepspeed_bf16_optimizer, "zero3_gather": fw.zero3_gather,
+            "tp_overlap_kind": fw.tp_overlap_kind, "host_syncs": fw.host_syncs}
 
 
 def list_frameworks() -> list[Framework]:

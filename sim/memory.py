@@ -189,18 +189,25 @@ def recompute_time_fraction(recompute: str, num_layers_key: int | None, method: 
 
 
 def state_bytes(params: StageParams, zero: Num, shard: int, expert_shard: int,
-                layout: StateLayout | None = None) -> tuple[Num, Num, Num]:
+                layout: StateLayout | None = None, bf16_optimizer: bool = False) -> tuple[Num, Num, Num]:
     """(weights, gradients, optimizer) bytes of a stage's model states at rest under a ZeRO
     stage or an array of them (``layout``: ``catalogs/runtime.yaml`` ``model_states``; default
     ZeRO's 2 + 2 + 12); dense states shard over ``shard`` = dp * cp ranks, expert states over
-    ``expert_shard`` (the expert data parallelism, ``Strategy.expert_dp``)."""
+    ``expert_shard`` (the expert data parallelism, ``Strategy.expert_dp``).  ``bf16_optimizer``
+    (a bf16 plan of a DeepSpeed profile): where the ZeRO stage is 0, DeepSpeed's BF16_Optimizer
+    keeps an unsharded fp32 gradient buffer (4 B/param) next to the bf16 gradients and shards
+    the fp32 master weights and Adam states over the data-parallel group
+    (``sim.step.stage_pieces``; deepspeed/runtime/bf16_optimizer.py ``fp32_groups_gradients_flat``,
+    ``fp32_groups_flat_partition``)."""
     z = np.asarray(zero)
     lay = layout or state_layout("deepspeed")
+    bf16opt = np.asarray(bf16_optimizer) & (z == 0)
 
     def split(p: float, n: int) -> tuple[Num, Num, Num]:
         return (np.where(z >= 3, lay.weights_bytes_per_param * p / n, lay.weights_bytes_per_param * p),
-                np.where(z >= 2, lay.gradient_bytes_per_param * p / n, lay.gradient_bytes_per_param * p),
-                np.where(z >= 1, lay.optimizer_bytes_per_param * p / n, lay.optimizer_bytes_per_param * p))
+                np.where(z >= 2, lay.gradient_bytes_per_param * p / n,
+                         lay.gradient_bytes_per_param * p + np.where(bf16opt, 4 * p, 0.0)),
+                np.where((z >= 1) | bf16opt, lay.optimizer_bytes_per_param * p / n, lay.optimizer_bytes_per_param * p))
 
     a = split(params.dense_params, shard)
     b = split(params.expert_params, expert_shard)
@@ -284,7 +291,8 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
                  recompute_inputs: Num = 1.0, recompute_full: Num = 0.0, recompute_transient: Num = 1.0,
                  offload_layers: Num | None = None, backward_bytes: Num = 0.0, head_act_bytes: Num = 0.0,
                  device_extra_bytes: Num = 0.0, eager: bool = False, norm_tokens: Num = 0.0,
-                 selective_op: Num = False, fp8_cached_weights: Num = False) -> StageMemory:
+                 selective_op: Num = False, fp8_cached_weights: Num = False,
+                 bf16_optimizer: bool = False) -> StageMemory:
     """Peak bytes of one GPU of a stage of ``shape`` for one plan or over arrays (module
     docstring): the larger of two moments, the start of the stage's first backward with
     ``inflight_mb`` micro-batches' activations held (the loss of the last stage, or a layer's
@@ -303,11 +311,12 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
     norm and the output layer save per micro-batch (``head_activation_bytes``); ``device_extra_bytes`` the CUDA
     context and communication buffers (``sim.runtime.device_extra_bytes``); ``fp8_cached_weights``
     whether fp8 copies of the layers' linear weights (and their transposes) are cached for the
-    step (``fp8_weight_cache_of``), counted with the weights."""
+    step (``fp8_weight_cache_of``), counted with the weights; ``bf16_optimizer`` DeepSpeed's
+    BF16_Optimizer (``state_bytes``)."""
     lay = layout or state_layout("deepspeed")
     z = np.asarray(zero)
     p = shape.params
-    w, g, o = state_bytes(p, zero, shard, expert_shard, lay)
+    w, g, o = state_bytes(p, zero, shard, expert_shard, lay, bf16_optimizer)
     if lay.name == "torch_amp":  # FSDP2 shards the fp32 master weights at rest for ZeRO-2 too (no reshard after forward)
         w = np.where(z == 2, state_bytes(p, 3, shard, expert_shard, lay)[0], w)
     off_opt, off_par, off_act = np.asarray(offload_optimizer), np.asarray(offload_params), np.asarray(offload_activations)
@@ -449,7 +458,7 @@ def plan_memory(plan: "Plan") -> MemoryBreakdown:
     return memory_breakdown(plan.model, plan.cluster, plan.strategy, attention=plan.attention,
                             selective_policy=plan.selective_policy, loss=plan.loss, eager=plan.eager_elementwise,
                             fp8_saved_inputs=plan.fp8_saved_inputs, layout=state_layout(plan.state_layout),
-                            moe_imbalance=plan.moe_imbalance,
+                            moe_imbalance=plan.moe_imbalance, bf16_optimizer=plan.deepspeed_bf16_optimizer,
                             fp8_weight_cache=fp8_weight_cache_of(plan.strategy.precision, plan.fp8_weight_cache))
 
 
@@ -475,10 +484,12 @@ def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
                      attention: str = "flash", runtime: MemoryRuntime | None = None,
                      selective_policy: str = "attention", loss: str = "upcast", eager: bool = False,
                      fp8_saved_inputs: bool = False, layout: StateLayout | None = None,
-                     moe_imbalance: float = 1.0, fp8_weight_cache: bool = False) -> MemoryBreakdown:
+                     moe_imbalance: float = 1.0, fp8_weight_cache: bool = False,
+                     bf16_optimizer: bool = False) -> MemoryBreakdown:
     """Memory of the most loaded GPU (the pipeline stage with the largest device-level peak),
     with the three levels of every stage in ``by_stage``; ``fp8_weight_cache``: fp8 weight
-    copies held for the step (``fp8_weight_cache_of``)."""
+    copies held for the step (``fp8_weight_cache_of``); ``bf16_optimizer``: a bf16 plan of a
+    DeepSpeed profile (``state_bytes``)."""
     rt = runtime or default_runtime()
     s = strategy
     lay = layout or state_layout("deepspeed")
@@ -507,7 +518,8 @@ def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
                            recompute_full=ff, recompute_transient=tl, offload_layers=s.offload_num_layers,
                            backward_bytes=back, head_act_bytes=head_act, device_extra_bytes=extra, eager=eager,
                            norm_tokens=s.mbs * s.seq_len // s.cp / (s.tp if s.sp else 1),
-                           selective_op=s.recompute == "selective", fp8_cached_weights=fp8_weight_cache)
+                           selective_op=s.recompute == "selective", fp8_cached_weights=fp8_weight_cache,
+                           bf16_optimizer=bf16_optimizer and s.precision == "bf16")
         by_stage.append({"stage": i, "memory_peak_bytes": float(mem.allocated_bytes),
                          "memory_reserved_bytes": float(mem.reserved_bytes),
                          "memory_device_bytes": float(mem.total_bytes)})

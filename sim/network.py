@@ -114,7 +114,7 @@ class Network:
     """
 
     def __init__(self, cluster: Cluster, *, bandwidth_efficiency: Mapping[str, float] | None = None,
-                 size_curves: Mapping[str, SizeCurve] | None = None) -> None:
+                 size_curves: Mapping[str, SizeCurve] | None = None, nvls_gain: Mapping[int, float] | None = None) -> None:
         for tier in size_curves or {}:
             if tier not in TIERS:
                 raise InputError("size_curves", tier, f"tier must be one of {', '.join(TIERS)}")
@@ -126,6 +126,8 @@ class Network:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
                 raise InputError(f"bandwidth_efficiency.{tier}", v, "must be a finite number > 0")
         self.cluster = cluster
+        # NVLink SHARP: all-reduce bus bandwidth inside an NVSwitch domain over the ring's, by group size
+        self.nvls_gain = {int(n): float(g) for n, g in (nvls_gain or {}).items()}
         self.bandwidth_efficiency = {t: float(eff.get(t, 1.0)) for t in TIERS}
         self.fabric: Fabric = layout_fabric(cluster)
         self.links = Links(self.fabric, self.bandwidth_efficiency)
@@ -474,6 +476,9 @@ class Network:
                              chunk, ring.tier)
         if op == "all_reduce" and algorithm in ("tree", "auto"):
             cands["tree"] = (*cf.tree_all_reduce_coeffs(n, B, a), 2.0, ring.tier)  # each tree carries S/2
+        gain = self._nvls(n) if ring.tier == "scale-up" else 1.0
+        if op == "all_reduce" and algorithm == "auto" and gain > 1.0:  # NVLS: the switch reduces in-network
+            cands["nvls"] = (*cf.ring_all_reduce_coeffs(n, B * gain, a), chunk, ring.tier)
         if algorithm in ("hierarchical", "auto"):
             hier = self._cached_hier(link_key, spec)
             if hier is None:  # does not split evenly over NVLink domains: the flat ring
@@ -485,6 +490,13 @@ class Network:
                 cands["hierarchical"] = (*fn(k, d, li.bytes_per_s, li.latency_s, lo.bytes_per_s, lo.latency_s),
                                          chunk, lo.tier if d > 1 else li.tier)
         return cands
+
+    def _nvls(self, n: int) -> float:
+        """NVLS gain for an ``n``-rank all-reduce (the largest measured size at or below ``n``)."""
+        if not self.nvls_gain or n < 2:
+            return 1.0
+        below = [k for k in self.nvls_gain if k <= n]
+        return self.nvls_gain[max(below)] if below else 1.0
 
     def _cached_link(self, key: tuple, spec: Callable[[], tuple[_Classes, np.ndarray | None]], pattern: str) -> GroupLink:
         link = self._links.get(key)

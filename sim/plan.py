@@ -20,6 +20,13 @@ OPTIMIZER_IMPLS: tuple[str, ...] = ("fused", "keras")
 LOSS_IMPLS: tuple[str, ...] = ("upcast", "inplace", "fused")
 # MoE token dispatch (Megatron-Core --moe-token-dispatcher-type alltoall|allgather|flex with DeepEP)
 MOE_DISPATCHERS: tuple[str, ...] = ("alltoall", "allgather", "deepep")
+# How a ZeRO-3 engine gathers parameters: coalesced buckets with prefetch (FSDP, DeepSpeed >= 0.5.10)
+# or one synchronous collective per parameter tensor (DeepSpeed ZeRO-3 of 2021)
+ZERO3_GATHERS: tuple[str, ...] = ("bucketed", "per_tensor_sync")
+# How tp_overlap hides tensor-parallel communication: Transformer Engine userbuffers (Megatron-Core,
+# NeMo: ring-exchange pipelined with the GEMM chunks) or PyTorch's compiler micro-pipelining
+# (async TP: symmetric-memory chunks, the reduce-scatter's partials summed by a kernel at the end)
+TP_OVERLAP_KINDS: tuple[str, ...] = ("userbuffers", "async_tp")
 
 _INT_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "mbs", "gbs", "zero", "seq_len", "dp_shard",
              "recompute_num_layers", "offload_num_layers")
@@ -28,6 +35,27 @@ _STR_KEYS = ("recompute", "precision", "schedule", "fp8_recipe", "order", "dp_im
              "recompute_method")
 _ALIASES = {"seq": "seq_len", "micro_batch": "mbs", "global_batch": "gbs", "zero_stage": "zero",
             "sequence_parallel": "sp", "interleave": "vp"}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HostSyncs:
+    """Host synchronisations (``torch.cuda.synchronize`` or a device-to-host copy such as
+    ``.item()`` / ``.cpu()``) a framework makes per micro-batch and model chunk in the forward,
+    the backward and around each pipeline send or receive, and per optimizer step.  Each drains
+    the GPU's queue: the GPU then idles while the host issues the next kernel
+    (``sim.step.stage_pieces``).  Counted from each framework's code (``catalogs/frameworks.yaml``
+    ``host_syncs``); zero for stacks whose timers do not synchronise by default."""
+
+    forward: int = 0
+    backward: int = 0
+    p2p: int = 0  # per micro-batch and chunk on a stage that sends and receives
+    step: int = 0
+
+    def __post_init__(self) -> None:
+        for n in ("forward", "backward", "p2p", "step"):
+            v = getattr(self, n)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise InputError(f"host_syncs.{n}", v, "must be an integer >= 0")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -41,9 +69,10 @@ class Plan:
     Korthikanti et al. 2022) or ``op`` (torchtitan's op-level policy: element-wise ops and every
     other linear layer).  ``grad_accumulation`` is how each micro-batch's weight gradients are
     added into the step's (``catalogs/runtime.yaml``); ``fsdp_copies`` whether ZeRO-3 pays
-    FSDP2's per-parameter packing around its collectives.  ``sim.framework`` sets these from a
-    framework profile; the defaults are the ``default`` profile's (megatron-core), which
-    ``tests/test_run.py`` checks, and every entry point builds its plan through
+    FSDP2's per-parameter packing around its collectives; ``deepspeed_bf16_optimizer`` whether
+    the DeepSpeed engine runs bf16 without ZeRO through its BF16_Optimizer.  ``sim.framework`` sets
+    these from a framework profile; the defaults are the ``default`` profile's (megatron-core),
+    which ``tests/test_run.py`` checks, and every entry point builds its plan through
     ``sim.run.resolve`` rather than these defaults.
     """
 
@@ -72,6 +101,18 @@ class Plan:
     # (Transformer Engine) for the weight gradient
     state_layout: str = "deepspeed"
     fp8_saved_inputs: bool = False
+    # DeepSpeed's engine wraps a bf16 run without ZeRO in its BF16_Optimizer (unsharded fp32
+    # gradient buffer accumulated every micro-batch, fp32 all-reduce, its own ZeRO-1 sharding of
+    # the master weights and Adam states): sim.step.stage_pieces, sim.memory.state_bytes
+    deepspeed_bf16_optimizer: bool = False
+    zero3_gather: str = "bucketed"  # ZERO3_GATHERS (sim.step.stage_pieces)
+    tp_overlap_kind: str = "userbuffers"  # TP_OVERLAP_KINDS (sim.costs.layer_cost)
+    host_syncs: HostSyncs = HostSyncs()  # host synchronisations per micro-batch and per step
+
+    @property
+    def bf16_optimizer_active(self) -> bool:
+        """Whether DeepSpeed's BF16_Optimizer runs this plan (bf16 without ZeRO)."""
+        return self.deepspeed_bf16_optimizer and self.strategy.precision == "bf16" and self.strategy.zero == 0
 
     def __post_init__(self) -> None:
         if self.grad_accumulation not in GRAD_ACCUMULATION:
@@ -88,6 +129,10 @@ class Plan:
             raise InputError("optimizer_impl", self.optimizer_impl, f"must be one of {', '.join(OPTIMIZER_IMPLS)}")
         if self.state_layout not in STATE_LAYOUTS:
             raise InputError("state_layout", self.state_layout, f"must be one of {', '.join(STATE_LAYOUTS)}")
+        if self.tp_overlap_kind not in TP_OVERLAP_KINDS:
+            raise InputError("tp_overlap_kind", self.tp_overlap_kind, f"must be one of {', '.join(TP_OVERLAP_KINDS)}")
+        if self.zero3_gather not in ZERO3_GATHERS:
+            raise InputError("zero3_gather", self.zero3_gather, f"must be one of {', '.join(ZERO3_GATHERS)}")
         if self.moe_dispatcher not in MOE_DISPATCHERS:
             raise InputError("moe-dispatcher", self.moe_dispatcher, f"must be one of {', '.join(MOE_DISPATCHERS)}")
         if isinstance(self.moe_imbalance, bool) or not isinstance(self.moe_imbalance, (int, float)) \

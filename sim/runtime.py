@@ -37,6 +37,10 @@ class CommRuntime:
     fsdp_reduce_copy_bytes_per_param: float = 0.0
     # optimizer implementation (frameworks.yaml ``optimizer``) -> HBM bytes per local parameter
     optimizer_bytes_per_param_by_impl: Mapping[str, float] = field(default_factory=dict)
+    # DeepSpeed BF16_Optimizer: per step over its unsharded fp32 gradient buffer (norm + zeroing)
+    bf16_optimizer_full_buffer_bytes_per_param: float = 0.0
+    # 2021 DeepSpeed ZeRO-3: host time per rank of the group for every parameter tensor gathered
+    zero3_host_per_rank_s: float = 0.0
 
     def grad_accumulation_bytes(self, mode: str, microbatches: int) -> float:
         """Bytes per parameter per micro-batch, averaged over the step's micro-batches
@@ -113,6 +117,7 @@ def default_comm_runtime() -> CommRuntime:
     acc = doc.mapping("grad_accumulation").mapping("bytes_per_param")
     copies = doc.mapping("fsdp_copies")
     impl = o.mapping("bytes_per_param_by_impl")
+    bf16 = doc.mapping("deepspeed_bf16_optimizer")
     return CommRuntime(grad_reduce_bytes_per_param=c.req("grad_reduce_bytes_per_param", positive=True),
                        param_gather_bytes_per_param=c.req("param_gather_bytes_per_param", positive=True),
                        optimizer_bytes_per_param=o.req("bytes_per_param", positive=True),
@@ -120,7 +125,9 @@ def default_comm_runtime() -> CommRuntime:
                        grad_accumulation_bytes_per_param={k: acc.req(k) for k in acc.rec},
                        fsdp_gather_copy_bytes_per_param=copies.req("all_gather_copy_out_bytes_per_param"),
                        fsdp_reduce_copy_bytes_per_param=copies.req("reduce_scatter_copy_in_bytes_per_param"),
-                       optimizer_bytes_per_param_by_impl={k: impl.req(k, positive=True) for k in impl.rec})
+                       optimizer_bytes_per_param_by_impl={k: impl.req(k, positive=True) for k in impl.rec},
+                       bf16_optimizer_full_buffer_bytes_per_param=bf16.req("full_buffer_bytes_per_param"),
+                       zero3_host_per_rank_s=doc.mapping("zero3_per_tensor_gather").req("host_per_rank_s"))
 
 
 @functools.cache

@@ -145,3 +145,27 @@ def _index_shapes(model: Model, tp: int, ep: int, etp: int, pp: int) -> tuple[tu
         sig = (len(ls), sum(model.is_moe_layer(j) for j in ls), i == 0, i == pp - 1)
         out.append((i, next(sh for sh in shapes if (sh.num_layers, sh.num_moe_layers, sh.first, sh.last) == sig)))
     return tuple(out)
+
+
+def parameter_tensors_per_layer(model: Model, *, moe: bool) -> int:
+    """Parameter tensors of one layer as a Hugging Face / Megatron module holds them (what an
+    engine that gathers parameter by parameter issues one collective for): GeLU (GPT) layers
+    have biased QKV, projection and two MLP linears and two LayerNorms with bias (12 tensors);
+    gated (Llama) layers q, k, v, o, gate, up, down and two RMSNorm weights (9); an MoE layer
+    adds the router and ``2`` or ``3`` matrices per local expert (upper bound: every expert)."""
+    gated = model.ffn_type == "swiglu"
+    attn = 4  # q, k, v, o weights (gated) or the QKV and projection weights and biases (GeLU)
+    norms = 2 if gated else 4
+    mlp = 3 if gated else 4
+    if moe and model.moe is not None:
+        per_expert = 3 if gated else 2
+        mlp = 1 + per_expert * (model.moe.num_experts + model.moe.num_shared_experts)
+    return attn + norms + mlp
+
+
+def stage_parameter_tensors(model: Model, shape: StageShape) -> int:
+    """Parameter tensors of one stage (``parameter_tensors_per_layer`` over its layers, plus the
+    embedding on the first stage and the final norm and output layer on the last)."""
+    n = (shape.num_dense_layers * parameter_tensors_per_layer(model, moe=False)
+         + shape.num_moe_layers * parameter_tensors_per_layer(model, moe=True))
+    return n + (1 if shape.first else 0) + ((1 if model.tied_embeddings else 2) if shape.last else 0)

@@ -88,6 +88,8 @@ class StageTimes:
     offload_grad_s: Num = 0.0  # per step: gradient shard to the host behind the reduction (ZeRO-1/2)
     offload_param_s: Num = 0.0  # per step: updated weights back from the host, after the optimizer
     fsdp_step_sync_s: Num = 0.0  # per step, exposed: FSDP with pipelining gathers and reduces once
+    host_sync_fwd_s: Num = 0.0  # per micro-batch and chunk pass: host synchronisations (Plan.host_syncs)
+    host_sync_bwd_s: Num = 0.0
     count: int = 1
     before: tuple[int, ...] = ()
 
@@ -96,8 +98,8 @@ class StageTimes:
         (``vp`` of each per micro-batch under interleaving, as Megatron's 1F1B issues them):
         blocking, or with ``pp_overlap`` (Megatron-Core ``overlap_p2p_comm``: sends on their own
         stream) hidden behind the next chunk's compute, only the excess exposed."""
-        f = self.compute_fwd_s + self.exposed_fwd_s
-        b = self.compute_bwd_s + self.exposed_bwd_s
+        f = self.compute_fwd_s + self.exposed_fwd_s + vp * self.host_sync_fwd_s
+        b = self.compute_bwd_s + self.exposed_bwd_s + vp * self.host_sync_bwd_s
         send_f = np.where(pp_overlap, np.maximum(0.0, self.p2p_s - f / vp), self.p2p_s)
         send_b = np.where(pp_overlap, np.maximum(0.0, self.p2p_s - b / vp), self.p2p_s)
         return f + self.fwd_sends * vp * send_f, b + self.bwd_sends * vp * send_b
@@ -142,6 +144,13 @@ class StagePieces:
     # FSDP with pipelining (no reshard until the last backward): the stage's all-gather and
     # reduce-scatter once per step, exposed
     fsdp_step_sync_s: Num = 0.0
+    # part of zero3_exposed_fwd_s and of zero3_exposed_bwd_s: the fixed costs of gathering tensor by
+    # tensor, synchronously (Plan.zero3_gather per_tensor_sync), per micro-batch and pass
+    zero3_sync_s: Num = 0.0
+    # host synchronisations (Plan.host_syncs): per micro-batch and model chunk, the GPU idles
+    # one host dispatch per sync; the per-step ones are in optimizer_s
+    host_sync_fwd_s: Num = 0.0
+    host_sync_bwd_s: Num = 0.0
 
     @property
     def param_work_fwd_s(self) -> Num:
@@ -166,6 +175,9 @@ class DpCollectives:
     reduce_scatter_s: float
     all_gather_s: float
     replica_all_reduce_s: float = 0.0  # HSDP: the sharded gradients over the replicas
+    # fixed part of one parameter all-gather over the sharded group (latency steps + launch): what
+    # each extra collective costs when an engine gathers tensor by tensor
+    all_gather_latency_s: float = 0.0
 
 
 def local_params(params: StageParams, zero: Num, dp_size: int, expert_dp: int) -> Num:
@@ -182,7 +194,8 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
                  fsdp_copies: bool, weight_cast_bytes_per_param: Num = 0.0, optimizer_impl: str = "fused",
                  offload_optimizer: Num = False,
                  offload_params: Num = False, offload_activations: Num = False, act_bytes: Num = 0.0,
-                 rates: OffloadRates | None = None, pipelined_fsdp: Num = False) -> StagePieces:
+                 rates: OffloadRates | None = None, pipelined_fsdp: Num = False, bf16_optimizer: bool = False,
+                 zero3_tensors: int = 0, host_syncs: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> StagePieces:
     """The per-stage pieces (``StagePieces``) of a stage, for one ZeRO stage or an array of them.
 
     ``layer_fwd_s`` / ``layer_bwd_s``: the stage's compute per micro-batch (layers incl.
@@ -200,6 +213,22 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
       ops plus tf.distribute's gradient pack; ``catalogs/runtime.yaml``) at the GPU's achievable HBM rate; gradient accumulation outside the GEMM and
       FSDP2's packing around its collectives likewise (``catalogs/runtime.yaml``), and the fp8
       cast of the weights (``weight_cast_bytes_per_param``, ``sim.compute``).
+    * ZeRO-3 gathered tensor by tensor, synchronously (``zero3_tensors`` > 0: the stage's
+      parameter tensors, DeepSpeed ZeRO-3 of 2021, ``Plan.zero3_gather``): each tensor's gather
+      waits for the GPU (``torch.cuda.synchronize``: a host dispatch floor ``host_op_floor_s``),
+      pays its own collective latency and ``zero3_host_per_rank_s`` of host work per rank of the
+      group (``catalogs/runtime.yaml``), before the forward and again before the backward of
+      every micro-batch; nothing prefetches.
+    * Host synchronisations (``host_syncs``: forward and backward per micro-batch and chunk,
+      per step; counts from ``Plan.host_syncs``): each drains the GPU's queue, which then waits
+      one host dispatch (``host_op_floor_s``) for the next kernel; the per-step ones join the
+      optimizer step.
+    * DeepSpeed's BF16_Optimizer (``bf16_optimizer``, a bf16 plan of a DeepSpeed profile; it
+      runs where the ZeRO stage is 0): the gradients are all-reduced in fp32 as without ZeRO,
+      but the master weights and Adam states are sharded over the data-parallel group (its own
+      ZeRO-1) and the updated bf16 weights all-gathered after the step; every micro-batch adds
+      its bf16 gradients into the unsharded fp32 buffer (``grad_accumulation`` ``deepspeed_bf16``),
+      and the step reads and zeroes that buffer (``catalogs/runtime.yaml``).
     * Offload (``offload_*`` bools, ``rates`` from ``sim.offload``, ``act_bytes`` the stage's
       saved activations of one micro-batch; module docstring): with ``M`` the shard's
       parameters, the weights in (``2M``) before the forward and again before the backward and
@@ -218,8 +247,9 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
     """
     z = np.asarray(zero)
     z3 = z >= 3
+    bf16opt = np.asarray(bf16_optimizer) & (z == 0)  # DeepSpeed BF16_Optimizer: fp32 all-reduce, own ZeRO-1
     grad_sync = np.where(z == 0, coll.all_reduce_s, coll.reduce_scatter_s)
-    param_gather = np.where((z == 1) | (z == 2), coll.all_gather_s, 0.0)
+    param_gather = np.where((z == 1) | (z == 2) | bf16opt, coll.all_gather_s, 0.0)
     ag, rs = coll.all_gather_s, coll.reduce_scatter_s
     n1 = max(1, num_layers)
     if dp_overlap:
@@ -228,17 +258,25 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
     else:  # no prefetch: every gather and reduce-scatter is on the critical path
         z3f, z3b = ag + 0.0 * layer_fwd_s, ag + rs + 0.0 * layer_bwd_s
     pf = z3 & np.asarray(pipelined_fsdp)
+    sync = 0.0
+    if zero3_tensors:  # one synchronous gather per tensor: latency, a drained queue, O(dp) host work
+        per_tensor = coll.all_gather_latency_s + eff.host_op_floor_s + rt.zero3_host_per_rank_s * dp_size
+        sync = np.where(z3, zero3_tensors * per_tensor, 0.0)
+        z3f, z3b = z3f + sync, z3b + sync
     z3f, z3b = np.where(z3 & ~pf, z3f, 0.0), np.where(z3 & ~pf, z3b, 0.0)
     step_sync = np.where(pf, ag + rs, 0.0)
     sigma = eff.overlap_compute_slowdown
     slow_f = np.where(z3 & ~pf, sigma * np.maximum(0.0, ag - z3f), 0.0)
     slow_b = np.where(z3 & ~pf, sigma * np.maximum(0.0, ag + rs - z3b), 0.0)
 
-    local = local_params(params, z, dp_size, expert_dp)
+    local = local_params(params, np.where(bf16opt, 1, z), dp_size, expert_dp)
     opt_bytes = rt.optimizer_bytes(optimizer_impl, fp16)
-    opt_s = local * opt_bytes / hbm_bytes_per_s
+    opt_s = (local * opt_bytes
+             + np.where(bf16opt, params.total * rt.bf16_optimizer_full_buffer_bytes_per_param, 0.0)) / hbm_bytes_per_s \
+        + host_syncs[2] * eff.host_op_floor_s
     # weight gradients of each micro-batch added into the step's buffer (FSDP: into the shard)
-    accum_s = np.where(z3, local, params.total) * accum_bytes_per_param / hbm_bytes_per_s
+    accum = np.where(bf16opt, rt.grad_accumulation_bytes_per_param.get("deepspeed_bf16", 0.0), accum_bytes_per_param)
+    accum_s = np.where(z3, local, params.total) * accum / hbm_bytes_per_s
     copies = z3 & (dp_size > 1) & fsdp_copies
     copy_f = np.where(copies, params.total * rt.fsdp_gather_copy_bytes_per_param / hbm_bytes_per_s, 0.0)
     copy_b = np.where(copies, params.total * (rt.fsdp_gather_copy_bytes_per_param
@@ -271,7 +309,8 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
                        optimizer_s=opt_s, grad_accum_s=accum_s, fsdp_copy_fwd_s=copy_f, fsdp_copy_bwd_s=copy_b,
                        fp8_weight_cast_s=cast_s, dp_replica_sync_s=coll.replica_all_reduce_s + 0.0 * z,
                        offload_fwd_s=off_f, offload_bwd_s=off_b, offload_grad_s=off_g, offload_param_s=off_p,
-                       fsdp_step_sync_s=step_sync)
+                       fsdp_step_sync_s=step_sync, zero3_sync_s=sync + 0.0 * z,
+                       host_sync_fwd_s=host_syncs[0] * eff.host_op_floor_s, host_sync_bwd_s=host_syncs[1] * eff.host_op_floor_s)
 
 
 def stage_times(*, layer_fwd_s: Num, layer_bwd_s: Num, recompute_s: Num, layer_exposed_fwd_s: Num,
@@ -291,6 +330,7 @@ def stage_times(*, layer_fwd_s: Num, layer_bwd_s: Num, recompute_s: Num, layer_e
         dp_param_gather_s=pieces.dp_param_gather_s, optimizer_s=pieces.optimizer_s, num_layers=num_layers,
         dp_replica_sync_s=pieces.dp_replica_sync_s, offload_grad_s=pieces.offload_grad_s,
         offload_param_s=pieces.offload_param_s, fsdp_step_sync_s=pieces.fsdp_step_sync_s,
+        host_sync_fwd_s=pieces.host_sync_fwd_s, host_sync_bwd_s=pieces.host_sync_bwd_s,
         fwd_sends=0 if last else 1, bwd_sends=0 if first else 1, count=count, before=before)
 
 

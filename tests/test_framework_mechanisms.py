@@ -8,6 +8,7 @@ import pytest
 from planner.published import compare_run, load_runs
 from sim.analytic import simulate_analytic
 from sim.catalog import get_gpu, get_model, get_nic
+from sim.compute import default_efficiency
 from sim.costs import step_costs
 from sim.runtime import default_comm_runtime
 from sim.errors import InputError
@@ -26,8 +27,9 @@ def _plan(framework: str, strategy: str, *, model: str = "gpt3-175b", gpu: str =
 
 
 def _hbm(plan: Plan) -> float:
+    """The per-parameter passes' HBM rate: the GPU's achievable rate on the job's slowest GPU."""
     g = plan.cluster.gpu
-    return g.hbm_bytes_per_s * g.hbm_efficiency
+    return g.hbm_bytes_per_s * g.hbm_efficiency / default_efficiency().slowest_rank_factor(plan.cluster.num_gpus)
 
 
 def test_grad_accumulation_bytes_per_mode() -> None:

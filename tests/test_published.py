@@ -14,29 +14,33 @@ from planner.published import compare_all, load_runs, summary, summary_by_source
 
 # source -> (median tolerance, worst-row tolerance, why)
 TOLERANCES = {
-    "narayanan2021": (0.08, 0.12, "Narayanan et al. 2021 Table 1: mbs/vp unstated (filled by rule); the SC'21 "
-                                  "Megatron-LM runs 5-11% slower than the model, most on the smallest runs"),
+    "narayanan2021": (0.06, 0.12, "Narayanan et al. 2021 Table 1: mbs/vp unstated (filled by rule); the SC'21 "
+                                  "Megatron-LM runs 2-10% slower than the model, most on the smallest runs (TP 1-2)"),
     "korthikanti2022": (0.04, 0.08, "Korthikanti et al. 2022: its Table 4 is left out of the GEMM fit when its "
-                                    "runs are scored; whole-iteration overheads beyond the layers are 0-7%"),
-    "pytorch/torchtitan": (0.16, 0.40, "torchtitan on 500 W H100 HBM2e (peak unknown, +-8%); context-parallel rows at "
-                                       "131k-262k tokens run ~35% slower than FlashAttention-2's kernel rate"),
-    "NVIDIA/dgxc-benchmarking": (0.12, 0.70, "NeMo recipes: DeepSeek-V3 on GB200 (25.05) runs at 10% MFU, 3x slower "
-                                             "than modelled; on H100 -25% (MoE dispatch, imbalance, MTP not modelled)"),
-    "NVIDIA-NeMo/Automodel": (0.42, 2.40, "Automodel MoE: DeepEP dispatch and per-expert FSDP not modelled; the "
+                                    "runs are scored; the vTrain-fitted A100 rate leaves the rows 1-6% fast"),
+    "pytorch/torchtitan": (0.09, 0.36, "torchtitan on 500 W H100 HBM2e (peak unknown, +-8%); context-parallel rows at "
+                                       "131k-262k tokens run ~30% slower than FlashAttention-2 plus the ring's per-step "
+                                       "cost"),
+    "NVIDIA/dgxc-benchmarking": (0.06, 0.68, "NeMo recipes: DeepSeek-V3 on GB200 (25.05) runs at 10% MFU, 3x slower "
+                                             "than modelled; on H100 -21..-25% (MoE dispatch, imbalance, MTP not "
+                                             "modelled)"),
+    "NVIDIA-NeMo/Automodel": (0.44, 2.40, "Automodel MoE: DeepEP dispatch and per-expert FSDP not modelled; the "
                                           "gpt-oss-120b row states no expert parallelism (all FSDP)"),
-    "yanring/Megatron-MoE-ModelZoo": (0.18, 0.25, "Qwen3-235B on GB200/GB300 with CUDA graphs runs 9-20% fast; the "
-                                                  "128k-token row's activation offload is not modelled (+14%)"),
-    "NVIDIA/NeMo": (0.38, 0.40, "NeMo 24.03 long-sequence CP: TFLOPS-only rows (FLOP convention counts the full "
-                                "attention square); ring attention runs at ~0.6x the kernel rate"),
-    "FlagOpen/FlagPerf": (0.09, 0.40, "FlagPerf: Mixtral row's README states EP inconsistently (-37%); "
-                                      "Megatron-DeepSpeed rows -19..-21%"),
-    "mlcommons/training_results_v4.1": (0.07, 0.17, "MLPerf GPT-3 175B: B200 fp8 +10%, H100 -6%"),
-    "mlcommons/training_results_v5.0": (0.10, 0.22, "MLPerf Llama 3.1 405B on H100/GB200 (CUDA graphs): the model runs "
-                                                    "4-21% fast, most on GB200"),
-    "mlcommons/training_results_v5.1": (0.18, 0.34, "MLPerf Llama 3.1 8B: small per-GPU work (8-16k tokens per GPU per "
-                                                    "step) on 64-128 H100 runs 20-32% slower than modelled"),
+    "yanring/Megatron-MoE-ModelZoo": (0.18, 0.23, "Qwen3-235B on GB200/GB300 with CUDA graphs runs 4-18% fast; the "
+                                                  "128k-token row's activation offload is not modelled (+21%)"),
+    "NVIDIA/NeMo": (0.32, 0.35, "NeMo 24.03 long-sequence: TFLOPS-only rows (FLOP convention counts the full "
+                                "attention square); 16k-1M tokens run 21-32% slower, already without CP"),
+    "FlagOpen/FlagPerf": (0.09, 0.38, "FlagPerf: Mixtral row's README states EP inconsistently (-36%); "
+                                      "Megatron-DeepSpeed rows -20..-22%; A800 rows on 8 GPUs 5-10% fast"),
+    "mlcommons/training_results_v4.1": (0.06, 0.12, "MLPerf GPT-3 175B: H100 256-GPU row +8%, B200 -5%"),
+    "mlcommons/training_results_v5.0": (0.06, 0.15, "MLPerf Llama 3.1 405B on H100/GB200 (CUDA graphs): H100 within "
+                                                    "-1..+5%, GB200 512 -13%"),
+    "mlcommons/training_results_v5.1": (0.16, 0.30, "MLPerf Llama 3.1 8B: small per-GPU work (8-16k tokens per GPU per "
+                                                    "step) on 64-128 H100 runs 14-28% slower than modelled"),
 }
-OVERALL = {"median_abs_step_error": 0.10, "p90_abs_step_error": 0.37}
+OVERALL = {"median_abs_step_error": 0.065, "p90_abs_step_error": 0.33}
+# The lean (issue 23): the median signed error must stay inside this band.
+SIGNED_MEDIAN = (-0.06, 0.02)
 MEMORY_MEDIAN = 0.13  # device-level (FlagPerf nvidia-smi) and reserved (torchtitan) memory, all rows; 12.5% with
 # the FSDP2 reduce-scatter stream pool, Megatron's extra communicators and TE's fp8 weight cache (was 14.8%)
 
@@ -80,6 +84,7 @@ def test_loso_overall_does_not_regress(loso):
     assert s["num_runs"] >= 108
     for key, tol in OVERALL.items():
         assert s[key] <= tol, (key, s)
+    assert SIGNED_MEDIAN[0] <= s["signed_median_step_error"] <= SIGNED_MEDIAN[1], s
     assert s["median_abs_memory_error"] <= MEMORY_MEDIAN
 
 

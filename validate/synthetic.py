@@ -74,6 +74,8 @@ class Truth:
                                             g.architecture: {"flash": frac, "flash2": frac}},
                        gemm_sustained_by_arch={a: v for a, v in eff.gemm_sustained_by_arch.items()
                                                if a != g.architecture},
+                       sustained_clock_by_arch={a: v for a, v in eff.sustained_clock_by_arch.items()
+                                                if a != g.architecture},
                        attention_curves={a: c for a, c in eff.attention_curves.items() if a != g.architecture})
 
     def links(self):  # -> (scale-up Link, NIC Link)

@@ -190,6 +190,12 @@ class Engine:
         zero3 = sc.zero == 3 and self._dp[i] is not None
         pieces = layers if (final or zero3) else (agg,)
         op = f"{ph}{mb}" + (f".{c}" if sc.v > 1 else "")
+        st_cost = sc.costs.stages[i]
+        host = st_cost.host_sync_fwd_s if ph == "F" else (st_cost.host_sync_bwd_s if ph == "B" else 0.0)
+        if host > 0:  # host synchronisations of the framework (Plan.host_syncs): the GPU waits for the host
+            t = env.now
+            yield env.timeout(host)
+            log.append(Entry(u.index, "compute", f"host syncs {op}", "compute", t, env.now, True, op))
         t_start = env.now
         for j, pc in enumerate(pieces):
             if zero3 and ph != "W":
@@ -198,6 +204,11 @@ class Engine:
                     t = env.now
                     yield ev
                     log.append(Entry(u.index, "compute", f"wait all-gather {op} {pc.name}", "dp", t, env.now, True, op))
+                sync = sc.costs.stages[i].zero3_sync_s * pc.param_frac
+                if sync > 0:  # gathered tensor by tensor, each behind a synchronize (sim.step.stage_pieces)
+                    t = env.now
+                    yield env.timeout(sync)
+                    log.append(Entry(u.index, "compute", f"host gathers {op} {pc.name}", "dp", t, env.now, True, op))
             yield from self._piece(u, op, pc, len(pieces) > 1)
             if pc.makes_grads and pc.param_frac > 0 and self._dp[i] is not None:
                 dp = sc.dp[i]
@@ -294,7 +305,8 @@ class Engine:
         prefetch of piece ``j + 1``."""
         i = u.stage
         dp, kind, issued = self.sc.dp[i], self._dp[i], state["ag"]
-        for jj in (j, j + 1):
+        ahead = (j,) if self.sc.costs.stages[i].zero3_sync_s > 0 else (j, j + 1)  # synchronous: no prefetch
+        for jj in ahead:
             if jj < len(pieces) and (op, jj) not in issued:
                 issued[(op, jj)] = self.ag_stream[i].issue(f"all-gather {op} {pieces[jj].name}", kind,  # type: ignore[arg-type]
                                                            dp.gather_bytes * pieces[jj].param_frac, dp.gather_fixed_s)
@@ -359,7 +371,7 @@ class Engine:
             log.append(Entry(u.index, "host", "weights to GPU", "offload", t, env.now, True))
         end = env.now
         dp = sc.dp[i]
-        if sc.zero in (1, 2) and self._dp[i] is not None and dp.gather_bytes + dp.gather_fixed_s > 0:
+        if sc.param_gather and self._dp[i] is not None and dp.gather_bytes + dp.gather_fixed_s > 0:
             t_opt = env.now
             yield self.dp_stream[i].issue("all-gather params", self._dp[i], dp.gather_bytes, dp.gather_fixed_s)
             hidden = self._first_fwd_s[u.index] if sc.dp_overlap else 0.0
