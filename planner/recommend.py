@@ -245,7 +245,7 @@ def complexity(s: Strategy, num_layers: int) -> float:
     c += 1.0 * (s.precision == "fp8")
     c += 1.0 * s.offload_optimizer + 0.5 * s.offload_params + 1.0 * s.offload_activations
     c += 0.5 * (s.offload_device == "nvme")
-    c += 0.5 * bool(num_layers % (s.pp * s.vp))
+    c += 0.5 * bool(num_layers % (s.pp * s.vp) or s.pipeline_layout is not None)
     return c
 
 
@@ -307,6 +307,7 @@ def framework_space(space: SearchSpace, fw_id: str, cluster: Cluster) -> SearchS
     if not caps.etp:
         ch["etp"] = ()  # experts split as the attention's tp only
     ch["zero"] = cut("zero", space.zero, caps.zero)
+    ch["layouts"] = caps.pipeline_layout
     ch["offload"] = cut("offload", space.offload, caps.offloads)
     ch["offload_device"] = cut("offload-device", space.offload_device, caps.offload_devices)
     if caps.pp and caps.schedules:

@@ -212,6 +212,21 @@ def inflight(pp: int, m: Num, vp: Num, gpipe: Num, stage: int) -> Num:
     return np.where(gpipe, m, np.where(vp > 1, interleaved, one_f1b)) + 0.0
 
 
+def chunk_inflight(inflight_mb: Num, vp: int, pp: int) -> list[Num]:
+    """In-flight passes of each of a stage's ``vp`` model chunks at its peak: ``inflight_mb``
+    micro-batches' worth, ``inflight_mb * vp`` chunk passes, taken in the interleaved
+    schedule's order (``pp`` micro-batches of chunk 0, then of chunk 1, ...; Megatron-LM's
+    ``forward_backward_pipelining_with_interleaving``).  Equal chunks hold ``inflight_mb``
+    micro-batches of the stage, as ``inflight`` counts them."""
+    if vp == 1:
+        return [inflight_mb]
+    w = np.asarray(inflight_mb, dtype=float) * vp
+    cycle = pp * vp
+    q = np.floor(w / cycle)
+    r = w - q * cycle
+    return [q * pp + np.clip(r - c * pp, 0.0, pp) for c in range(vp)]
+
+
 def model_state_bytes(params: StageParams, strategy: Strategy) -> tuple[float, float, float]:
     """(weights, gradients, optimizer) bytes under mixed-precision Adam and ZeRO."""
     w, g, o = state_bytes(params, strategy.zero, strategy.dp * strategy.cp, strategy.expert_dp)
@@ -266,7 +281,7 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
                  dense_act_bytes: Num, moe_act_bytes: Num, full_recompute: Num, recomputed_layer_bytes: Num,
                  inflight_mb: Num, tokens: Num, rt: MemoryRuntime, offload_optimizer: Num = False,
                  offload_params: Num = False, offload_activations: Num = False, on_nvme: Num = False,
-                 oc: OffloadConstants | None = None) -> StageMemory:
+                 oc: OffloadConstants | None = None, pp: int = 1) -> StageMemory:
     """Peak bytes of one GPU of a stage of ``shape`` (module docstring), for one plan or over
     arrays: ``zero`` (ZeRO stage), per-layer activations ``dense_act_bytes`` / ``moe_act_bytes``,
     ``full_recompute`` (bool), ``inflight_mb`` (``inflight``), ``tokens`` per micro-batch and
@@ -286,7 +301,12 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
         w = np.where(off_par, 0.0, w)  # the weight shard lives on the host
     # FSDP gathers one layer ahead: two unsharded layers live
     w = w + np.where(z >= 3, 2 * 2 * shape.params.total / max(1, shape.num_layers), 0.0)
-    layers = stage_activation_bytes(shape, dense_act_bytes, moe_act_bytes) * inflight_mb
+    if shape.chunks is None:
+        layers = stage_activation_bytes(shape, dense_act_bytes, moe_act_bytes) * inflight_mb
+    else:  # a pipeline layout: the in-flight chunk passes weighted by their chunks' layers
+        layers = 0.0
+        for n, (d, e) in zip(chunk_inflight(inflight_mb, len(shape.chunks), pp), shape.chunks):
+            layers = layers + n * (d * dense_act_bytes + e * moe_act_bytes)
     host_act = 0.0
     if np.any(off_act):  # two layers' activations of one micro-batch stay (computed, in transfer)
         one = np.maximum(dense_act_bytes if shape.num_dense_layers else 0.0,
@@ -338,7 +358,7 @@ def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
                            recomputed_layer_bytes=recomputed, inflight_mb=inflight_microbatches(s, shape.index),
                            tokens=s.mbs * s.seq_len // s.cp, rt=rt, offload_optimizer=s.offload_optimizer,
                            offload_params=s.offload_params, offload_activations=s.offload_activations,
-                           on_nvme=s.offload_device == "nvme", oc=oc)
+                           on_nvme=s.offload_device == "nvme", oc=oc, pp=s.pp)
         # the node holds its GPUs' offloaded bytes: the most loaded stage's, per_node times
         if float(mem.host_bytes) + float(mem.nvme_bytes) > host_states + host_acts + nvme:
             host_states, host_acts, nvme = (float(mem.host_states_bytes), float(mem.host_activations_bytes),
