@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from sim.compute import default_efficiency
 from sim.errors import InfeasibleError, InputError
 from sim.specs import OFFLOAD_DEVICES, OFFLOADS, Cluster, Model, Strategy
-from sim.layout import check_layout, parse_layout
+from sim.layout import check_layout, layout_from_counts, megatron_layout, parse_layout
 from sim.placement import group_shape
 from sim.stages import stage_layers
 
@@ -202,6 +202,34 @@ def vp_split(model: Model, s: Strategy, *, vp: int | None = None) -> str | None:
     if len(counts) > 1 and len(set(units)) == 1 and units[0] % vp == 0:
         return "embedding+loss"
     return None
+
+
+def default_layout(model: Model, s: Strategy) -> tuple[str, ...]:
+    """The pipeline layout the planner prices for ``s`` without one: ``stage_layers``' split,
+    each stage's layers over its ``vp`` chunks as Megatron-Core splits them (``vp_split``: even,
+    or with the embedding and loss counted as a layer each), else as the event engine cuts
+    them (the first chunks take one layer more)."""
+    base = s.with_(pipeline_layout=None)
+    counts = [len(x) for x in stage_layers(model, base)]
+    vp = s.vp
+    split = vp_split(model, base) if vp > 1 else "even"
+    if split == "embedding+loss":
+        return megatron_layout(model.num_layers, s.pp, vp, account_embedding=True, account_loss=True)
+    rows = []
+    for c in counts:
+        q, extra = divmod(c, vp)
+        rows.append([q + (k < extra) for k in range(vp)])
+    return layout_from_counts(rows)
+
+
+def normalize_layout(model: Model, s: Strategy) -> Strategy:
+    """``s`` without its pipeline layout when the layout is the one the planner prices by
+    default (``default_layout``), so a recipe that states the default split reads as the plan
+    without a layout."""
+    if s.pipeline_layout is not None and "m" not in "".join(s.pipeline_layout) \
+            and s.pipeline_layout == default_layout(model, s):
+        return s.with_(pipeline_layout=None)
+    return s
 
 
 def check_feasible(model: Model, cluster: Cluster, s: Strategy, *, uneven_vp: bool = False) -> None:
