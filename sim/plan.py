@@ -254,11 +254,12 @@ def check_feasible(model: Model, cluster: Cluster, s: Strategy, *, uneven_vp: bo
                               f"seq_len={s.seq_len} must be divisible by 2*cp (load-balanced causal chunks)")
     if s.pp > model.num_layers and s.pipeline_layout is None:
         raise InfeasibleError("layers", "pp", s.pp, f"exceeds num_layers={model.num_layers}")
-    if s.vp > 1 and model.num_layers < s.pp * s.vp and s.pipeline_layout is None:
+    if s.vp > 1 and model.num_layers + 2 < s.pp * s.vp and s.pipeline_layout is None:
         # Uneven chunks are allowed (Megatron's --decoder-first/last-pipeline-num-layers), but
-        # every model chunk needs at least one layer.
+        # every model chunk needs at least one layer (or the embedding or the loss).
         raise InfeasibleError("layers", "vp", s.vp,
-                              f"pp*vp = {s.pp * s.vp} exceeds num_layers={model.num_layers}")
+                              f"pp*vp = {s.pp * s.vp} exceeds num_layers={model.num_layers} (+ the embedding and "
+                              "the loss)")
     if s.pipeline_layout is not None:
         check_layout(s.pipeline_layout, pp=s.pp, num_layers=model.num_layers)
     elif s.vp > 1 and not uneven_vp and vp_split(model, s) is None:

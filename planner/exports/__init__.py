@@ -33,6 +33,21 @@ FORMAT_FRAMEWORK: dict[str, str] = {"megatron": "megatron-core", "torchrun": "me
                                     "k8s": "megatron-core", "torchtitan": "torchtitan", "deepspeed": "megatron-deepspeed"}
 
 
+# Other framework profiles a format can launch as they are (torchtitan.toml with [compile] for
+# torchtitan-compile; Megatron-LM arguments for NeMo's Megatron-Core plans)
+FORMAT_ALSO_LAUNCHES: dict[str, tuple[str, ...]] = {"torchtitan": ("torchtitan-compile",),
+                                                    "megatron": ("nemo",), "torchrun": ("nemo",),
+                                                    "slurm": ("nemo",), "k8s": ("nemo",)}
+
+
+def launch_framework(fmt: str, framework: str | None) -> str:
+    """The profile ``fmt`` launches for a plan of ``framework`` (its own when the format can run
+    that profile, else the format's)."""
+    if framework is not None and framework in FORMAT_ALSO_LAUNCHES.get(fmt, ()):
+        return framework
+    return FORMAT_FRAMEWORK[fmt]
+
+
 def framework_of_formats(formats: list[str]) -> str | None:
     """The one framework profile ``formats`` launch, or ``None`` when they launch several (the
     plan is then searched without that restriction and each format that cannot carry it is
@@ -56,6 +71,7 @@ class LaunchSpec:
     time_limit_s: float | None = None  # expected wall time (Slurm --time), None = unset
     image: str = "nvcr.io/nvidia/pytorch:24.09-py3"
     megatron_path: str = "/opt/Megatron-LM"
+    framework: str | None = None  # the plan's profile (torchtitan-compile: the torchtitan format compiles)
 
     @property
     def num_nodes(self) -> int:
@@ -84,7 +100,7 @@ def render(fmt: str, spec: LaunchSpec) -> Rendered:
     if fmt not in FORMATS:
         raise InputError("export", fmt, f"unknown format; known: {', '.join(FORMATS)}")
     try:
-        check_supported(get_framework(FORMAT_FRAMEWORK[fmt]), spec.strategy)
+        check_supported(get_framework(launch_framework(fmt, spec.framework)), spec.strategy)
     except InfeasibleError as exc:
         raise InputError("export", fmt, f"cannot carry {exc.field}={exc.value}: {exc.message}; "
                          f"`planner recommend --export {fmt}` searches only plans it runs") from None

@@ -53,7 +53,7 @@ from typing import Callable
 from planner.exports import LaunchSpec, Rendered
 from sim.errors import InputError
 from sim.layout import format_layout, num_mtp_layers
-from sim.plan import vp_split
+from sim.plan import default_layout, vp_split
 from sim.stages import stage_layers
 
 # The run's own paths: (variable, placeholder default, what it is).  Nothing the plan depends on.
@@ -252,9 +252,9 @@ def _pipeline_split(spec: LaunchSpec, opt) -> None:
         return
     if len(set(counts)) > 1:
         middle = set(counts[1:-1]) or {counts[0]}
-        if len(middle) > 1:
-            raise InputError("export", "megatron", f"the stages' layers {counts} differ in the middle stages; "
-                             "Megatron-LM sets only the first and last stage's")
+        if len(middle) > 1:  # first/last cannot say it: state every stage's layers
+            opt("--pipeline-model-parallel-layout", format_layout(default_layout(m, s)))
+            return
         opt("--decoder-first-pipeline-num-layers", counts[0])
         opt("--decoder-last-pipeline-num-layers", counts[-1])
     if s.vp > 1:

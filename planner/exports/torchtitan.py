@@ -157,6 +157,8 @@ def torchtitan_config(spec: LaunchSpec) -> tuple[dict[str, dict[str, object]], l
         "training": training,
         "parallelism": parallel,
         "activation_checkpoint": ac,
+        # torch.compile of the model (the torchtitan-compile profile: fused element-wise ops, async TP)
+        "compile": {"enable": spec.framework == "torchtitan-compile", "components": ["model", "loss"]},
     }
     if s.precision == "fp8" and converter == "float8":
         sections["float8"] = {"recipe_name": "tensorwise", "enable_fsdp_float8_all_gather": s.zero >= 1}

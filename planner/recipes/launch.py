@@ -54,14 +54,16 @@ def read_launch(path: str, text: str, *, model: Model | None = None) -> Recipe:
     num_gpus = gpus_per_node = None
     launchers = [c.launcher for c in sh.commands if c.launcher]
     for words in launchers:
+        name = next((w for w in words if w.rsplit("/", 1)[-1] in ("torchrun", "deepspeed", "launch")),
+                    words[0]).rsplit("/", 1)[-1]
         nproc = _int_or_none(launcher_option(words, "--nproc_per_node", "--nproc-per-node", "--num_gpus", "--num-gpus"))
         nnodes = _int_or_none(launcher_option(words, "--nnodes", "--num_nodes", "--num-nodes"))
         if nproc is not None:
             gpus_per_node = nproc
-            keys.append(RecipeKey(key=f"{words[0]} --nproc_per_node", value=nproc, maps_to="cluster.gpus_per_node"))
+            keys.append(RecipeKey(key=f"{name} --nproc_per_node", value=nproc, maps_to="cluster.gpus_per_node"))
             if nnodes is not None:
                 num_gpus = nproc * nnodes
-                keys.append(RecipeKey(key=f"{words[0]} --nnodes", value=nnodes, maps_to="cluster.num_gpus",
+                keys.append(RecipeKey(key=f"{name} --nnodes", value=nnodes, maps_to="cluster.num_gpus",
                                       note="nodes x GPUs per node"))
             break
     if sh.sbatch:

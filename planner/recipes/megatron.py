@@ -53,6 +53,7 @@ COSTLY: dict[str, str] = {
     "--fp8-amax-history-len": "delayed-scaling history (small)",
     "--fp8-amax-compute-algo": "delayed-scaling reduction (small)",
     "--grad-reduce-in-bf16": "gradients reduced in bf16 (half the fp32 volume)",
+    "--grad-reduce-in-fp32": "gradient reduction precision (volume)",
     "--accumulate-allreduce-grads-in-fp32": "gradient reduction precision",
     "--no-gradient-accumulation-fusion": "weight-gradient accumulation outside the GEMM",
     "--gradient-accumulation-fusion": "weight-gradient accumulation in the GEMM",
@@ -103,7 +104,6 @@ COSTLY: dict[str, str] = {
     "--rampup-batch-size": "batch-size ramp (the planner prices --global-batch-size)",
     "--cuda-graph-scope": "which parts are captured",
     "--cuda-graph-modules": "which parts are captured",
-    "--te-rng-tracker": "needed by CUDA graphs",
     "--moe-token-drop-policy": "token dropping",
     "--num-experts-per-tok": "see --moe-router-topk",
     "--moe-router-num-groups": "node-limited routing (fewer nodes per token: less scale-out dispatch)",
@@ -113,6 +113,30 @@ COSTLY: dict[str, str] = {
     "--moe-router-enable-expert-bias": "router numerics (small)",
     "--moe-router-bias-update-rate": "router numerics (small)",
     "--calculate-per-token-loss": "loss normalisation (small)",
+    # Megatron-Core TransformerConfig fields as NeMo / Megatron-Bridge dumps name them
+    "--async-tensor-model-parallel-allreduce": "tensor-parallel all-reduce overlapped with the weight GEMM",
+    "--batch-p2p-comm": "pipeline sends batched",
+    "--bias-activation-fusion": "fused bias-activation kernel",
+    "--bias-dropout-fusion": "fused bias-dropout-add kernel",
+    "--masked-softmax-fusion": "fused softmax (unfused attention only)",
+    "--persist-layer-norm": "layer-norm kernel",
+    "--memory-efficient-layer-norm": "layer-norm memory",
+    "--deallocate-pipeline-outputs": "pipeline outputs freed after the send (memory)",
+    "--disable-parameter-transpose-cache": "transposed fp8 weights not cached (memory, casts)",
+    "--fp32-residual-connection": "fp32 residual stream (memory)",
+    "--fp8-dot-product-attention": "fp8 attention kernels",
+    "--fp8-multi-head-attention": "fp8 attention projections",
+    "--activation-func-fp8-input-store": "fp8 activation inputs stored (memory)",
+    "--tp-comm-*": "userbuffers overlap tuning",
+    "--tp-only-amax-red": "fp8 amax reduction scope",
+    "--use-ring-exchange-p2p": "pipeline sends as ring exchanges",
+    "--wgrad-deferral-limit": "deferred weight gradients",
+    "--moe-extended-tp": "experts split by tensor parallelism",
+    "--moe-token-dropping": "token dropping caps the expert load",
+    "--fsdp-double-buffer": "Megatron-FSDP double buffers (memory)",
+    "--use-nccl-ub": "NCCL userbuffers for FSDP collectives",
+    "--fsdp-manual-registration": "NCCL userbuffer registration",
+    "--megatron-fsdp-*": "Megatron-FSDP communication and gradient precision",
 }
 # Ignored keys that do not change a step's cost (exact names or "prefix*").
 NO_COST: tuple[str, ...] = (
@@ -137,7 +161,11 @@ NO_COST: tuple[str, ...] = (
     "--use-checkpoint-opt_param-scheduler", "--lr-decay-*", "--lr-warmup-*", "--no-bias-swiglu-fusion",
     "--inference-*", "--rl-*", "--moe-router-topk-scaling-factor", "--decoupled-lr", "--mscale",
     "--moe-router-force-load-balancing", "--moe-grouped-gemm", "--no-create-attention-mask-in-dataloader",
-    "--use-cpu-initialization", "--log-throughput", "--record-*", "--straggler-*", "--enable-ft-package",
+    "--use-cpu-initialization", "--use-te-rng-tracker", "--te-rng-tracker", "--use-persistent-ckpt-worker",
+    "--apply-query-key-layer-scaling", "--apply-residual-connection-post-layernorm", "--config-logger-dir",
+    "--parallel-output", "--test-mode", "--variable-seq-lengths", "--clone-scatter-output-in-embedding",
+    "--enable-autocast", "--layernorm-zero-centered-gamma", "--batch-p2p-sync", "--enable-megatron-core-experimental",
+    "--mcore-gpt", "--use-flash-attn-*", "--log-throughput", "--record-*", "--straggler-*", "--enable-ft-package",
     "--calc-ft-timeouts", "--fp8-margin", "--fp8-interval", "--fp8-wgrad", "--no-fp8-wgrad", "--first-last-layers-bf16",
     "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16", "--loss-scale*", "--initial-loss-scale",
     "--min-loss-scale", "--hysteresis", "--attention-softmax-in-fp32", "--fp16-lm-cross-entropy",
@@ -280,7 +308,7 @@ class _Reader:
             v = self.opts[k]
             if k in self.ignored:
                 out.append(RecipeKey(key=k, value=v, cost=self.ignored[k][0], note=self.ignored[k][1]))
-            elif k in self.maps:
+            elif k in self.maps and self.maps[k][0]:
                 maps_to, note = self.maps[k]
                 out.append(RecipeKey(key=k, value=v, maps_to=maps_to, note=note))
             else:
@@ -366,7 +394,8 @@ def read_megatron(path: str, options: list[tuple[str, object]], *, dialect: str,
         st.pop("recompute_num_layers", None)
     modules = r.opts.get("--recompute-modules")
     if modules is not None and st.get("recompute") == "selective":
-        mods = [modules] if isinstance(modules, str) else list(modules) if isinstance(modules, list) else []
+        raw = " ".join(modules) if isinstance(modules, list) else str(modules)
+        mods = [m for m in re.split(r"[\s,\[\]'\"]+", raw) if m]
         policy = ("mlp" if {"mlp", "moe"} & set(mods) else "moe_act" if "moe_act" in mods else
                   "mla_up_proj" if "mla_up_proj" in mods else "attention" if "core_attn" in mods else None)
         if policy is not None:
@@ -510,12 +539,19 @@ def read_megatron(path: str, options: list[tuple[str, object]], *, dialect: str,
     if vp is not None and vp > 1:
         st["vp"] = vp
         st["schedule"] = "interleaved"
-        # Megatron-Core overlaps pipeline sends with interleaving unless told not to
-        st["pp_overlap"] = not r.flag("--no-overlap-p2p-communication", "strategy.pp_overlap", "off")
-        if r.flag("--overlap-p2p-communication", "strategy.pp_overlap", "on (core_v0.5-0.7 switch)"):
-            st["pp_overlap"] = True
-    elif r.has("--no-overlap-p2p-communication"):
-        r.flag("--no-overlap-p2p-communication", "strategy.pp_overlap", "no interleaving: no effect")
+        # Megatron-Core overlaps pipeline sends with interleaving unless told not to (core_v0.8+;
+        # core_v0.5-0.7 had the opposite switch, --overlap-p2p-communication, off by default)
+        pp_ov = True
+        if r.has("--overlap-p2p-communication"):
+            pp_ov = r.flag("--overlap-p2p-communication", "strategy.pp_overlap")
+        if r.has("--no-overlap-p2p-communication") and r.flag("--no-overlap-p2p-communication", "strategy.pp_overlap",
+                                                              "off"):
+            pp_ov = False
+        st["pp_overlap"] = pp_ov
+    else:
+        for k in ("--no-overlap-p2p-communication", "--overlap-p2p-communication"):
+            if r.has(k):
+                r.ignore(k, "no", "no interleaving (vp 1): no effect")
 
     # ---- cluster from the launcher (the caller reads it) and the framework
     if framework is None:
@@ -594,14 +630,15 @@ def _model(path: str, r: _Reader, tp: int, n_layers: int | None, warn: list[str]
         topk = r.int("--moe-router-topk", "model.moe.top_k") or 2
         e_ffn = r.int("--moe-ffn-hidden-size", "model.moe.expert_ffn_hidden_size") or ffn
         shared = r.int("--moe-shared-expert-intermediate-size", "model.moe.num_shared_experts", minimum=0) or 0
-        if shared % e_ffn:
-            raise recipe_error(path, "--moe-shared-expert-intermediate-size", shared,
-                               f"must be a multiple of the expert size {e_ffn} (the planner counts shared experts)")
+        n_shared = -(-shared // e_ffn)
+        if shared and shared != n_shared * e_ffn:
+            warn.append(f"--moe-shared-expert-intermediate-size {shared}: priced as {n_shared} shared expert(s) of "
+                        f"{e_ffn} (the planner counts shared experts in expert sizes)")
         first, freq = 0, 1
         freq_v = r.get("--moe-layer-freq", "model.moe.first_k_dense_layers")
         if freq_v is not None:
             first, freq = _moe_layer_pattern(path, "--moe-layer-freq", freq_v, n_layers)
-        moe = MoeSpec(num_experts=experts, top_k=topk, expert_ffn_hidden_size=e_ffn, num_shared_experts=shared // e_ffn,
+        moe = MoeSpec(num_experts=experts, top_k=topk, expert_ffn_hidden_size=e_ffn, num_shared_experts=n_shared,
                       layer_frequency=freq, first_k_dense_layers=first)
     mla = {}
     if r.flag("--multi-latent-attention", "model.kv_lora_rank"):

@@ -57,6 +57,7 @@ RENAMED: dict[str, str] = {
     "layernorm_epsilon": "--norm-epsilon",
     "cpu_offloading_num_layers": "--cpu-offloading-num-layers",
     "use_custom_fsdp": "--use-megatron-fsdp",
+    "overlap_p2p_comm": "--overlap-p2p-communication",
 }
 # keys whose meaning needs more than a rename (handled in _translate)
 SPECIAL = {"share_embeddings_and_output_weights", "gated_linear_unit", "activation", "activation_func", "fp8",
@@ -155,6 +156,8 @@ def _translate(path: str, flat: list[tuple[str, object]], warn: list[str]) -> tu
                 or name in ("_target_", "_call_") or ".tokenizer." in f".{key}." or key.startswith("model.data."):
             if name == "pretrained_model_name" and isinstance(value, str):
                 extra["tokenizer"] = value
+            if name == "type" and ".tokenizer." in f".{key}." and isinstance(value, str):
+                extra["tokenizer_type"] = value
             if section == "perf_matrix":
                 continue
             keys.append(RecipeKey(key=key, value=value, cost="no" if section != "perf_matrix" else "unknown",
@@ -164,6 +167,10 @@ def _translate(path: str, flat: list[tuple[str, object]], warn: list[str]) -> tu
             continue
         if value is None:
             keys.append(RecipeKey(key=key, value=None, cost="no", note="unset"))
+            continue
+        if isinstance(value, str) and "${" in value:  # an OmegaConf resolver the reader does not evaluate
+            keys.append(RecipeKey(key=key, value=value, cost="unknown", note="OmegaConf resolver not evaluated"))
+            warn.append(f"{key} = {value}: OmegaConf resolver not evaluated (key ignored)")
             continue
         if name in ("devices", "num_nodes") and section == "trainer":
             if isinstance(value, int) and not isinstance(value, bool):
@@ -302,6 +309,8 @@ def read_nemo(path: str, doc: object, *, model: Model | None = None) -> Recipe:
         tok = str(extra["tokenizer"])
         if tok == "gpt2":
             opts.append(("--tokenizer-type", "GPT2BPETokenizer"))
+    if model is None and "tokenizer_type" in extra and not any(k == "--vocab-size" for k, _ in opts):
+        opts.append(("--tokenizer-type", str(extra["tokenizer_type"])))
     recipe = read_megatron(path, opts, dialect=dialect, model=model, num_gpus=num_gpus, gpus_per_node=gpus_per_node,
                            warnings=warn, default_precision="bf16", framework="nemo", versions=VERSIONS,
                            format="nemo")
