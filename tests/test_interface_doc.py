@@ -42,7 +42,8 @@ def test_every_strategy_key_named_parses():
             "schedule", "etp"} <= keys
     for key in sorted(keys):
         value = SAMPLE.get(key, "1")
-        text = {"dp": "dp=8", "sp": "tp=2,sp=1", "etp": "tp=2,etp=1", "vp": "pp=2,vp=1"}.get(key, f"{key}={value}")
+        text = {"dp": "dp=8", "sp": "tp=2,sp=1", "etp": "tp=2,etp=1", "vp": "pp=2,vp=1", "layout": "pp=2,layout=Et|tL",
+                "recompute_method": "recompute=full,recompute_method=block"}.get(key, f"{key}={value}")
         parse_strategy(text, num_gpus=8)  # an unknown key is an InputError
 
 

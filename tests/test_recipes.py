@@ -206,3 +206,24 @@ def test_bad_recipes_are_one_line_naming_file_key_and_value(tmp_path, capsys, na
     assert rc == 2, err
     assert err.count("\n") == 1 and err.startswith("error: ") and needle in err, err
     assert name in err or needle.startswith(name)
+
+
+def test_each_format_page_names_every_key_its_reader_maps_or_prices():
+    """docs/recipes/<format>.md has the key table: every key a corpus recipe maps and every
+    ignored key the reader knows to change the cost is named on its format's page."""
+    from planner.recipes import deepspeed, megatron, torchtitan
+
+    pages = {f: (ROOT / "docs" / "recipes" / f"{f}.md").read_text() for f in ("megatron", "nemo", "torchtitan",
+                                                                                "deepspeed")}
+    for mod, fmt in ((megatron, "megatron"), (torchtitan, "torchtitan"), (deepspeed, "deepspeed")):
+        for key in mod.COSTLY:
+            assert f"`{key}`" in pages[fmt], (fmt, key)
+    for e in ENTRIES:
+        recipe, *_ = _load(e)
+        for k in recipe.keys:
+            if not k.maps_to or k.maps_to.startswith("cluster"):
+                continue
+            name = k.key.rsplit(".", 1)[-1] if recipe.format != "megatron" else k.key
+            if recipe.format == "megatron" and recipe.framework == "megatron-deepspeed" and ":" in name:
+                continue
+            assert name in pages[recipe.format], (e["file"], k.key)
