@@ -217,7 +217,7 @@ class Recommendation:
             "candidates_evaluated": self.evaluated,
             "rejected": self.rejected,
             "rejected_total": sum(self.rejected.values()),
-            "gpu_counts_searched": [r.cluster.num_gpus for r in self.searches],
+            "gpu_counts_searched": list(dict.fromkeys(r.cluster.num_gpus for r in self.searches)),
             "search_time_s": self.search_time_s,
             "timings_s": self.timings_s,
             "ranking": {"engine": self.ranking_engine, "note": self.ranking_note,
@@ -307,7 +307,7 @@ def framework_space(space: SearchSpace, fw_id: str, cluster: Cluster) -> SearchS
     if not caps.etp:
         ch["etp"] = ()  # experts split as the attention's tp only
     ch["zero"] = cut("zero", space.zero, caps.zero)
-    ch["layouts"] = caps.pipeline_layout
+    ch["layouts"] = caps.pipeline_layout  # refined around the best layouts (layout_searches)
     ch["offload"] = cut("offload", space.offload, caps.offloads)
     ch["offload_device"] = cut("offload-device", space.offload_device, caps.offload_devices)
     if caps.pp and caps.schedules:
@@ -322,6 +322,48 @@ def framework_space(space: SearchSpace, fw_id: str, cluster: Cluster) -> SearchS
     if recipes:
         ch["fp8_recipe"] = recipes[0]
     return space.replace(**ch)
+
+
+LAYOUT_REFINE = 3  # best distinct pipelined layouts whose pipeline layouts recommend searches
+
+
+def layout_searches(searches: list[SearchResult], model: Model, *, gbs: int, seq_len: int, space: SearchSpace,
+                    settings: Settings, objective: "ObjectiveSpec", tokens_per_step: int,
+                    eff: object) -> list[SearchResult]:
+    """Pipeline layouts (``SearchSpace.layouts``) for the ``LAYOUT_REFINE`` best distinct
+    pipelined layouts of ``searches``: each layout's degrees with the balanced layouts of every
+    ``vp`` the default split cannot interleave (``planner.search``).  Pricing a layout runs the
+    interleaved schedule pass by pass (``sim.interleave``), too slow for every layout of the
+    space; the best layouts are where a better split pays."""
+    ranked: list[tuple[float, int, object]] = []
+    for k, r in enumerate(searches):
+        if not r.evaluated:
+            continue
+        obj = objective.values(r.candidates.step_time_s, tokens_per_step, r.cluster.num_gpus)
+        for i in np.argsort(obj, kind="stable")[:2000]:
+            lay = r.candidates.layouts[int(r.candidates.layout_id[int(i)])]
+            if lay.pp > 1:
+                ranked.append((float(obj[int(i)]), k, lay))
+    ranked.sort(key=lambda t: t[0])
+    seen: list[tuple] = []
+    out = []
+    for _, k, lay in ranked:
+        key = (k, lay.tp, lay.cp, lay.pp, lay.ep, lay.etp, lay.precision)
+        if key in seen:
+            continue
+        seen.append(key)
+        r = searches[k]
+        sub = space.replace(tp=(lay.tp,), cp=(lay.cp,), pp=(lay.pp,), ep=(lay.ep,),
+                            etp=(lay.etp,) if lay.etp is not None else (), precision=(lay.precision,),
+                            layouts=True, layouts_only=True)
+        try:
+            out.append(search(model, r.cluster, gbs=gbs, seq_len=seq_len, space=sub, plan_kwargs=settings.kwargs,
+                              dp_overlap=settings.dp_overlap, eff=eff, workers=1))  # type: ignore[arg-type]
+        except InputError:
+            pass
+        if len(seen) >= LAYOUT_REFINE:
+            break
+    return out
 
 
 def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: SearchSpace | None = None,
@@ -356,8 +398,11 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: 
     searches = []
     for n in gpu_counts(cluster, min_gpus):
         cl = cluster if n == cluster.num_gpus else cluster_with_gpus(cluster, n)
-        searches.append(search(model, cl, gbs=gbs, seq_len=seq_len, space=space, plan_kwargs=settings.kwargs,
-                               dp_overlap=settings.dp_overlap, eff=eff, workers=workers))
+        searches.append(search(model, cl, gbs=gbs, seq_len=seq_len, space=space.replace(layouts=False),
+                               plan_kwargs=settings.kwargs, dp_overlap=settings.dp_overlap, eff=eff, workers=workers))
+    if space.layouts:  # pipeline layouts, around the best pipelined layouts found
+        searches += layout_searches(searches, model, gbs=gbs, seq_len=seq_len, space=space, settings=settings,
+                                    objective=objective, tokens_per_step=gbs * seq_len, eff=eff)
 
     # Objective over every timed candidate of every search.
     objs, src, idx = [], [], []

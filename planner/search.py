@@ -11,7 +11,8 @@ The space (``SearchSpace``) is every combination of
   ``vp``, ``interleaved`` with ``vp >= 2``; just ``1f1b`` without pipelining);
 * with ``layouts`` (a framework that runs Megatron-Core's pipeline layouts), for each ``(pp, vp)``
   the default split cannot interleave, the balanced pipeline layouts of ``sim.layout``, each a
-  layout of its own with that one ``vp``;
+  layout of its own with that one ``vp`` (``planner.recommend`` searches them around its best
+  layouts only: a layout is priced by running the interleaved schedule, ``sim.interleave``);
 * offload (``none``, ``optimizer``, ``params`` by default; ``activations`` and combinations when
   asked), each with the ZeRO stages it runs with (``sim.plan.check_offload``: optimizer with
   1-3, params with 3; without data parallelism the lowest such stage), on ``offload_device``.
@@ -91,8 +92,10 @@ class SearchSpace:
     offload: tuple[str, ...] = ("none", "optimizer", "params")
     offload_device: tuple[str, ...] = ("cpu",)
     # pipeline layouts (sim.layout) for the (pp, vp) pairs the default split cannot interleave:
-    # the framework must run Megatron-Core's --pipeline-model-parallel-layout (recommend sets it)
+    # the framework must run Megatron-Core's --pipeline-model-parallel-layout (recommend sets it);
+    # ``layouts_only`` evaluates just those (recommend's refinement around its best layouts)
     layouts: bool = False
+    layouts_only: bool = False
     max_tp: int = 64
     max_cp: int = 16
     max_vp: int = 8
@@ -250,7 +253,8 @@ def _layouts(model: Model, cluster: Cluster, space: SearchSpace, uneven_vp: bool
                     dp = rest2 // pp
                     for ep in eps:
                         for etp in _etps(model, space, tp, ep):
-                            out.append(Layout(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, precision=precision, etp=etp))
+                            if not space.layouts_only:
+                                out.append(Layout(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, precision=precision, etp=etp))
                             for lay in _pipeline_layouts(model, space, pp, uneven_vp):
                                 out.append(Layout(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, precision=precision, etp=etp,
                                                   pipeline_layout=lay))

@@ -10,8 +10,9 @@ tests/test_layout.py).  ``interleaved_time_s`` therefore evaluates the schedule 
 rank runs its passes in Megatron-LM's order (``interleaved_order``, the order
 ``forward_backward_pipelining_with_interleaving`` issues, which the event engine runs too), each pass starting when the rank is
 free and its input has arrived (max-plus recurrence; the longest path through the schedule's
-dependency graph).  It works elementwise on numpy arrays, so the search prices a grid of plans
-in one pass, and costs ``2 m pp vp`` steps.  The event engine runs the same order with every
+dependency graph).  The graph is built once per ``(pp, m, vp)`` and evaluated level by level
+(the passes of one level are independent: about ``2 m vp`` levels of ``pp`` passes each), and
+every duration may be a numpy array, so the search prices a grid of plans in one pass.  The event engine runs the same order with every
 transfer a flow on the fabric and checks it (tests/test_layout.py).
 
 Known error: the sends are charged to the sending pass (blocking, or their excess over the
@@ -21,6 +22,7 @@ engine's.
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence, Union
 
 import numpy as np
@@ -58,6 +60,64 @@ def interleaved_order(p: int, m: int, v: int, i: int) -> list[Op]:
     return out
 
 
+@functools.lru_cache(maxsize=64)
+def _levels(pp: int, m: int, vp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[np.ndarray],
+                                               np.ndarray]:
+    """The schedule's dependency graph, once per (pp, m, vp): for every pass its duration row
+    (``phase * pp * vp + rank * vp + chunk``), the pass before it on its rank and the pass whose
+    output it needs (``-1``: none; index ``n`` is a zero row), the passes grouped by level
+    (longest chain of dependencies before them: the passes of one level are independent), and
+    each rank's last pass."""
+    nv = pp * vp
+    orders = [interleaved_order(pp, m, vp, i) for i in range(pp)]
+    index: dict[tuple[str, int, int], int] = {}
+    dur, prev, dep, rank_of = [], [], [], []
+    for i, order in enumerate(orders):
+        for phase, mb, c in order:
+            index[(phase, mb, c * pp + i)] = len(dur)
+            dur.append((0 if phase == "F" else 1) * pp * vp + i * vp + c)
+            rank_of.append(i)
+    n = len(dur)
+    prev = [-1] * n
+    dep = [-1] * n
+    for i, order in enumerate(orders):
+        last = -1
+        for phase, mb, c in order:
+            k = index[(phase, mb, c * pp + i)]
+            prev[k] = last
+            last = k
+            vs = c * pp + i
+            if phase == "F":
+                dep[k] = index[("F", mb, vs - 1)] if vs else -1
+            else:
+                dep[k] = index[("F", mb, vs)] if vs == nv - 1 else index[("B", mb, vs + 1)]
+    level = [-1] * n
+    pos = [0] * pp
+    remaining = n
+    while remaining:  # a topological pass over the ranks' orders
+        moved = False
+        for i, order in enumerate(orders):
+            while pos[i] < len(order):
+                phase, mb, c = order[pos[i]]
+                k = index[(phase, mb, c * pp + i)]
+                d = dep[k]
+                if d >= 0 and level[d] < 0:
+                    break
+                level[k] = 1 + max(level[prev[k]] if prev[k] >= 0 else -1, level[d] if d >= 0 else -1)
+                pos[i] += 1
+                remaining -= 1
+                moved = True
+        if not moved:
+            raise AssertionError("interleaved schedule made no progress")
+    lv = np.asarray(level)
+    order_idx = np.argsort(lv, kind="stable")
+    bounds = np.searchsorted(lv[order_idx], np.arange(lv.max() + 2))
+    groups = [order_idx[bounds[j]:bounds[j + 1]] for j in range(len(bounds) - 1)]
+    last_of_rank = np.array([index[(o[-1][0], o[-1][1], o[-1][2] * pp + i)] for i, o in enumerate(orders)])
+    fix = lambda a: np.where(np.asarray(a) < 0, n, np.asarray(a))  # noqa: E731
+    return np.asarray(dur), fix(prev), fix(dep), np.asarray(rank_of), groups, last_of_rank
+
+
 def interleaved_time_s(fwd: Sequence[Sequence[Num]], bwd: Sequence[Sequence[Num]], *,
                        m: int) -> tuple[Num, list[Num]]:
     """(Time from the first forward to the last backward, when each rank ends its last pass)
@@ -65,41 +125,17 @@ def interleaved_time_s(fwd: Sequence[Sequence[Num]], bwd: Sequence[Sequence[Num]
     backward through chunk ``c`` of rank ``i`` (with its send).  Virtual stage ``c * pp + i``
     feeds ``c * pp + i + 1`` forward and ``c * pp + i - 1`` backward."""
     pp, vp = len(fwd), len(fwd[0])
-    nv = pp * vp
     if m % pp:
         raise ValueError(f"interleaved schedule needs micro-batches ({m}) divisible by pp={pp}")
-    orders = [interleaved_order(pp, m, vp, i) for i in range(pp)]
-    f_end: list[list[Num | None]] = [[None] * m for _ in range(nv)]
-    b_end: list[list[Num | None]] = [[None] * m for _ in range(nv)]
-    free: list[Num] = [0.0] * pp
-    pos = [0] * pp
-    left = sum(len(o) for o in orders)
-    while left:
-        moved = False
-        for i in range(pp):
-            order = orders[i]
-            while pos[i] < len(order):
-                phase, mb, c = order[pos[i]]
-                vs = c * pp + i
-                if phase == "F":
-                    dep = f_end[vs - 1][mb] if vs else 0.0
-                    if dep is None:
-                        break
-                    end = np.maximum(free[i], dep) + fwd[i][c]
-                    f_end[vs][mb] = end
-                else:
-                    dep = f_end[vs][mb] if vs == nv - 1 else b_end[vs + 1][mb]
-                    if dep is None:
-                        break
-                    end = np.maximum(free[i], dep) + bwd[i][c]
-                    b_end[vs][mb] = end
-                free[i] = end
-                pos[i] += 1
-                left -= 1
-                moved = True
-        if not moved:  # the schedule's own order cannot deadlock; this is an internal check
-            raise AssertionError("interleaved schedule made no progress")
-    out = free[0]
-    for t in free[1:]:
+    dur_idx, prev, dep, _, groups, last = _levels(pp, m, vp)
+    table = [fwd[i][c] for i in range(pp) for c in range(vp)] + [bwd[i][c] for i in range(pp) for c in range(vp)]
+    shape = np.broadcast_shapes(*(np.shape(x) for x in table))
+    dur = np.stack([np.broadcast_to(np.asarray(x, dtype=float), shape) for x in table])
+    end = np.zeros((len(dur_idx) + 1,) + shape)  # the last row: "no dependency" ends at 0
+    for g in groups:  # the passes of a level do not depend on each other
+        end[g] = np.maximum(end[prev[g]], end[dep[g]]) + dur[dur_idx[g]]
+    ends = [end[k] if shape else float(end[k]) for k in last]
+    out = ends[0]
+    for t in ends[1:]:
         out = np.maximum(out, t)
-    return out, list(free)
+    return out, ends
