@@ -227,3 +227,25 @@ def test_each_format_page_names_every_key_its_reader_maps_or_prices():
             if recipe.format == "megatron" and recipe.framework == "megatron-deepspeed" and ":" in name:
                 continue
             assert name in pages[recipe.format], (e["file"], k.key)
+
+
+@pytest.mark.parametrize("suffix", [".sh", ".yaml", ".toml", ".json"])
+def test_any_text_is_read_or_refused_in_one_line(tmp_path, capsys, suffix):
+    """Whatever the file holds, import exits 0 or 2 (one line), never an internal error."""
+    from hypothesis import given, settings, strategies as st
+
+    fragments = ["--tensor-model-parallel-size", "--pipeline-model-parallel-layout", "Et*2|tL", "[parallelism]",
+                 "pipeline_parallel_degree = 2", "model:", "  num_layers: -3", '"train_batch_size": 8', "{", "}",
+                 "--num-layers", "32", "--bf16", "tensor_model_parallel_size: 0", "= \"x\"", "(tt|)*99999999", "$((1/0))"]
+
+    @settings(max_examples=25, deadline=None)
+    @given(st.lists(st.one_of(st.sampled_from(fragments), st.text(max_size=12)), max_size=12))
+    def run(parts):
+        f = tmp_path / f"r{suffix}"
+        f.write_text(" ".join(parts) if suffix != ".yaml" else "\n".join(parts))
+        rc = main(["import", str(f), "--model", "llama3-8b", "--num-gpus", "8"])
+        err = capsys.readouterr().err
+        assert rc in (0, 2), err
+        assert rc == 0 or err.count("\n") == 1
+
+    run()

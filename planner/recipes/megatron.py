@@ -231,6 +231,8 @@ def _moe_layer_pattern(path: str, key: str, value: object, num_layers: int) -> t
         return 0, int(text)
     if not re.fullmatch(r"[\[\]\(\)0-9,+*\s]+", text):
         raise recipe_error(path, key, value, "must be an integer or a list expression such as [0]*3+[1]*58")
+    if any(int(n) > 1 << 16 for n in re.findall(r"\d+", text)):
+        raise recipe_error(path, key, value, "repeats more layers than a model has")
     try:
         pattern = eval(text, {"__builtins__": {}}, {})  # noqa: S307 digits, brackets, + and * only
     except Exception:  # noqa: BLE001

@@ -34,6 +34,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from sim.errors import InputError
 from sim.specs import Model
 
 from planner.recipes.base import Recipe, RecipeKey, as_int, flatten, recipe_error
@@ -274,12 +275,8 @@ def read_nemo(path: str, doc: object, *, model: Model | None = None) -> Recipe:
         raise recipe_error(path, "yaml", type(doc).__name__, "must be a mapping")
     try:
         dialect, body = _dialect(doc)
-    except Exception as exc:  # noqa: BLE001  re-raised with the file name
-        from sim.errors import InputError
-
-        if isinstance(exc, InputError):
-            raise recipe_error(path, "yaml", exc.value, exc.message) from None
-        raise
+    except InputError as exc:  # re-raised with the file name
+        raise recipe_error(path, "yaml", exc.value, exc.message) from None
     if "ConfigContainer" in body:
         body = {**body["ConfigContainer"], **{k: v for k, v in body.items() if k != "ConfigContainer"}}
     body = _resolve_interpolations(body)
@@ -311,9 +308,15 @@ def read_nemo(path: str, doc: object, *, model: Model | None = None) -> Recipe:
             opts.append(("--tokenizer-type", "GPT2BPETokenizer"))
     if model is None and "tokenizer_type" in extra and not any(k == "--vocab-size" for k, _ in opts):
         opts.append(("--tokenizer-type", str(extra["tokenizer_type"])))
-    recipe = read_megatron(path, opts, dialect=dialect, model=model, num_gpus=num_gpus, gpus_per_node=gpus_per_node,
-                           warnings=warn, default_precision="bf16", framework="nemo", versions=VERSIONS,
-                           format="nemo")
+    try:
+        recipe = read_megatron(path, opts, dialect=dialect, model=model, num_gpus=num_gpus,
+                               gpus_per_node=gpus_per_node, warnings=warn, default_precision="bf16", framework="nemo",
+                               versions=VERSIONS, format="nemo")
+    except InputError as exc:  # name the key as the file does
+        head, _, option = exc.field.rpartition(": ")
+        if option in origin:
+            raise InputError(f"{head}: {origin[option]}" if head else origin[option], exc.value, exc.message) from None
+        raise
     # report every key under its own name
     renamed = []
     for k in recipe.keys:

@@ -332,7 +332,9 @@ def read_torchtitan(path: str, doc: dict, *, model: Model | None = None) -> Reci
         w_out = integer("parallelism.pipeline_parallel_last_stage_less_layers", maps_to="strategy.pipeline_layout",
                         default=1, minimum=0)
         parts: list[str] | None = None
+        split_key = "parallelism.pipeline_parallel_schedule"
         if fqns is not None:
+            split_key = kf or split_key
             parts = _parts_from_fqns(path, kf, fqns)
             layout_note = "module_fqns_per_model_part"
         elif model is not None:
@@ -350,18 +352,20 @@ def read_torchtitan(path: str, doc: dict, *, model: Model | None = None) -> Reci
                 parts = [("E" if i == 0 else "") + "t" * (bounds[i + 1] - bounds[i]) + ("L" if i == len(bounds) - 2 else "")
                          for i in range(len(bounds) - 1)]
                 layout_note = "pipeline_parallel_split_points"
+                split_key = ks or split_key
             else:
                 if lps is not None:
                     n_stages = math.ceil((L + (w_in or 0) + (w_out or 0)) / lps)
                     layout_note = "pipeline_parallel_layers_per_stage"
+                    split_key = "parallelism.pipeline_parallel_layers_per_stage"
                 else:
                     n_stages = pp * (1 if single else 2)
                     layout_note = "torchtitan's default split"
                 parts = llm_parts(n_stages, L, w_in or 0, w_out or 0)
         if parts is not None:
             if len(parts) % pp:
-                raise recipe_error(path, "pipeline split", len(parts), f"{len(parts)} model parts is not a multiple of "
-                                   f"pipeline_parallel_degree={pp}")
+                raise recipe_error(path, split_key, lps if "layers_per_stage" in split_key else len(parts),
+                                   f"gives {len(parts)} model parts, not a multiple of pipeline_parallel_degree={pp}")
             vp = len(parts) // pp
             if single and vp != 1:
                 raise recipe_error(path, "pipeline_parallel_schedule", sched, f"runs one stage per rank, the split has {vp}")
