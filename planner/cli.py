@@ -10,7 +10,7 @@ from typing import Sequence
 from sim.errors import InputError
 from sim.plan import MOE_DISPATCHERS, SELECTIVE_POLICIES
 
-from planner import cmd_check, cmd_economics, cmd_recommend, cmd_validate
+from planner import cmd_check, cmd_economics, cmd_import, cmd_recommend, cmd_validate
 
 EXIT_BAD_INPUT = 2
 
@@ -125,17 +125,24 @@ def print_step_summary(out: dict, *, model: str, gpu: str, num_gpus: int) -> Non
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from planner.cmd_import import apply_recipe
     from planner.inputs import cluster_from_args, model_from_args, seq_len_from_args
     from planner.report import priced, run_choices
     from sim.run import resolve
     from sim.simulate import simulate_run
 
+    imported = apply_recipe(args, command="simulate")  # --recipe: the flags it states
     model = model_from_args(args)
     cluster = cluster_from_args(args)
     run = resolve(model, cluster, args.strategy, run_choices(args), seq_len=seq_len_from_args(args))
     result = simulate_run(run, engine=args.engine, trace_path=args.trace, whatif=_whatif_from_args(args),
                           explicit_ranks=args.explicit_ranks)
     out = priced(run, result)
+    if imported is not None:
+        out["recipe"] = {"path": imported.recipe.path, "format": imported.recipe.format,
+                         "ignored_costly": [k.key for k in imported.recipe.ignored if k.cost == "yes"],
+                         "warnings": list(imported.recipe.warnings)}
+        out["warnings"] = list(out["warnings"]) + [f"recipe: {w}" for w in imported.recipe.warnings]
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=False))
     else:
@@ -188,9 +195,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
     p = sub.add_parser("simulate", help="predict one training step of a model, cluster and strategy")
-    add_model_args(p)
-    add_cluster_args(p)
-    p.add_argument("--strategy", required=True, help="e.g. tp=8,pp=16,mbs=1,gbs=1536,sp=1,recompute=selective")
+    add_model_args(p, recipe=True)
+    add_cluster_args(p, recipe=True)
+    p.add_argument("--strategy", default=None, help="e.g. tp=8,pp=16,mbs=1,gbs=1536,sp=1,recompute=selective "
+                   "(required unless --recipe)")
+    p.add_argument("--recipe", default=None, metavar="FILE",
+                   help="a Megatron-LM / NeMo / Megatron-Bridge / torchtitan / DeepSpeed recipe: its model, strategy, "
+                        "framework and cluster (flags given here win; `planner import FILE` shows the reading)")
     p.add_argument("--engine", choices=("analytic", "event"), default="event",
                    help="event: discrete-event simulation (default); analytic: closed forms, fast")
     p.add_argument("--framework", default=None,
@@ -228,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_catalog)
 
-    for module in (cmd_recommend, cmd_check, cmd_validate, cmd_economics):  # subcommands in their own modules
+    for module in (cmd_recommend, cmd_check, cmd_validate, cmd_economics, cmd_import):  # subcommands in their own modules
         module.register(sub)
     return parser
 

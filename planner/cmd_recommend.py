@@ -20,8 +20,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     from planner.inputs import add_cluster_args, add_model_args
 
     p = sub.add_parser("recommend", help="search the parallel-strategy space and recommend the best plans")
-    add_model_args(p)
-    add_cluster_args(p)
+    add_model_args(p, recipe=True)
+    add_cluster_args(p, recipe=True)
+    r = p.add_argument_group("recipe")
+    r.add_argument("--recipe", default=None, metavar="FILE",
+                   help="start from a recipe (`planner import`): its model, cluster, batch, sequence length, framework "
+                        "and precision; the recipe's own plan is simulated next to the best")
+    r.add_argument("--keep", default=None, metavar="KEY,...",
+                   help="recipe settings pinned in the search: tp, pp, cp, ep, etp, vp, mbs, zero, sp, recompute, "
+                        "schedule, offload, offload_device, precision, or all")
     g = p.add_argument_group("batch and objective")
     g.add_argument("--gbs", type=int, default=None, help="global batch in sequences (default: ~4M tokens per step)")
     g.add_argument("--batch-tokens", type=float, default=None, help="global batch in tokens (instead of --gbs)")
@@ -267,14 +274,26 @@ def print_table(out: dict) -> None:
         if fmts:
             lines.append(f"launch #1: --export {fmts[0]} (formats that run {out['plans'][0]['framework']}: "
                          f"{', '.join(fmts)})")
+    if out.get("recipe"):
+        r = out["recipe"]
+        lines.append(f"your recipe ({r['recipe']}): {_short_strategy(r['strategy'])}, step {_fmt_s(r['step_time_s'])}"
+                     + (f"; the best plan is {r['best_speedup']:.2f}x faster" if r.get("best_speedup") else "")
+                     + ("" if r["fits_memory"] else " (does not fit in memory)"))
+        if out.get("framework"):
+            lines.append(f"   (with the {out['framework']} framework profile the plans assume)")
     print("\n".join(lines))
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:
+    from planner.cmd_import import apply_recipe, recipe_report
+    from planner.report import run_choices
     from planner.exports import LaunchSpec, formats_of, job_name, parse_formats, render, write
     from planner.inputs import cluster_from_args, model_from_args, seq_len_from_args
     from planner.recommend import ObjectiveSpec, recommend
 
+    if args.keep is not None and args.recipe is None:
+        raise InputError("keep", args.keep, "pins the settings of a --recipe; give --recipe FILE")
+    imported = apply_recipe(args, command="recommend")
     model = model_from_args(args)
     cluster = cluster_from_args(args)
     seq_len = seq_len_from_args(args) or 2048
@@ -304,9 +323,14 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     if note:
         rec.warnings.insert(0, note)
     out = rec.to_dict()
+    if imported is not None:
+        best_s = float(out["plans"][0]["step_time_s"]) if out["plans"] else None
+        out["recipe"] = recipe_report(imported, best_s, cluster=cluster, choices=run_choices(args))
+        out["recipe"]["ignored_costly"] = [k.key for k in imported.recipe.ignored if k.cost == "yes"]
     if rec.best is not None:
         b = rec.best
-        out["reproduce"] = (f"planner simulate --model {args.model} --gpu {args.gpu} --num-gpus {b.num_gpus}"
+        model_flag = f"--recipe {args.recipe}" if imported is not None and args.recipe else f"--model {args.model}"
+        out["reproduce"] = (f"planner simulate {model_flag} --gpu {args.gpu} --num-gpus {b.num_gpus}"
                             f"{_cluster_flags(args)} --strategy {b.strategy.to_string()} --engine {b.engine} "
                             f"--framework {b.framework}" + _override_flags(args))
         out["export_formats"] = formats_of(b.framework)

@@ -44,7 +44,7 @@ from sim.plan import Plan
 from sim.runtime import default_comm_runtime, default_runtime, device_extra_bytes, state_layout
 from sim.specs import Cluster, Model, Strategy
 from sim.stages import StageShape, layer_params, stage_index_shapes, stage_parameter_tensors, stage_shapes
-from sim.step import DpCollectives, compose, stage_pieces, stage_times
+from sim.step import ChunkSums, DpCollectives, compose, stage_pieces, stage_times
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -58,6 +58,13 @@ class Layout:
     ep: int
     precision: str
     etp: int | None = None  # expert tensor parallelism (None: tp)
+    # a pipeline layout (sim.layout) fixing vp and every chunk's layers; None: the default split
+    pipeline_layout: tuple[str, ...] | None = None
+
+    @property
+    def layout_vp(self) -> int | None:
+        """The vp a pipeline layout fixes (None without one)."""
+        return None if self.pipeline_layout is None else len(self.pipeline_layout) // self.pp
 
     @property
     def num_gpus(self) -> int:
@@ -108,7 +115,8 @@ class Grid:
                         mbs=self.mbs[i], gbs=gbs, seq_len=seq_len, zero=self.zero[z], sp=self.sp[j],
                         recompute=self.recompute[k], precision=layout.precision, schedule=schedule,
                         offload=off, offload_device=dev, recompute_num_layers=self.recompute_of(int(k)),
-                        recompute_method="block" if self.recompute_of(int(k)) is not None else "uniform")
+                        recompute_method="block" if self.recompute_of(int(k)) is not None else "uniform",
+                        pipeline_layout=layout.pipeline_layout)
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,11 +198,13 @@ class FastModel:
     def representative(self, layout: Layout, *, mbs: int = 1, sp: bool = False, recompute: str = "none",
                        zero: int = 0, vp: int = 1, schedule: str = "1f1b") -> Strategy:
         """A valid ``Strategy`` of this layout (the global batch replaced by one that divides)."""
+        if layout.pipeline_layout is not None:  # the layout fixes vp
+            vp, schedule = layout.layout_vp or 1, ("interleaved" if (layout.layout_vp or 1) > 1 else "1f1b")
         m = max(1, self.gbs // (mbs * layout.dp))
         return Strategy(tp=layout.tp, pp=layout.pp, dp=layout.dp, cp=layout.cp, ep=layout.ep, etp=layout.etp, vp=vp,
                         mbs=mbs, gbs=mbs * layout.dp * m, seq_len=self.seq_len, zero=zero, sp=sp, recompute=recompute,
                         precision=layout.precision, schedule=schedule, dp_overlap=self.dp_overlap,
-                        fp8_recipe=self.fp8_recipe)
+                        fp8_recipe=self.fp8_recipe, pipeline_layout=layout.pipeline_layout)
 
     def micro(self, tp: int, cp: int, ep: int, etp: int | None, mbs: int, sp: bool, recompute: str,
               precision: str) -> np.ndarray:
@@ -355,6 +365,34 @@ class FastModel:
                          dtype=float).reshape(M, 1, 1, 1, 1)
         cast = fp8_weight_cast_bytes_per_param(self.eff, layout.precision, probe.strategy.fp8_recipe,
                                                probe.fp8_weight_cache, np.asarray(m_list, dtype=float).reshape(M, 1, 1, 1, 1))
+        rep = self.representative(layout)
+        per_layer = {False: layer_params(model, rep, moe=False).total,
+                     True: layer_params(model, rep, moe=True).total if model.moe is not None else 0.0}
+
+        def chunk_sums(sh: StageShape) -> tuple[ChunkSums, ...] | None:
+            """Each chunk of a pipeline layout (``sim.costs.StageCost.chunk_sums``, over arrays)."""
+            if sh.chunks is None:
+                return None
+            v = len(sh.chunks)
+            extra_chunk = 0 if sh.first and p > 1 else v - 1
+            total = sh.params.total
+            in_layers = sh.num_dense_layers * per_layer[False] + (sh.num_moe_layers * per_layer[True]
+                                                                  if sh.num_moe_layers else 0.0)
+            extra_frac = max(0.0, 1.0 - in_layers / total) if total > 0 and in_layers > 0 else 1.0
+            out = []
+            for c, (d, e) in enumerate(sh.chunks):
+                def csum(name: str) -> np.ndarray | float:
+                    x = d * msr(f"dense_{name}") if d else 0.0
+                    return x + e * msr(f"moe_{name}") if e else x
+                mine = c == extra_chunk
+                frac = (d * per_layer[False] + (e * per_layer[True] if e else 0.0)) / total if total > 0 else 0.0
+                out.append(ChunkSums(layer_fwd_s=csum("fwd_s"), layer_bwd_s=csum("bwd_s"), recompute_s=csum("recompute_s"),
+                                     exposed_fwd_s=csum("exposed_fwd_s"), exposed_bwd_s=csum("exposed_bwd_s"),
+                                     extra_fwd_s=end(sh, "fwd") if mine else 0.0,
+                                     extra_bwd_s=end(sh, "bwd") if mine else 0.0,
+                                     param_frac=frac + (extra_frac if mine else 0.0)))
+            return tuple(out)
+
         stages = []
         for sh in shapes:
             lf, lb, lr = (layer_sum(sh, n) for n in ("fwd_s", "bwd_s", "recompute_s"))
@@ -379,7 +417,8 @@ class FastModel:
                                       layer_exposed_fwd_s=layer_sum(sh, "exposed_fwd_s"),
                                       layer_exposed_bwd_s=layer_sum(sh, "exposed_bwd_s"), extra_fwd_s=ef,
                                       extra_bwd_s=eb, pieces=pieces, p2p_s=p2p, num_layers=sh.num_layers,
-                                      first=sh.first, last=sh.last, count=sh.count, before=sh.before))
+                                      first=sh.first, last=sh.last, count=sh.count, before=sh.before,
+                                      chunks=chunk_sums(sh), stage_ids=sh.stages))
         out = compose(stages, m=m, vp=vp, zero_bubble=zero_bubble, pp=p, zero=zero, dp_overlap=self.dp_overlap,
                       overlap_slowdown=self.eff.overlap_compute_slowdown)
         sub = np.broadcast_to(out.step_time_s, (M, S, R, sel.size, K))

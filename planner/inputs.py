@@ -13,15 +13,21 @@ from sim.offload import with_host
 from sim.specs import PLACEMENTS, TOPOLOGIES, Cluster, Model
 
 
-def add_model_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
-    p.add_argument("--model", required=required, default=None if required else "gpt3-175b",
-                   help="catalog id, a model YAML/JSON file, or a Hugging Face config.json")
+def add_model_args(p: argparse.ArgumentParser, *, required: bool = True, recipe: bool = False) -> None:
+    """``--model``; with ``recipe`` it may come from ``--recipe`` instead (checked by
+    ``planner.cmd_import.apply_recipe``)."""
+    p.add_argument("--model", required=required and not recipe, default=None if required else "gpt3-175b",
+                   help="catalog id, a model YAML/JSON file, or a Hugging Face config.json"
+                        + ("; default: the --recipe's model" if recipe else ""))
 
 
-def add_cluster_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+def add_cluster_args(p: argparse.ArgumentParser, *, required: bool = True, recipe: bool = False) -> None:
+    """The cluster flags; with ``recipe`` ``--num-gpus`` (and ``--gpus-per-node``) may come
+    from ``--recipe`` (a launch script's nodes and GPUs per node)."""
     g = p.add_argument_group("cluster")
     g.add_argument("--gpu", required=required, default=None if required else "a100-80gb", help="GPU catalog id")
-    g.add_argument("--num-gpus", type=int, required=required, default=None if required else 1024)
+    g.add_argument("--num-gpus", type=int, required=required and not recipe, default=None if required else 1024,
+                   help="GPUs in the job" + ("; default: what the --recipe states" if recipe else ""))
     g.add_argument("--gpus-per-node", type=int, default=None, help="default: the GPU's usual server")
     g.add_argument("--nvlink-domain", type=int, default=None,
                    help="GPUs per NVLink domain; default --gpus-per-node if given, else the GPU's usual domain")
@@ -89,6 +95,9 @@ def server_args(args: argparse.Namespace) -> dict[str, object]:
 
 
 def model_from_args(args: argparse.Namespace) -> Model:
+    """``--model`` (a ``Model`` already when ``--recipe`` supplied the architecture)."""
+    if isinstance(args.model, Model):
+        return args.model
     return load_model(args.model)
 
 

@@ -280,7 +280,7 @@ def complexity(s: Strategy, num_layers: int) -> float:
     c += 1.0 * (s.precision == "fp8")
     c += 1.0 * s.offload_optimizer + 0.5 * s.offload_params + 1.0 * s.offload_activations
     c += 0.5 * (s.offload_device == "nvme")
-    c += 0.5 * bool(num_layers % (s.pp * s.vp))
+    c += 0.5 * bool(num_layers % (s.pp * s.vp) or s.pipeline_layout is not None)
     return c
 
 
@@ -343,6 +343,7 @@ def framework_space(space: SearchSpace, fw_id: str, cluster: Cluster) -> SearchS
     if not caps.etp:
         ch["etp"] = ()  # experts split as the attention's tp only
     ch["zero"] = cut("zero", space.zero, caps.zero)
+    ch["layouts"] = caps.pipeline_layout  # refined around the best layouts (layout_searches)
     ch["offload"] = cut("offload", space.offload, caps.offloads)
     ch["offload_device"] = cut("offload-device", space.offload_device, caps.offload_devices)
     if not caps.partial_recompute:
@@ -373,6 +374,50 @@ def event_passes(s: Strategy) -> int:
     """The cost model of one event-engine simulation: the forward and backward passes it
     schedules (one unit per pipeline stage, ``vp`` chunks, every micro-batch)."""
     return 2 * s.pp * s.vp * s.num_microbatches
+
+
+LAYOUT_REFINE = 3  # best distinct pipelined layouts whose pipeline layouts recommend searches
+
+
+def layout_searches(searches: list[SearchResult], model: Model, *, gbs: int, seq_len: int, space: SearchSpace,
+                    plan_kwargs: dict[str, object], dp_overlap: bool, objective: "ObjectiveSpec",
+                    tokens_per_step: int, eff: object, memory_limit_bytes: float) -> list[SearchResult]:
+    """Pipeline layouts (``SearchSpace.layouts``) for the ``LAYOUT_REFINE`` best distinct
+    pipelined layouts of ``searches``: each layout's degrees with the balanced layouts of every
+    ``vp`` the default split cannot interleave (``planner.search``).  Pricing a layout runs the
+    interleaved schedule pass by pass (``sim.interleave``), too slow for every layout of the
+    space; the best layouts are where a better split pays.  ``searches`` are one framework
+    profile's (``plan_kwargs``, ``dp_overlap``), priced with the same memory limit."""
+    ranked: list[tuple[float, int, object]] = []
+    for k, r in enumerate(searches):
+        if not r.evaluated:
+            continue
+        obj = objective.values(r.candidates.step_time_s, tokens_per_step, r.cluster.num_gpus)
+        for i in np.argsort(obj, kind="stable")[:2000]:
+            lay = r.candidates.layouts[int(r.candidates.layout_id[int(i)])]
+            if lay.pp > 1:
+                ranked.append((float(obj[int(i)]), k, lay))
+    ranked.sort(key=lambda t: t[0])
+    seen: list[tuple] = []
+    out = []
+    for _, k, lay in ranked:
+        key = (k, lay.tp, lay.cp, lay.pp, lay.ep, lay.etp, lay.precision)
+        if key in seen:
+            continue
+        seen.append(key)
+        r = searches[k]
+        sub = space.replace(tp=(lay.tp,), cp=(lay.cp,), pp=(lay.pp,), ep=(lay.ep,),
+                            etp=(lay.etp,) if lay.etp is not None else (), precision=(lay.precision,),
+                            layouts=True, layouts_only=True)
+        try:
+            out.append(search(model, r.cluster, gbs=gbs, seq_len=seq_len, space=sub, plan_kwargs=plan_kwargs,
+                              dp_overlap=dp_overlap, eff=eff, workers=1,  # type: ignore[arg-type]
+                              memory_limit_bytes=memory_limit_bytes))
+        except InputError:
+            pass
+        if len(seen) >= LAYOUT_REFINE:
+            break
+    return out
 
 
 def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: SearchSpace | None = None,
@@ -429,13 +474,22 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: 
             skipped[fw.id] = exc.message
             continue
         band = estimate_band(fw.id, cluster)
+        fsearches = []
         for cl, net in zip(clusters, nets):
             stage(f"searching the strategy space on {cl.num_gpus:,} GPUs" + (f" ({fw.id})" if len(profiles) > 1 else ""))
-            r = search(model, cl, gbs=gbs, seq_len=seq_len, space=fspace, plan_kwargs=settings.plan_kwargs(fw),
-                       dp_overlap=fw.dp_overlap, net=net, eff=eff, workers=workers, memory_limit_bytes=limit)
+            fsearches.append(search(model, cl, gbs=gbs, seq_len=seq_len, space=fspace.replace(layouts=False),
+                                    plan_kwargs=settings.plan_kwargs(fw), dp_overlap=fw.dp_overlap, net=net, eff=eff,
+                                    workers=workers, memory_limit_bytes=limit))
+        if fspace.layouts:  # pipeline layouts, around the best pipelined layouts found
+            stage("pricing pipeline layouts around the best plans" + (f" ({fw.id})" if len(profiles) > 1 else ""))
+            fsearches += layout_searches(fsearches, model, gbs=gbs, seq_len=seq_len, space=fspace,
+                                         plan_kwargs=settings.plan_kwargs(fw), dp_overlap=fw.dp_overlap,
+                                         objective=objective, tokens_per_step=gbs * seq_len, eff=eff,
+                                         memory_limit_bytes=limit)
+        for r in fsearches:
             r.framework = fw.id
-            searches.append(r)
-            bands.append(band)
+        searches += fsearches
+        bands += [band] * len(fsearches)
     if not searches:
         raise InputError("framework", ",".join(skipped), "no framework profile runs the space asked for: "
                          + "; ".join(f"{k}: {v}" for k, v in skipped.items()))

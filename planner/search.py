@@ -9,6 +9,10 @@ The space (``SearchSpace``) is every combination of
   (``none|selective|full``), ZeRO stage (0-3; only 0 when there is no data parallelism to shard
   over) and a pipeline schedule with its ``vp`` (``1f1b``, ``gpipe``, ``zero-bubble`` with any
   ``vp``, ``interleaved`` with ``vp >= 2``; just ``1f1b`` without pipelining);
+* with ``layouts`` (a framework that runs Megatron-Core's pipeline layouts), for each ``(pp, vp)``
+  the default split cannot interleave, the balanced pipeline layouts of ``sim.layout``, each a
+  layout of its own with that one ``vp`` (``planner.recommend`` searches them around its best
+  layouts only: a layout is priced by running the interleaved schedule, ``sim.interleave``);
 * offload (``none``, ``optimizer``, ``params`` by default; ``activations`` and combinations when
   asked), each with the ZeRO stages it runs with (``sim.plan.check_offload``: optimizer with
   1-3, params with 3; without data parallelism the lowest such stage), on ``offload_device``.
@@ -43,7 +47,8 @@ from sim.network import Network
 from sim.compute import KernelEfficiency
 from sim.errors import InfeasibleError, InputError
 from sim.placement import group_shape
-from sim.plan import check_feasible, check_offload
+from sim.layout import balanced_layout
+from sim.plan import check_feasible, check_offload, vp_split
 from sim.specs import OFFLOAD_DEVICES, OFFLOADS, RECOMPUTES, SCHEDULES, TRAIN_PRECISIONS, Cluster, Model, Strategy
 from sim.stages import stage_layers
 
@@ -90,6 +95,11 @@ class SearchSpace:
     # partial recomputation (Megatron --recompute-method block --recompute-num-layers N) next to
     # recompute=full: None = N at a quarter, half and three quarters of a stage's layers; () = none
     recompute_layers: tuple[int, ...] | None = None
+    # pipeline layouts (sim.layout) for the (pp, vp) pairs the default split cannot interleave:
+    # the framework must run Megatron-Core's --pipeline-model-parallel-layout (recommend sets it);
+    # ``layouts_only`` evaluates just those (recommend's refinement around its best layouts)
+    layouts: bool = False
+    layouts_only: bool = False
     max_tp: int = 64
     max_cp: int = 16
     max_vp: int = 8
@@ -209,7 +219,27 @@ def _etps(model: Model, space: SearchSpace, tp: int, ep: int) -> tuple[int | Non
     return tuple(dict.fromkeys(None if e == tp else e for e in space.etp if tp % e == 0))
 
 
-def _layouts(model: Model, cluster: Cluster, space: SearchSpace) -> list[Layout]:
+def _pipeline_layouts(model: Model, space: SearchSpace, pp: int, uneven_vp: bool) -> list[tuple[str, ...]]:
+    """Layouts tried for ``pp`` (``SearchSpace.layouts``): for every interleaving depth the
+    default split cannot run evenly (``sim.plan.vp_split``), the balanced layouts of
+    ``sim.layout.balanced_layout`` (the embedding and loss counted as a layer each, and not)."""
+    if not space.layouts or pp == 1 or uneven_vp or "interleaved" not in space.schedule:
+        return []
+    out: list[tuple[str, ...]] = []
+    for vp, sched in _pipes(space, pp):
+        if sched != "interleaved" or pp * vp > model.num_layers + 2:
+            continue
+        probe = Strategy(pp=pp, vp=vp, schedule="interleaved", gbs=pp, dp=1)
+        if vp_split(model, probe) is not None:
+            continue
+        for count_ends in (True, False):
+            lay = balanced_layout(model.num_layers, pp, vp, count_ends=count_ends)
+            if lay is not None and lay not in out:
+                out.append(lay)
+    return out
+
+
+def _layouts(model: Model, cluster: Cluster, space: SearchSpace, uneven_vp: bool = False) -> list[Layout]:
     _check_restrictions(model, cluster, space)
     n = cluster.num_gpus
     out = []
@@ -233,7 +263,11 @@ def _layouts(model: Model, cluster: Cluster, space: SearchSpace) -> list[Layout]
                     dp = rest2 // pp
                     for ep in eps:
                         for etp in _etps(model, space, tp, ep):
-                            out.append(Layout(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, precision=precision, etp=etp))
+                            if not space.layouts_only:
+                                out.append(Layout(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, precision=precision, etp=etp))
+                            for lay in _pipeline_layouts(model, space, pp, uneven_vp):
+                                out.append(Layout(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, precision=precision, etp=etp,
+                                                  pipeline_layout=lay))
     return out
 
 
@@ -297,7 +331,7 @@ def _evaluate_layouts(fm: FastModel, space: SearchSpace, work: list[tuple[int, L
             if ns:
                 rc_layers = (None,) * len(rcs) + ns
                 rcs = rcs + ("full",) * len(ns)
-        pipes = _pipes(space, lay.pp)
+        pipes = _pipes(space, lay.pp) if lay.pipeline_layout is None else [(lay.layout_vp or 1, "interleaved")]
         if not pipes:
             continue
         inner = len(sps) * len(rcs) * len(zeros)
@@ -325,12 +359,13 @@ def _evaluate_layouts(fm: FastModel, space: SearchSpace, work: list[tuple[int, L
             m = gbs // (mbs * lay.dp)
             row = []
             for vp, sched in pipes:
-                key = (lay.pp, vp, sched, m)
+                key = (lay.pp, vp, sched, m, lay.pipeline_layout)
                 if key not in pipe_cache:
                     try:
                         check_feasible(model, cluster, Strategy(
                             tp=lay.tp, pp=lay.pp, dp=lay.dp, cp=lay.cp, ep=lay.ep, vp=vp, mbs=mbs, gbs=gbs,
-                            seq_len=seq_len, precision=lay.precision, schedule=sched),
+                            seq_len=seq_len, precision=lay.precision, schedule=sched,
+                            pipeline_layout=lay.pipeline_layout),
                             uneven_vp=fm.probe.uneven_vp)
                         pipe_cache[key] = None
                     except InfeasibleError as exc:
@@ -461,7 +496,7 @@ def search(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: Sea
         raise InputError("gbs", gbs, "must be a positive integer")
     fm = FastModel(model, cluster, gbs=gbs, seq_len=seq_len, plan_kwargs=plan_kwargs, dp_overlap=dp_overlap,
                    net=net, eff=eff, fp8_recipe=space.fp8_recipe, memory_limit_bytes=memory_limit_bytes)
-    layouts = _layouts(model, cluster, space)
+    layouts = _layouts(model, cluster, space, uneven_vp=fm.probe.uneven_vp)
     workers = default_workers(cluster) if workers is None else workers
     if workers > 1 and len(layouts) > 1:
         chunks = _parallel(fm, space, layouts, min(workers, len(layouts)))

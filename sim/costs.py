@@ -23,8 +23,9 @@ from sim.ops import LayerOps, embedding_ops, head_ops, layer_ops
 from sim.plan import HostSyncs, Plan
 from sim.runtime import CommRuntime, default_comm_runtime
 from sim.specs import Cluster, Model, Strategy
-from sim.stages import StageParams, layer_params, stage_layers, stage_parameter_tensors, stage_shapes
-from sim.step import DpCollectives, StagePieces, StageTimes, local_params, stage_pieces, stage_times
+from sim.stages import (StageParams, chunk_signature, layer_params, stage_chunks, stage_layers,
+                        stage_parameter_tensors, stage_shapes)
+from sim.step import ChunkSums, DpCollectives, StagePieces, StageTimes, local_params, stage_pieces, stage_times
 
 
 def default_network(cluster: Cluster) -> Network:
@@ -97,6 +98,9 @@ class StageCost:
     zero3_sync_s: float = 0.0  # per pass: ZeRO-3 gathers tensor by tensor (part of zero3_exposed_*)
     host_sync_fwd_s: float = 0.0  # per micro-batch and chunk pass: host synchronisations (Plan.host_syncs)
     host_sync_bwd_s: float = 0.0
+    # with a pipeline layout: the decoder layers of each model chunk, in order (``layers`` is
+    # their concatenation); None: the layers split evenly over the chunks
+    chunk_sizes: tuple[int, ...] | None = None
 
     @property
     def pieces(self) -> StagePieces:
@@ -110,6 +114,32 @@ class StageCost:
     def param_work_bwd_s(self) -> float:
         return self.pieces.param_work_bwd_s
 
+    def chunk_sums(self, pp: int) -> tuple[ChunkSums, ...] | None:
+        """Each model chunk's sums (``sim.step.ChunkSums``) under a pipeline layout: its layers,
+        the embedding in the first stage's first chunk and the head in the last stage's last
+        chunk, and its parameter share (the embedding/head share rides with them), as the
+        event engine cuts the stage into chunks (``sim.event.scenario``)."""
+        if self.chunk_sizes is None:
+            return None
+        lc, v = self.layer_costs, len(self.chunk_sizes)
+        extra_chunk = 0 if self.stage == 0 and pp > 1 else v - 1
+        layer_params = sum(c.params for c in lc)
+        extra_frac = max(0.0, 1.0 - layer_params / self.params) if self.params > 0 and layer_params > 0 else 1.0
+        out, start = [], 0
+        for c, n in enumerate(self.chunk_sizes):
+            part = lc[start:start + n]
+            start += n
+            frac = sum(x.params for x in part) / self.params if self.params > 0 else 0.0
+            mine = c == extra_chunk
+            out.append(ChunkSums(
+                layer_fwd_s=sum(x.fwd_s for x in part), layer_bwd_s=sum(x.bwd_s for x in part),
+                recompute_s=sum(x.recompute_s for x in part),
+                exposed_fwd_s=sum(x.exposed_tp_fwd_s + x.exposed_cp_fwd_s + x.exposed_ep_fwd_s for x in part),
+                exposed_bwd_s=sum(x.exposed_tp_bwd_s + x.exposed_cp_bwd_s + x.exposed_ep_bwd_s for x in part),
+                extra_fwd_s=self.extra_fwd_s if mine else 0.0, extra_bwd_s=self.extra_bwd_s if mine else 0.0,
+                param_frac=frac + (extra_frac if mine else 0.0)))
+        return tuple(out)
+
     def times(self, pp: int) -> StageTimes:
         """This stage as ``sim.step.compose`` takes it (one entry per stage)."""
         lc = self.layer_costs
@@ -120,7 +150,8 @@ class StageCost:
             layer_exposed_bwd_s=sum(c.exposed_tp_bwd_s + c.exposed_cp_bwd_s + c.exposed_ep_bwd_s for c in lc),
             extra_fwd_s=self.extra_fwd_s, extra_bwd_s=self.extra_bwd_s, pieces=self.pieces, p2p_s=self.p2p_s,
             num_layers=len(lc), first=self.stage == 0, last=self.stage == pp - 1,
-            before=(1,) * self.stage + (0,) * (pp - self.stage))
+            before=(1,) * self.stage + (0,) * (pp - self.stage), chunks=self.chunk_sums(pp),
+            stage_ids=(self.stage,))
 
     @property
     def compute_fwd_s(self) -> float:
@@ -422,10 +453,13 @@ def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | N
     # Stages of one shape (sim.stages) have the same parameters and layer sums: their pieces
     # are computed once.
     layers_of = stage_layers(model, s)
-    by_signature = {(sh.num_layers, sh.num_moe_layers, sh.first, sh.last): sh for sh in stage_shapes(model, s)}
+    chunks_of = stage_chunks(s)
+    by_signature = {(sh.num_layers, sh.num_moe_layers, sh.first, sh.last, sh.chunks): sh for sh in stage_shapes(model, s)}
     moe_layers = [sum(model.is_moe_layer(j) for j in ls) for ls in layers_of] if model.moe is not None \
         else [0] * len(layers_of)
-    shape_of = [by_signature[(len(ls), moe_layers[i], i == 0, i == s.pp - 1)] for i, ls in enumerate(layers_of)]
+    shape_of = [by_signature[(len(ls), moe_layers[i], i == 0, i == s.pp - 1,
+                              chunk_signature(model, chunks_of[i]) if chunks_of is not None else None)]
+                for i, ls in enumerate(layers_of)]
     pieces_of: dict[int, StagePieces] = {}
     act = _layer_act_bytes(plan) if s.offload_activations else (0.0, 0.0)
     stages = []
@@ -450,6 +484,7 @@ def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | N
         stages.append(StageCost(
             stage=i, layers=tuple(layers), layer_costs=costs, extra_fwd_s=extra_f, extra_bwd_s=extra_b,
             extra_model_flops=ends.head_flops if last else 0.0, p2p_s=p2p_s, params=sh.params.total,
+            chunk_sizes=tuple(len(c) for c in chunks_of[i]) if chunks_of is not None else None,
             **{k: float(getattr(pieces, k)) for k in StagePieces.__slots__}))
     return StepCosts(stages=tuple(stages), p2p_bytes=nbytes)
 

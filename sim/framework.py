@@ -53,6 +53,9 @@ class Capabilities:
     cuda_graphs: bool = True
     dp_overlap: bool = True  # gradient reduction overlapped with backward (tf.distribute's one pack cannot)
     uneven_vp: bool = False
+    # Megatron-Core's --pipeline-model-parallel-layout (or first/last-stage layer counts):
+    # model chunks of any layer counts, as a Strategy.pipeline_layout states them
+    pipeline_layout: bool = True
     sp_with_tp: bool = False  # tensor parallelism always shards the sequence too (torchtitan's TP plan)
     zero_bubble_min_vp: int = 1  # zero-bubble only interleaved (torchtitan InterleavedZeroBubble: 2)
     orders: tuple[str, ...] = ORDERS  # rank orders (Strategy.order) it can build
@@ -74,6 +77,9 @@ class Capabilities:
         for dim in _DIMS:
             if used[dim] and not getattr(self, dim):
                 return dim, getattr(s, dim), "not supported"
+        if s.pipeline_layout is not None and not self.pipeline_layout:
+            return "pipeline_layout", s.to_string().rsplit("layout=", 1)[-1], \
+                "not supported (no per-chunk pipeline layouts)"
         if s.pp > 1 and s.schedule not in self.schedules:
             return "schedule", s.schedule, f"not supported (schedules: {', '.join(self.schedules)})"
         if s.pp > 1 and s.schedule == "zero-bubble" and s.vp < self.zero_bubble_min_vp:
@@ -121,9 +127,9 @@ def _capabilities(r: Record) -> Capabilities:
     if not r.has("capabilities"):
         return Capabilities(source="runs everything the model prices")
     c = r.mapping("capabilities", allowed=("schedules", "zero", "precisions", "fp8_recipes", *_DIMS, *_SWITCHES,
-                                           "uneven_vp", "sp_with_tp", "zero_bubble_min_vp", "orders", "zero_with_pp",
-                                           "offloads", "offload_devices", "dp_impls", "partial_recompute", "offload_zero",
-                                           "offload_needs_sharding", "source"))
+                                           "uneven_vp", "pipeline_layout", "sp_with_tp", "zero_bubble_min_vp", "orders",
+                                           "zero_with_pp", "offloads", "offload_devices", "dp_impls", "partial_recompute",
+                                           "offload_zero", "offload_needs_sharding", "source"))
     def choices(key: str, allowed: tuple, default: tuple) -> tuple:
         if not c.has(key):
             return default
@@ -136,7 +142,8 @@ def _capabilities(r: Record) -> Capabilities:
                         precisions=choices("precisions", TRAIN_PRECISIONS, TRAIN_PRECISIONS),
                         fp8_recipes=choices("fp8_recipes", FP8_RECIPES, FP8_RECIPES),
                         **{k: c.flag(k, default=True) for k in (*_DIMS, *_SWITCHES)},
-                        uneven_vp=c.flag("uneven_vp"), sp_with_tp=c.flag("sp_with_tp"),
+                        uneven_vp=c.flag("uneven_vp"), pipeline_layout=c.flag("pipeline_layout"),
+                        sp_with_tp=c.flag("sp_with_tp"),
                         zero_bubble_min_vp=c.integer("zero_bubble_min_vp", optional=True, default=1),
                         orders=choices("orders", ORDERS, (DEFAULT_ORDER,)),
                         zero_with_pp=choices("zero_with_pp", (0, 1, 2, 3), choices("zero", (0, 1, 2, 3), (0, 1, 2, 3))),

@@ -161,6 +161,22 @@ def recompute_split(strategy: Strategy, num_layers: int) -> tuple[float, float, 
     return split_of(s.recompute, s.recompute_num_layers, s.recompute_method, s.vp, num_layers)
 
 
+def chunk_inflight(inflight_mb: Num, vp: int, pp: int) -> list[Num]:
+    """In-flight passes of each of a stage's ``vp`` model chunks at its peak: ``inflight_mb``
+    micro-batches' worth, ``inflight_mb * vp`` chunk passes, taken in the interleaved
+    schedule's order (``pp`` micro-batches of chunk 0, then of chunk 1, ...; Megatron-LM's
+    ``forward_backward_pipelining_with_interleaving``).  Equal chunks hold ``inflight_mb``
+    micro-batches of the stage, as ``inflight`` counts them."""
+    if vp == 1:
+        return [inflight_mb]
+    w = np.asarray(inflight_mb, dtype=float) * vp
+    cycle = pp * vp
+    q = np.floor(w / cycle)
+    r = w - q * cycle
+    return [q * pp + np.clip(r - c * pp, 0.0, pp) for c in range(vp)]
+
+
+
 def split_of(recompute: str, num_layers_key: int | None, method: str, vp: int, num_layers: int
              ) -> tuple[float, float, float]:
     """``recompute_split`` from the strategy's fields (the search calls it per grid entry)."""
@@ -360,9 +376,15 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
         g_act = g if lay.persistent_gradients else np.where(accumulated, g, 0.0)
     w_act = w + gathered
 
-    per_mb_keep = (recompute_inputs * stage_activation_bytes(shape, dense_act_bytes, moe_act_bytes)
-                   + recompute_full * stage_activation_bytes(shape, dense_full_bytes, moe_full_bytes))
-    layers = per_mb_keep * inflight_mb
+    if shape.chunks is None:
+        per_mb_keep = (recompute_inputs * stage_activation_bytes(shape, dense_act_bytes, moe_act_bytes)
+                       + recompute_full * stage_activation_bytes(shape, dense_full_bytes, moe_full_bytes))
+        layers = per_mb_keep * inflight_mb
+    else:  # a pipeline layout: the in-flight chunk passes weighted by their chunks' layers
+        layers = 0.0
+        for n, (d, e) in zip(chunk_inflight(inflight_mb, len(shape.chunks), pp), shape.chunks):
+            layers = layers + n * (recompute_inputs * (d * dense_act_bytes + e * moe_act_bytes)
+                                   + recompute_full * (d * dense_full_bytes + e * moe_full_bytes))
     host_act = 0.0
     if np.any(off_act):  # offloaded layers leave; two layers of one micro-batch stay (computed, in transfer)
         n_off = n_layers if offload_layers is None else np.minimum(offload_layers, n_layers)

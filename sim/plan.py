@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from sim.compute import default_efficiency
 from sim.errors import InfeasibleError, InputError
 from sim.specs import OFFLOAD_DEVICES, OFFLOADS, Cluster, Model, Strategy
+from sim.layout import check_layout, layout_from_counts, megatron_layout, parse_layout
 from sim.placement import group_shape
 from sim.psspecs import ParameterServers
 from sim.runtime import STATE_LAYOUTS
@@ -34,7 +35,7 @@ _BOOL_KEYS = ("sp", "tp_overlap", "dp_overlap", "ep_overlap", "pp_overlap", "cud
 _STR_KEYS = ("recompute", "precision", "schedule", "fp8_recipe", "order", "dp_impl", "offload", "offload_device",
              "recompute_method")
 _ALIASES = {"seq": "seq_len", "micro_batch": "mbs", "global_batch": "gbs", "zero_stage": "zero",
-            "sequence_parallel": "sp", "interleave": "vp"}
+            "sequence_parallel": "sp", "interleave": "vp", "pipeline_layout": "layout"}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -179,7 +180,8 @@ def normalize_offload(text: str) -> str:
 def parse_strategy(text: str, *, num_gpus: int, seq_len: int | None = None) -> Strategy:
     """Parse ``tp=8,pp=16,mbs=1,gbs=1536,...`` (docs/interface.md) into a ``Strategy``.
 
-    ``dp`` defaults to ``num_gpus / (tp*pp*cp)``; ``schedule`` to ``interleaved`` when
+    ``layout`` is a pipeline layout in Megatron-Core's syntax (``sim.layout``; no commas) and
+    sets ``vp``.  ``dp`` defaults to ``num_gpus / (tp*pp*cp)``; ``schedule`` to ``interleaved`` when
     ``vp > 1`` else ``1f1b``; ``gbs`` to ``mbs * dp * 4 * pp`` with pipelining (4 micro-batches
     per stage keep the 1F1B bubble near 20%) or ``mbs * dp`` without.  ``fsdp=1`` is
     ``zero=3``.  ``seq_len`` from the CLI flag applies unless the string sets ``seq``.
@@ -187,6 +189,7 @@ def parse_strategy(text: str, *, num_gpus: int, seq_len: int | None = None) -> S
     if not isinstance(text, str) or not text.strip():
         raise InputError("strategy", text, "must be a comma-separated list of key=value")
     values: dict[str, object] = {}
+    layout_text = ""
     for part in text.split(","):
         part = part.strip()
         if not part:
@@ -208,17 +211,28 @@ def parse_strategy(text: str, *, num_gpus: int, seq_len: int | None = None) -> S
             raise InputError("offload_device", raw, f"must be one of {', '.join(OFFLOAD_DEVICES)}")
         elif key in _STR_KEYS:
             values[key] = raw.lower()
+        elif key == "layout":
+            values["pipeline_layout"] = parse_layout(raw, field="layout")
+            layout_text = raw
         elif key == "fsdp":
             if _parse_bool(key, raw):
                 values["zero"] = 3
         else:
-            known = ", ".join(sorted(_INT_KEYS + _BOOL_KEYS + _STR_KEYS + ("fsdp", "seq")))
+            known = ", ".join(sorted(_INT_KEYS + _BOOL_KEYS + _STR_KEYS + ("fsdp", "seq", "layout")))
             raise InputError("strategy", key, f"unknown key; known: {known}")
     for k in ("tp", "pp", "cp", "ep", "vp", "mbs"):
         v = values.get(k, 1)
         if not isinstance(v, int) or v < 1:
             raise InputError(k, v, "must be >= 1")
     tp, pp, cp = int(values.get("tp", 1)), int(values.get("pp", 1)), int(values.get("cp", 1))  # type: ignore[arg-type]
+    layout = values.get("pipeline_layout")
+    if layout is not None:  # the layout fixes vp (Megatron-Core: virtual stages / pp)
+        n = len(layout)  # type: ignore[arg-type]
+        if n % pp:
+            raise InputError("layout", layout_text, f"has {n} virtual stages, not a multiple of pp={pp}")
+        if "vp" in values and values["vp"] != n // pp:
+            raise InputError("vp", values["vp"], f"the layout has {n} virtual stages = pp*{n // pp}")
+        values["vp"] = n // pp
     if "dp" not in values:
         if num_gpus % (tp * pp * cp):
             raise InfeasibleError("gpu_count", "num_gpus", num_gpus,
@@ -253,6 +267,34 @@ def vp_split(model: Model, s: Strategy, *, vp: int | None = None) -> str | None:
     return None
 
 
+def default_layout(model: Model, s: Strategy) -> tuple[str, ...]:
+    """The pipeline layout the planner prices for ``s`` without one: ``stage_layers``' split,
+    each stage's layers over its ``vp`` chunks as Megatron-Core splits them (``vp_split``: even,
+    or with the embedding and loss counted as a layer each), else as the event engine cuts
+    them (the first chunks take one layer more)."""
+    base = s.with_(pipeline_layout=None)
+    counts = [len(x) for x in stage_layers(model, base)]
+    vp = s.vp
+    split = vp_split(model, base) if vp > 1 else "even"
+    if split == "embedding+loss":
+        return megatron_layout(model.num_layers, s.pp, vp, account_embedding=True, account_loss=True)
+    rows = []
+    for c in counts:
+        q, extra = divmod(c, vp)
+        rows.append([q + (k < extra) for k in range(vp)])
+    return layout_from_counts(rows)
+
+
+def normalize_layout(model: Model, s: Strategy) -> Strategy:
+    """``s`` without its pipeline layout when the layout is the one the planner prices by
+    default (``default_layout``), so a recipe that states the default split reads as the plan
+    without a layout."""
+    if s.pipeline_layout is not None and "m" not in "".join(s.pipeline_layout) \
+            and s.pipeline_layout == default_layout(model, s):
+        return s.with_(pipeline_layout=None)
+    return s
+
+
 def check_feasible(model: Model, cluster: Cluster, s: Strategy, *, uneven_vp: bool = False) -> None:
     """Raise ``InfeasibleError`` (with a reason) if no framework could run this plan."""
     if s.num_gpus != cluster.num_gpus:
@@ -273,21 +315,26 @@ def check_feasible(model: Model, cluster: Cluster, s: Strategy, *, uneven_vp: bo
     if s.cp > 1 and (s.seq_len // s.cp) % 2:
         raise InfeasibleError("indivisible", "cp", s.cp,
                               f"seq_len={s.seq_len} must be divisible by 2*cp (load-balanced causal chunks)")
-    if s.pp > model.num_layers:
+    if s.pp > model.num_layers and s.pipeline_layout is None:
         raise InfeasibleError("layers", "pp", s.pp, f"exceeds num_layers={model.num_layers}")
-    if s.vp > 1 and model.num_layers < s.pp * s.vp:
+    if s.vp > 1 and model.num_layers + 2 < s.pp * s.vp and s.pipeline_layout is None:
         # Uneven chunks are allowed (Megatron's --decoder-first/last-pipeline-num-layers), but
-        # every model chunk needs at least one layer.
+        # every model chunk needs at least one layer (or the embedding or the loss).
         raise InfeasibleError("layers", "vp", s.vp,
-                              f"pp*vp = {s.pp * s.vp} exceeds num_layers={model.num_layers}")
-    if s.vp > 1 and not uneven_vp and vp_split(model, s) is None:
+                              f"pp*vp = {s.pp * s.vp} exceeds num_layers={model.num_layers} (+ the embedding and "
+                              "the loss)")
+    if s.pipeline_layout is not None:
+        check_layout(s.pipeline_layout, pp=s.pp, num_layers=model.num_layers)
+    elif s.vp > 1 and not uneven_vp and vp_split(model, s) is None:
         counts = [len(layers) for layers in stage_layers(model, s)]
         fits = [v for v in range(2, max(counts) + 1) if vp_split(model, s, vp=v) is not None]
         raise InfeasibleError("layers", "vp", s.vp,
                               f"must split each pipeline stage's layers evenly ({model.num_layers} layers over "
                               f"pp={s.pp}: {'/'.join(map(str, sorted(set(counts))))} per stage, counting the "
                               "embedding and the loss as a layer each when that evens them)"
-                              + (f"; vp in {{{', '.join(map(str, fits))}}} does" if fits else "; no vp > 1 does"))
+                              + (f"; vp in {{{', '.join(map(str, fits))}}} does" if fits else "; no vp > 1 does")
+                              + "; or state the chunks with a pipeline layout (layout=..., a framework that runs "
+                              "Megatron-Core's --pipeline-model-parallel-layout)")
     if s.vp > 1 and s.num_microbatches % s.pp:
         raise InfeasibleError("indivisible", "gbs", s.gbs,
                               f"{s.schedule} schedule with vp={s.vp} needs micro-batches ({s.num_microbatches}) "

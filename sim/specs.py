@@ -14,6 +14,7 @@ from typing import Literal, Mapping
 from sim.errors import InputError
 from sim.checks import choice as _choice, positive_float as _positive_float, positive_int as _positive_int
 from sim.hostspecs import HostSpec, Server
+from sim.layout import format_layout
 
 Precision = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 FfnType = Literal["gelu", "swiglu"]
@@ -43,6 +44,7 @@ FORM_FACTORS: tuple[str, ...] = ("sxm", "pcie")
 OFFLOADS: tuple[str, ...] = ("none", "optimizer", "params", "activations", "optimizer+activations",
                              "params+activations")
 OFFLOAD_DEVICES: tuple[str, ...] = ("cpu", "nvme")
+RECOMPUTE_METHODS: tuple[str, ...] = ("uniform", "block")
 
 # Limits that catch typos and overflow, not hardware: far above anything built today.
 MAX_GPUS = 1 << 22
@@ -483,6 +485,14 @@ class Strategy:
     ``activations`` (saved activations to host memory), alone or after either with ``+``;
     ``offload_device`` is where offloaded model states live (``cpu`` memory or ``nvme``).
 
+    ``pipeline_layout`` (``None``: the default split, ``sim.stages.stage_layers``) is which layers
+    every model chunk of every pipeline rank holds, one string per virtual stage in Megatron-Core's
+    order (``sim.layout``: ``--pipeline-model-parallel-layout``); it fixes ``vp = len / pp``.
+    ``recompute_method`` (``uniform|block``), ``recompute_num_layers`` (Megatron
+    ``--recompute-method``, ``--recompute-num-layers``) and ``offload_num_layers`` (Megatron-Core
+    ``--cpu-offloading-num-layers``) are carried as stated by a recipe (validated, passed to
+    exports).
+
     Experts follow Megatron-Core's MoE parallel folding: the expert layers of a pipeline stage
     re-partition the stage's ``tp * cp * dp`` ranks into ``etp`` (expert tensor parallelism;
     ``None`` = ``tp``, Megatron's default) x ``ep`` (expert parallelism) x the expert data
@@ -524,6 +534,7 @@ class Strategy:
     dp_impl: str = "ddp"
     offload: str = "none"
     offload_device: str = "cpu"
+    pipeline_layout: tuple[str, ...] | None = None  # Megatron-Core --pipeline-model-parallel-layout (sim/layout.py)
     # Partial recomputation (Megatron --recompute-num-layers / --recompute-method, with
     # recompute=full): ``block`` recomputes the first N layers of each model chunk and keeps
     # every activation of the rest; ``uniform`` checkpoints the input of each group of N
@@ -600,6 +611,13 @@ class Strategy:
         if self.order != DEFAULT_ORDER and self.cp > 1 and self.dp > 1 and "cp-dp" not in self.order:
             raise InputError("order", self.order, "with cp > 1 context parallelism must sit right inside data "
                              "parallelism (cp-dp): gradients are reduced over the combined group")
+        if self.pipeline_layout is not None:
+            lay = self.pipeline_layout
+            if not isinstance(lay, tuple) or not all(isinstance(x, str) and set(x) <= set("EtmL") for x in lay):
+                raise InputError("pipeline_layout", lay, "must be a tuple of layer strings (E, t, m, L) per virtual stage")
+            if len(lay) != self.pp * self.vp:
+                raise InputError("pipeline_layout", "|".join(lay), f"has {len(lay)} virtual stages, "
+                                 f"pp*vp = {self.pp}*{self.vp} = {self.pp * self.vp}")
         if self.vp > 1 and self.schedule not in ("interleaved", "zero-bubble"):
             raise InputError("vp", self.vp, f"needs schedule=interleaved (got {self.schedule})")
         if self.schedule == "interleaved" and self.pp == 1:
@@ -695,9 +713,16 @@ class Strategy:
                 parts.append(f"recompute_method={self.recompute_method}")
         if self.offload_num_layers is not None:
             parts.append(f"offload_num_layers={self.offload_num_layers}")
+        if self.pipeline_layout is not None:
+            parts.append(f"layout={format_layout(self.pipeline_layout)}")
         return ",".join(parts)
 
     def with_(self, **changes: object) -> "Strategy":
+        """A copy with ``changes``; a pipeline layout (made for this pp and vp) is dropped when
+        pp or vp changes and no new one is given."""
+        if self.pipeline_layout is not None and "pipeline_layout" not in changes and \
+                (changes.get("pp", self.pp) != self.pp or changes.get("vp", self.vp) != self.vp):
+            changes["pipeline_layout"] = None
         return replace(self, **changes)
 
 

@@ -2,7 +2,8 @@
 
 ``stage_layers`` splits the layers over ``pp`` stages (even; a remainder goes to the middle
 stages first, since the first stage also holds the embedding and the last the output layer
-and loss).  ``stage_params`` counts the parameters one GPU of a stage holds, split by how
+and loss), or as the strategy's ``pipeline_layout`` says (``sim.layout``: then
+``stage_chunks`` gives every model chunk's layers and each ``StageShape`` its chunks).  ``stage_params`` counts the parameters one GPU of a stage holds, split by how
 they shard.  ``stage_shapes`` groups stages that cost the same (same number of layers and MoE
 layers, same first/last role): the step's composition (``sim.step``) and the memory model
 (``sim.memory``) evaluate one representative per shape, weighted by how many stages have it.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from sim.layout import chunk_layer_ids
 from sim.specs import Model, Strategy
 
 
@@ -44,6 +46,11 @@ class StageShape:
     # stages of each shape (in shape order) before stage ``index``: its last backward ends
     # that many backward passes before the pipeline's
     before: tuple[int, ...]
+    # with a pipeline layout: (dense, MoE) decoder layers of each model chunk, in chunk order
+    # (the embedding sits in the first stage's chunk 0, the loss in the last stage's last chunk);
+    # None: the stage's layers split evenly over its chunks
+    chunks: tuple[tuple[int, int], ...] | None = None
+    stages: tuple[int, ...] = ()  # every stage of this shape
 
     @property
     def num_layers(self) -> int:
@@ -54,8 +61,18 @@ class StageShape:
         return self.num_layers - self.num_moe_layers
 
 
+def stage_chunks(strategy: Strategy) -> list[list[list[int]]] | None:
+    """``[stage][chunk]`` layer indices of the strategy's pipeline layout, or ``None`` without one."""
+    if strategy.pipeline_layout is None:
+        return None
+    return chunk_layer_ids(strategy.pipeline_layout, strategy.pp)
+
+
 def stage_layers(model: Model, strategy: Strategy) -> list[list[int]]:
     """Layer indices per pipeline stage (module docstring)."""
+    chunks = stage_chunks(strategy)
+    if chunks is not None:
+        return [[j for chunk in row for j in chunk] for row in chunks]
     p, n = strategy.pp, model.num_layers
     base, extra = divmod(n, p)
     order = list(range(1, p - 1)) + [0, p - 1] if p > 2 else list(range(p))
@@ -107,27 +124,39 @@ def stage_params(model: Model, strategy: Strategy, layers: list[int] | tuple[int
 
 def stage_shapes(model: Model, strategy: Strategy) -> tuple[StageShape, ...]:
     """The distinct stage shapes of ``strategy``'s pipeline, in order of their first stage."""
-    return _shapes(model, strategy.tp, strategy.ep, strategy.expert_tp, strategy.pp)
+    return _shapes(model, strategy.tp, strategy.ep, strategy.expert_tp, strategy.pp, strategy.pipeline_layout)
+
+
+def chunk_signature(model: Model, chunks: list[list[int]]) -> tuple[tuple[int, int], ...]:
+    """(dense, MoE) layer counts of each chunk."""
+    return tuple((len(c) - sum(model.is_moe_layer(j) for j in c), sum(model.is_moe_layer(j) for j in c))
+                 for c in chunks)
 
 
 @functools.lru_cache(maxsize=4096)
-def _shapes(model: Model, tp: int, ep: int, etp: int, pp: int) -> tuple[StageShape, ...]:
-    s = Strategy(tp=tp, ep=ep, etp=etp, pp=pp, dp=ep * etp, gbs=ep * etp)
+def _shapes(model: Model, tp: int, ep: int, etp: int, pp: int,
+            layout: tuple[str, ...] | None = None) -> tuple[StageShape, ...]:
+    vp = 1 if layout is None else len(layout) // pp
+    s = Strategy(tp=tp, ep=ep, etp=etp, pp=pp, dp=ep * etp, gbs=ep * etp, vp=vp,
+                 schedule="interleaved" if vp > 1 else "1f1b", pipeline_layout=layout)
     layers = stage_layers(model, s)
-    sigs: list[tuple[int, int, bool, bool]] = []
+    per_chunk = stage_chunks(s)
+    sigs: list[tuple] = []
     of_stage: list[int] = []
     for i, ls in enumerate(layers):
-        sig = (len(ls), sum(model.is_moe_layer(j) for j in ls), i == 0, i == pp - 1)
+        chunks = chunk_signature(model, per_chunk[i]) if per_chunk is not None else None
+        sig = (len(ls), sum(model.is_moe_layer(j) for j in ls), i == 0, i == pp - 1, chunks)
         if sig not in sigs:
             sigs.append(sig)
         of_stage.append(sigs.index(sig))
     out = []
-    for c, (_, n_moe, first, last) in enumerate(sigs):
+    for c, (_, n_moe, first, last, chunks) in enumerate(sigs):
         idx = of_stage.index(c)
         out.append(StageShape(index=idx, count=of_stage.count(c), layers=tuple(layers[idx]), num_moe_layers=n_moe,
                               first=first, last=last,
                               params=stage_params(model, s, layers[idx], first=first, last=last),
-                              before=tuple(of_stage[:idx].count(k) for k in range(len(sigs)))))
+                              before=tuple(of_stage[:idx].count(k) for k in range(len(sigs))), chunks=chunks,
+                              stages=tuple(i for i, k in enumerate(of_stage) if k == c)))
     return tuple(out)
 
 

@@ -14,6 +14,8 @@ exposed TP/CP/EP/ZeRO-3 communication plus the point-to-point sends):
   equal stages, a bubble fraction ``(p - 1)/(m + p - 1)``;
 * interleaved 1F1B: ``T = sum_i (F_i + B_i)/v + (m - 1/v) max_i (F_i + B_i)``, a bubble of
   ``(p - 1)/v`` stage-times (Narayanan et al. 2021, Sec. 2.2.2), with ``v`` times more sends;
+  with a pipeline layout (``sim.layout``) the chunks differ and no closed form holds: the
+  schedule itself is evaluated chunk by chunk (``sim.interleave``);
 * zero-bubble ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", Sec. 3): the weight
   gradient ``W`` fills the drain, ``T = m max_i(F_i + B_i) + (p - 1) max_i(F_i + B_i - W_i)/v``
   with ``W`` taken as half the GEMM backward.
@@ -50,6 +52,7 @@ from typing import TYPE_CHECKING, Sequence, Union
 
 import numpy as np
 
+from sim.interleave import interleaved_time_s
 from sim.offload import offload_bytes
 from sim.runtime import CommRuntime
 from sim.stages import StageParams
@@ -92,6 +95,11 @@ class StageTimes:
     host_sync_bwd_s: Num = 0.0
     count: int = 1
     before: tuple[int, ...] = ()
+    # with a pipeline layout: each model chunk's forward and backward (compute and exposed
+    # communication, no sends) and the stages this entry stands for; None = equal chunks
+    chunk_fwd_s: tuple[Num, ...] | None = None
+    chunk_bwd_s: tuple[Num, ...] | None = None
+    stage_ids: tuple[int, ...] = ()
 
     def critical_path(self, vp: Num, pp_overlap: Num = False) -> tuple[Num, Num]:
         """(F, B): one micro-batch's forward and backward through the stage, with its sends
@@ -103,6 +111,38 @@ class StageTimes:
         send_f = np.where(pp_overlap, np.maximum(0.0, self.p2p_s - f / vp), self.p2p_s)
         send_b = np.where(pp_overlap, np.maximum(0.0, self.p2p_s - b / vp), self.p2p_s)
         return f + self.fwd_sends * vp * send_f, b + self.bwd_sends * vp * send_b
+
+    def chunk_paths(self, vp: Num, pp_overlap: Num, stage: int, pp: int) -> tuple[list[Num], list[Num]]:
+        """Per model chunk of stage ``stage``: one micro-batch's forward and backward with its
+        send (every virtual stage but the last sends forward, every one but the first sends
+        back; overlapped as in ``critical_path``)."""
+        assert self.chunk_fwd_s is not None and self.chunk_bwd_s is not None
+        f = self.compute_fwd_s + self.exposed_fwd_s
+        b = self.compute_bwd_s + self.exposed_bwd_s
+        send_f = np.where(pp_overlap, np.maximum(0.0, self.p2p_s - f / vp), self.p2p_s)
+        send_b = np.where(pp_overlap, np.maximum(0.0, self.p2p_s - b / vp), self.p2p_s)
+        v = len(self.chunk_fwd_s)
+        fwd = [cf + (send_f if c * pp + stage < pp * v - 1 and pp > 1 else 0.0) for c, cf in enumerate(self.chunk_fwd_s)]
+        bwd = [cb + (send_b if c * pp + stage > 0 else 0.0) for c, cb in enumerate(self.chunk_bwd_s)]
+        return fwd, bwd
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkSums:
+    """One model chunk of a stage under a pipeline layout, per micro-batch: its layers' sums
+    (compute, recomputation, exposed TP/CP/EP), its embedding/head compute (``extra_*``) and its
+    share of the stage's parameters (``param_frac``), which carries that share of the
+    per-parameter work and the exposed ZeRO-3 and offload copies (as the event engine spreads
+    them, ``sim.event.scenario``)."""
+
+    layer_fwd_s: Num
+    layer_bwd_s: Num
+    recompute_s: Num
+    exposed_fwd_s: Num
+    exposed_bwd_s: Num
+    extra_fwd_s: Num
+    extra_bwd_s: Num
+    param_frac: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,11 +356,22 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
 def stage_times(*, layer_fwd_s: Num, layer_bwd_s: Num, recompute_s: Num, layer_exposed_fwd_s: Num,
                 layer_exposed_bwd_s: Num, extra_fwd_s: Num, extra_bwd_s: Num, pieces: StagePieces, p2p_s: Num,
                 num_layers: int, first: bool, last: bool, count: int = 1,
-                before: tuple[int, ...] = ()) -> StageTimes:
+                before: tuple[int, ...] = (), chunks: Sequence[ChunkSums] | None = None,
+                stage_ids: tuple[int, ...] = ()) -> StageTimes:
     """A stage's ``StageTimes`` from its layers' sums per micro-batch (``layer_*``: compute,
     recomputation, exposed TP/CP/EP communication), its embedding/head compute (``extra_*``)
     and its ``StagePieces``.  ``W`` (zero-bubble) is half the layers' backward: the weight
-    gradient GEMMs, which the layer cost does not separate from the input gradient."""
+    gradient GEMMs, which the layer cost does not separate from the input gradient.
+    ``chunks`` (a pipeline layout's model chunks of the stages ``stage_ids``) give each chunk's
+    forward and backward for ``sim.interleave``."""
+    cf = cb = None
+    if chunks is not None:
+        cf = tuple(c.layer_fwd_s + c.extra_fwd_s + c.exposed_fwd_s
+                   + c.param_frac * (pieces.param_work_fwd_s + pieces.zero3_exposed_fwd_s + pieces.offload_fwd_s)
+                   for c in chunks)
+        cb = tuple(c.layer_bwd_s + c.recompute_s + c.extra_bwd_s + c.exposed_bwd_s
+                   + c.param_frac * (pieces.param_work_bwd_s + pieces.zero3_exposed_bwd_s + pieces.offload_bwd_s)
+                   for c in chunks)
     return StageTimes(
         compute_fwd_s=layer_fwd_s + extra_fwd_s + pieces.param_work_fwd_s,
         compute_bwd_s=layer_bwd_s + recompute_s + extra_bwd_s + pieces.param_work_bwd_s,
@@ -331,7 +382,8 @@ def stage_times(*, layer_fwd_s: Num, layer_bwd_s: Num, recompute_s: Num, layer_e
         dp_replica_sync_s=pieces.dp_replica_sync_s, offload_grad_s=pieces.offload_grad_s,
         offload_param_s=pieces.offload_param_s, fsdp_step_sync_s=pieces.fsdp_step_sync_s,
         host_sync_fwd_s=pieces.host_sync_fwd_s, host_sync_bwd_s=pieces.host_sync_bwd_s,
-        fwd_sends=0 if last else 1, bwd_sends=0 if first else 1, count=count, before=before)
+        fwd_sends=0 if last else 1, bwd_sends=0 if first else 1, count=count, before=before,
+        chunk_fwd_s=cf, chunk_bwd_s=cb, stage_ids=stage_ids)
 
 
 def pipeline_time_s(stages: Sequence[StageTimes], fb: Sequence[tuple[Num, Num]], m: Num, vp: Num,
@@ -350,6 +402,35 @@ def pipeline_time_s(stages: Sequence[StageTimes], fb: Sequence[tuple[Num, Num]],
             drain = np.maximum(drain, t - st.weight_grad_s)
         t_pipe = np.where(zero_bubble, m * slowest + (pp - 1) * drain / vp, t_pipe)
     return t_pipe
+
+
+def chunked_pipeline(stages: Sequence[StageTimes], m: Num, vp: Num, pp: int,
+                     pp_overlap: Num = False) -> tuple[Num, list[Num]]:
+    """Under a pipeline layout with interleaving: (time from the first forward to the last
+    backward, when each stage ends its last backward), from the interleaved schedule evaluated
+    chunk by chunk (``sim.interleave``); ``m`` may be an array of micro-batch counts (each
+    distinct count is evaluated; counts the schedule cannot run, not a multiple of ``pp``, give
+    NaN)."""
+    fwd: list[list[Num]] = [[] for _ in range(pp)]
+    bwd: list[list[Num]] = [[] for _ in range(pp)]
+    for st in stages:
+        for i in st.stage_ids:
+            fwd[i], bwd[i] = st.chunk_paths(vp, pp_overlap, i, pp)
+    assert all(fwd), "every stage needs its chunks"
+    ms = np.unique(np.asarray(m, dtype=float))
+    t_pipe: Num = np.nan
+    ends: list[Num] = [np.nan] * pp
+    for mv in ms:
+        k = int(mv)
+        if k != mv or k < 1 or k % pp:
+            continue
+        t, e = interleaved_time_s(fwd, bwd, m=k)
+        if ms.size == 1:
+            return t, e
+        sel = np.asarray(m) == mv
+        t_pipe = np.where(sel, t, t_pipe)
+        ends = [np.where(sel, x, y) for x, y in zip(e, ends)]
+    return t_pipe, ends
 
 
 def overlap_window(t: Num, num_layers: int, vp: Num, pp: int) -> Num:
@@ -371,13 +452,23 @@ def compose(stages: Sequence[StageTimes], *, m: Num, vp: Num, zero_bubble: Num, 
     """Step time of ``stages`` (module docstring).  ``zero`` may be an array (ZeRO-3 traffic is
     per micro-batch, inside ``F``/``B``; stages 0-2 reduce after the last backward)."""
     fb = [st.critical_path(vp, pp_overlap) for st in stages]
-    t_pipe = pipeline_time_s(stages, fb, m, vp, zero_bubble, pp)
+    chunked = pp > 1 and stages[0].chunk_fwd_s is not None and len(stages[0].chunk_fwd_s) > 1 \
+        and not np.any(zero_bubble)
+    if chunked:  # a pipeline layout with interleaving: the schedule evaluated chunk by chunk
+        t_pipe, stage_end = chunked_pipeline(stages, m, vp, pp, pp_overlap)
+    else:
+        t_pipe = pipeline_time_s(stages, fb, m, vp, zero_bubble, pp)
     sigma = overlap_slowdown
     z3 = np.asarray(zero) >= 3
     ends, exposed, slows, opts, offs = [], [], [], [], []
     for st, (f, b) in zip(stages, fb):
-        tail = sum(k * fb[j][1] for j, k in enumerate(st.before) if k)
-        last_end = t_pipe - tail
+        if chunked:
+            last_end = stage_end[st.stage_ids[0]]
+            for i in st.stage_ids[1:]:
+                last_end = np.maximum(last_end, stage_end[i])
+        else:
+            tail = sum(k * fb[j][1] for j, k in enumerate(st.before) if k)
+            last_end = t_pipe - tail
         window = overlap_window(b, st.num_layers, vp, pp) if dp_overlap else 0.0
         # per step after the last backward: the gradient reduction (ZeRO-3 reduces inside each
         # backward) and HSDP's all-reduce over the replicas

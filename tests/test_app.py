@@ -540,7 +540,8 @@ def test_export_files_cover_every_format_and_zip():
     skipped = {w.split(":", 1)[0] for w in warnings if "not exported" in w}
     assert written | skipped == set(FORMATS) and not written & skipped and "megatron" in written
     megatron = files["megatron/megatron_args.sh"].decode()
-    for arg in ("--tensor-model-parallel-size 8", "--pipeline-model-parallel-size 16", "--train-iters 1000"):
+    for arg in ("--tensor-model-parallel-size 8", "--pipeline-model-parallel-size 16", "TRAIN_ITERS=${TRAIN_ITERS:-1000}",
+                '--train-iters "${TRAIN_ITERS}"'):
         assert arg in megatron  # the chosen plan and the token budget's steps reach the config
     with zipfile.ZipFile(io.BytesIO(engines.zip_bytes(files))) as zf:
         assert sorted(zf.namelist()) == sorted(files)

@@ -42,7 +42,7 @@ def test_every_strategy_key_named_parses():
             "schedule", "etp"} <= keys
     for key in sorted(keys):
         value = SAMPLE.get(key, "1")
-        text = {"dp": "dp=8", "sp": "tp=2,sp=1", "etp": "tp=2,etp=1", "vp": "pp=2,vp=1",
+        text = {"dp": "dp=8", "sp": "tp=2,sp=1", "etp": "tp=2,etp=1", "vp": "pp=2,vp=1", "layout": "pp=2,layout=Et|tL",
                 "recompute_num_layers": "recompute=full,recompute_num_layers=1",
                 "recompute_method": "recompute=full,recompute_num_layers=1,recompute_method=block",
                 "offload_num_layers": "zero=1,offload=activations,offload_num_layers=1"}.get(key, f"{key}={value}")

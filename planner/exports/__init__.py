@@ -47,6 +47,21 @@ def formats_of(framework: str) -> list[str]:
     return [f for f in FORMATS if FORMAT_FRAMEWORK[f] == framework]
 
 
+# Other framework profiles a format can launch as they are (torchtitan.toml with [compile] for
+# torchtitan-compile; Megatron-LM arguments for NeMo's Megatron-Core plans)
+FORMAT_ALSO_LAUNCHES: dict[str, tuple[str, ...]] = {"torchtitan": ("torchtitan-compile",),
+                                                    "megatron": ("nemo",), "torchrun": ("nemo",),
+                                                    "slurm": ("nemo",), "k8s": ("nemo",)}
+
+
+def launch_framework(fmt: str, framework: str | None) -> str:
+    """The profile ``fmt`` launches for a plan of ``framework`` (its own when the format can run
+    that profile, else the format's)."""
+    if framework is not None and framework in FORMAT_ALSO_LAUNCHES.get(fmt, ()):
+        return framework
+    return FORMAT_FRAMEWORK[fmt]
+
+
 def framework_of_formats(formats: list[str]) -> str | None:
     """The one framework profile ``formats`` launch, or ``None`` when they launch several (the
     plan is then searched without that restriction and each format that cannot carry it is
@@ -71,6 +86,7 @@ class LaunchSpec:
     image: str = "nvcr.io/nvidia/pytorch:24.09-py3"
     megatron_path: str = "/opt/Megatron-LM"
     parameter_servers: ParameterServers | None = None  # dp_impl=parameter-server: the PS tasks
+    framework: str | None = None  # the plan's profile (torchtitan-compile: the torchtitan format compiles)
 
     @property
     def num_nodes(self) -> int:
@@ -88,13 +104,14 @@ class Rendered:
 
 
 def format_framework(fmt: str, spec: LaunchSpec) -> str:
-    """The framework profile ``fmt``'s files for ``spec`` launch: ``FORMAT_FRAMEWORK``, except
-    ``tensorflow``, whose strategy follows the plan (``planner.exports.tensorflow.profile_for``)."""
+    """The framework profile ``fmt``'s files for ``spec`` launch: ``launch_framework`` of the
+    plan's profile, except ``tensorflow``, whose strategy follows the plan
+    (``planner.exports.tensorflow.profile_for``)."""
     if fmt == "tensorflow":
         from planner.exports.tensorflow import profile_for
 
         return profile_for(spec)
-    return FORMAT_FRAMEWORK[fmt]
+    return launch_framework(fmt, spec.framework)
 
 
 def job_name(model: Model, num_gpus: int) -> str:

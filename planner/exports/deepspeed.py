@@ -12,7 +12,10 @@ Pipeline, context (Ulysses) and expert degrees are set by the training script, s
 and (``params``) ``offload_param`` ``{device: cpu|nvme, pin_memory: true}`` (``nvme_path`` for
 NVMe); activation offload only as DeepSpeed's ``cpu_checkpointing`` of partitioned checkpoints
 (``recompute=full`` with ``tp > 1``), anything else is refused (DeepSpeed config docs,
-"Parameter offloading", "Optimizer offloading", "Activation Checkpointing").
+"Parameter offloading", "Optimizer offloading", "Activation Checkpointing").  The launch
+script runs as written: the data, tokenizer and checkpoint paths are marked placeholders
+(``planner.exports.megatron.PLACEHOLDERS``), with ``--train-iters`` and the optimizer settings of
+the Megatron export (not modelled).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from sim.errors import InputError
 from planner.exports import LaunchSpec, Rendered
 
 NVME_PATH = "/local_nvme"  # DeepSpeed's documented default nvme_path
-from planner.exports.megatron import format_array, header
+from planner.exports.megatron import format_array, header, placeholder_block, shell_var
 
 
 def deepspeed_config(spec: LaunchSpec) -> tuple[dict[str, object], list[str]]:
@@ -95,6 +98,12 @@ def launch_args(spec: LaunchSpec) -> list[str]:
     if s.recompute != "none":
         a += ["--deepspeed-activation-checkpointing", "--recompute-granularity", s.recompute]
     a += ["--fp16"] if s.precision == "fp16" else ["--bf16"]
+    a += ["--tokenizer-type", "HFTokenizer", "--tokenizer-model", shell_var("TOKENIZER_MODEL"),
+          "--data-path", shell_var("DATA_PATH"), "--split", "99,1,0", "--train-iters", shell_var("TRAIN_ITERS"),
+          "--lr", "1.5e-4", "--min-lr", "1.0e-5", "--lr-decay-style", "cosine", "--lr-warmup-iters", "100",
+          "--weight-decay", "0.1", "--clip-grad", "1.0", "--save", shell_var("CHECKPOINT_DIR"),
+          "--load", shell_var("CHECKPOINT_DIR"), "--save-interval", "1000", "--log-interval", "10",
+          "--eval-interval", "1000", "--eval-iters", "10"]
     return a
 
 
@@ -102,7 +111,7 @@ def render_deepspeed(spec: LaunchSpec) -> Rendered:
     cfg, warn = deepspeed_config(spec)
     script = ("#!/usr/bin/env bash\n" + header(spec, "Megatron-DeepSpeed launch") + "set -euo pipefail\n"
               "MEGATRON_DEEPSPEED=${MEGATRON_DEEPSPEED:-/opt/Megatron-DeepSpeed}\n"
-              + format_array("DS_ARGS", launch_args(spec)) + "\n"
+              + placeholder_block(spec) + format_array("DS_ARGS", launch_args(spec)) + "\n"
               f"deepspeed --num_nodes {spec.num_nodes} --num_gpus {spec.procs_per_node} "
               "${HOSTFILE:+--hostfile \"$HOSTFILE\"} "
               "\"$MEGATRON_DEEPSPEED/pretrain_gpt.py\" \"${DS_ARGS[@]}\" \"$@\"\n")

@@ -18,7 +18,8 @@ import math
 import yaml
 
 from planner.exports import LaunchSpec, Rendered
-from planner.exports.megatron import format_array, header, megatron_args
+from planner.exports.megatron import (DEFAULT_TRAIN_ITERS, PLACEHOLDERS, format_array, header, megatron_args,
+                                      placeholder_block)
 
 
 def render_torchrun(spec: LaunchSpec) -> Rendered:
@@ -32,7 +33,7 @@ def render_torchrun(spec: LaunchSpec) -> Rendered:
             "MASTER_PORT=${MASTER_PORT:-29500}\n"
             f"MEGATRON_LM=${{MEGATRON_LM:-{spec.megatron_path}}}\n"
             "export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}\n"
-            + format_array("MEGATRON_ARGS", tokens) + "\n"
+            + placeholder_block(spec) + format_array("MEGATRON_ARGS", tokens) + "\n"
             "exec torchrun --nnodes \"$NNODES\" --nproc_per_node \"$NPROC_PER_NODE\" --node_rank \"$NODE_RANK\" \\\n"
             "  --master_addr \"$MASTER_ADDR\" --master_port \"$MASTER_PORT\" \\\n"
             "  \"$MEGATRON_LM/pretrain_gpt.py\" \"${MEGATRON_ARGS[@]}\" \"$@\"\n")
@@ -62,7 +63,7 @@ def render_slurm(spec: LaunchSpec) -> Rendered:
             "MASTER_PORT=${MASTER_PORT:-29500}\n"
             f"MEGATRON_LM=${{MEGATRON_LM:-{spec.megatron_path}}}\n"
             "export MASTER_ADDR MASTER_PORT CUDA_DEVICE_MAX_CONNECTIONS=1\n"
-            + format_array("MEGATRON_ARGS", tokens) + "\n"
+            + placeholder_block(spec) + format_array("MEGATRON_ARGS", tokens) + "\n"
             f"srun --kill-on-bad-exit=1 torchrun --nnodes \"$SLURM_NNODES\" --nproc_per_node {spec.procs_per_node} \\\n"
             "  --rdzv_id \"$SLURM_JOB_ID\" --rdzv_backend c10d --rdzv_endpoint \"$MASTER_ADDR:$MASTER_PORT\" \\\n"
             "  \"$MEGATRON_LM/pretrain_gpt.py\" \"${MEGATRON_ARGS[@]}\"\n")
@@ -70,7 +71,11 @@ def render_slurm(spec: LaunchSpec) -> Rendered:
 
 
 def pytorchjob(spec: LaunchSpec) -> tuple[dict[str, object], list[str]]:
-    tokens, warn = megatron_args(spec)
+    # Kubernetes expands $(NAME) in a container's command from its env (the placeholders below)
+    tokens, warn = megatron_args(spec, var=lambda name: f"$({name})")
+    env = [{"name": "CUDA_DEVICE_MAX_CONNECTIONS", "value": "1"}]
+    env += [{"name": name, "value": default} for name, default, _ in PLACEHOLDERS]
+    env.append({"name": "TRAIN_ITERS", "value": str(spec.steps if spec.steps is not None else DEFAULT_TRAIN_ITERS)})
     command = ["torchrun", "--nnodes", str(spec.num_nodes), "--nproc_per_node", str(spec.procs_per_node),
                f"{spec.megatron_path}/pretrain_gpt.py", *tokens]
 
@@ -82,7 +87,7 @@ def pytorchjob(spec: LaunchSpec) -> tuple[dict[str, object], list[str]]:
                 "name": "pytorch",
                 "image": spec.image,
                 "command": command,
-                "env": [{"name": "CUDA_DEVICE_MAX_CONNECTIONS", "value": "1"}],
+                "env": env,
                 "resources": {"limits": {"nvidia.com/gpu": spec.procs_per_node}},
             }]}},
         }
@@ -94,7 +99,8 @@ def pytorchjob(spec: LaunchSpec) -> tuple[dict[str, object], list[str]]:
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
         "metadata": {"name": spec.job_name,
-                     "annotations": {"planner/strategy": spec.strategy.to_string()}},
+                     "annotations": {"planner/strategy": spec.strategy.to_string(),
+                                     "planner/placeholders": "; ".join(f"{n}: {w}" for n, _, w in PLACEHOLDERS)}},
         "spec": {"nprocPerNode": str(spec.procs_per_node), "pytorchReplicaSpecs": replicas},
     }
     return job, warn

@@ -24,7 +24,18 @@ Mapping of the plan:
   ``--expert-tensor-parallel-size``;
 * uneven stages: ``--decoder-first/last-pipeline-num-layers``; interleaved chunks that are
   equal once the embedding and loss count as layers: ``--account-for-embedding-in-pipeline-split
-  --account-for-loss-in-pipeline-split``.
+  --account-for-loss-in-pipeline-split``; a plan's pipeline layout (``Strategy.pipeline_layout``)
+  as ``--pipeline-model-parallel-layout`` (with ``--mtp-num-layers`` for its MTP layers), the
+  virtual stages then coming from the layout (Megatron-LM sets no ``--num-virtual-stages-per-
+  pipeline-rank`` with it);
+* recomputation method and layers (``--recompute-method``, ``--recompute-num-layers``) and
+  Megatron-Core's ``--cpu-offloading-num-layers`` as the plan carries them;
+* a runnable script: the data, tokenizer and checkpoint paths are clearly marked placeholders
+  (``DATA_PATH``, ``TOKENIZER_MODEL``, ``CHECKPOINT_DIR``, shell variables with defaults set
+  above the arguments), the training length is ``--train-iters`` (from the token budget, else
+  ``TRAIN_ITERS``), and the optimizer hyperparameters are those of Megatron-LM's
+  ``examples/llama/train_llama3_8b_h100_fp8.sh`` (learning rate 1.5e-4 to 1e-5, cosine, weight
+  decay 0.1, Adam betas 0.9/0.95, gradient clipping 1.0): not modelled, tune them.
 * offload: ``optimizer`` with ZeRO-1 (the distributed optimizer) as Megatron-Core's CPU
   optimizer (``--optimizer-cpu-offload --optimizer-offload-fraction 1.0
   --use-precision-aware-optimizer``, megatron/core/optimizer/cpu_offloading/README.md, without
@@ -32,22 +43,52 @@ Mapping of the plan:
   is refused (``InputError``): Megatron-LM cannot express it.
 
 Plans the megatron-core profile cannot run (GPipe, zero-bubble) are refused by
-``planner.exports.render``; ``planner.exports.readback.strategy_from_megatron`` reads the
-arguments back.
+``planner.exports.render``; ``planner.recipes`` (the Megatron-LM recipe reader, through
+``planner.exports.readback``) reads the arguments back.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
+from typing import Callable
 
 from planner.exports import LaunchSpec, Rendered
 from sim.errors import InputError
-from sim.plan import vp_split
+from sim.layout import format_layout, num_mtp_layers
+from sim.plan import default_layout, vp_split
 from sim.stages import stage_layers
 
+# The run's own paths: (variable, placeholder default, what it is).  Nothing the plan depends on.
+PLACEHOLDERS: tuple[tuple[str, str, str], ...] = (
+    ("DATA_PATH", "/path/to/my-corpus_text_document",
+     "PLACEHOLDER: prefix of your data preprocessed by Megatron-LM tools/preprocess_data.py"),
+    ("TOKENIZER_MODEL", "/path/to/tokenizer",
+     "PLACEHOLDER: a Hugging Face tokenizer (name or path) whose vocabulary the model's matches"),
+    ("CHECKPOINT_DIR", "./checkpoints", "where checkpoints are saved and resumed from"),
+)
+DEFAULT_TRAIN_ITERS = 1000  # without a token budget: a placeholder length, TRAIN_ITERS overrides it
 
-def megatron_args(spec: LaunchSpec) -> tuple[list[str], list[str]]:
-    """(argument tokens, warnings)."""
+
+def shell_var(name: str) -> str:
+    return "${" + name + "}"
+
+
+def placeholder_block(spec: LaunchSpec, *, style: str = "shell") -> str:
+    """The placeholder variables, one per line with what they are (shell assignments)."""
+    lines = ["# ---- set these for your run (placeholders; the predicted plan does not depend on them) ----"]
+    for name, default, what in PLACEHOLDERS:
+        lines.append(f"{name}=${{{name}:-{default}}}  # {what}")
+    steps = spec.steps if spec.steps is not None else DEFAULT_TRAIN_ITERS
+    why = "optimizer steps of the token budget" if spec.steps is not None else \
+        "PLACEHOLDER: optimizer steps to run (no token budget was given)"
+    lines.append(f"TRAIN_ITERS=${{TRAIN_ITERS:-{steps}}}  # {why}")
+    return "\n".join(lines) + "\n"
+
+
+def megatron_args(spec: LaunchSpec, var: Callable[[str], str] = shell_var) -> tuple[list[str], list[str]]:
+    """(argument tokens, warnings).  ``var(name)`` writes a reference to a run variable
+    (``PLACEHOLDERS``, ``TRAIN_ITERS``): ``${NAME}`` in shell scripts, ``$(NAME)`` in Kubernetes."""
     m, s = spec.model, spec.strategy
     act_offload = s.offload == "activations" and s.offload_num_layers is not None
     if s.offload != "none" and not (s.offload == "optimizer" and s.zero == 1 and s.offload_device == "cpu") \
@@ -109,9 +150,12 @@ def megatron_args(spec: LaunchSpec) -> tuple[list[str], list[str]]:
             pattern = "[" + ",".join("1" if m.is_moe_layer(i) else "0" for i in range(m.num_layers)) + "]"
             opt("--moe-layer-freq", pattern)
         opt("--moe-grouped-gemm")
-    opt("--tokenizer-type", "NullTokenizer")
-    opt("--vocab-size", m.vocab_size)
-    opt("--mock-data")  # replace with --data-path and your tokenizer
+    opt("--tokenizer-type", "HuggingFaceTokenizer")
+    opt("--tokenizer-model", var("TOKENIZER_MODEL"))
+    opt("--vocab-size", m.vocab_size)  # the model's (padded) vocabulary; NullTokenizer runs use it
+    opt("--make-vocab-size-divisible-by", 1)  # the vocabulary above is already the model's
+    opt("--data-path", var("DATA_PATH"))
+    opt("--split", "99,1,0")
 
     # Parallelism.
     opt("--tensor-model-parallel-size", s.tp)
@@ -142,8 +186,18 @@ def megatron_args(spec: LaunchSpec) -> tuple[list[str], list[str]]:
     # Batch.
     opt("--micro-batch-size", s.mbs)
     opt("--global-batch-size", s.gbs)
-    if spec.steps is not None:
-        opt("--train-iters", spec.steps)
+    opt("--train-iters", var("TRAIN_ITERS"))
+    # optimizer (not modelled): Megatron-LM examples/llama/train_llama3_8b_h100_fp8.sh
+    for flag, value in (("--lr", "1.5e-4"), ("--min-lr", "1.0e-5"), ("--lr-decay-style", "cosine"),
+                        ("--lr-warmup-fraction", "0.01"), ("--weight-decay", "0.1"), ("--adam-beta1", "0.9"),
+                        ("--adam-beta2", "0.95"), ("--clip-grad", "1.0")):
+        opt(flag, value)
+    opt("--save", var("CHECKPOINT_DIR"))
+    opt("--load", var("CHECKPOINT_DIR"))
+    opt("--save-interval", 1000)
+    opt("--log-interval", 10)
+    opt("--eval-interval", 1000)
+    opt("--eval-iters", 10)
 
     # Memory.
     if s.recompute == "selective":
@@ -181,7 +235,8 @@ def megatron_args(spec: LaunchSpec) -> tuple[list[str], list[str]]:
     if s.precision == "fp8":
         opt("--fp8-format", "e4m3" if s.fp8_recipe in ("mxfp8", "blockwise") else "hybrid")
         opt("--fp8-recipe", s.fp8_recipe)
-    opt("--attention-backend", "flash" if spec.attention == "flash" else "unfused")
+    # Megatron-Core's backends: auto (the best fused kernel: cuDNN/TE), flash (the flash-attn package)
+    opt("--attention-backend", {"flash": "auto", "flash2": "flash"}.get(spec.attention, "unfused"))
     return a, warn
 
 
@@ -190,6 +245,11 @@ def _pipeline_split(spec: LaunchSpec, opt) -> None:
     stages give the first and last stage the fewer layers) and its model chunks
     (``sim.plan.vp_split``); a split Megatron-LM cannot state is refused."""
     m, s = spec.model, spec.strategy
+    if s.pipeline_layout is not None:  # the plan's chunks exactly; vp comes from the layout
+        opt("--pipeline-model-parallel-layout", format_layout(s.pipeline_layout))
+        if num_mtp_layers(s.pipeline_layout):
+            opt("--mtp-num-layers", num_mtp_layers(s.pipeline_layout))
+        return
     if s.pp == 1:
         return
     counts = [len(layers) for layers in stage_layers(m, s)]
@@ -204,13 +264,20 @@ def _pipeline_split(spec: LaunchSpec, opt) -> None:
         return
     if len(set(counts)) > 1:
         middle = set(counts[1:-1]) or {counts[0]}
-        if len(middle) > 1:
-            raise InputError("export", "megatron", f"the stages' layers {counts} differ in the middle stages; "
-                             "Megatron-LM sets only the first and last stage's")
+        if len(middle) > 1:  # first/last cannot say it: state every stage's layers
+            opt("--pipeline-model-parallel-layout", format_layout(default_layout(m, s)))
+            return
         opt("--decoder-first-pipeline-num-layers", counts[0])
         opt("--decoder-last-pipeline-num-layers", counts[-1])
     if s.vp > 1:
         opt("--num-virtual-stages-per-pipeline-rank", s.vp)
+
+
+def _quote(value: str) -> str:
+    """Shell quoting that leaves a run-variable reference (``${NAME}``) expandable."""
+    if re.fullmatch(r"\$\{[A-Z_]+\}", value):
+        return f'"{value}"'
+    return shlex.quote(value)
 
 
 def format_array(name: str, tokens: list[str], indent: str = "  ") -> str:
@@ -220,7 +287,7 @@ def format_array(name: str, tokens: list[str], indent: str = "  ") -> str:
     while i < len(tokens):
         tok = tokens[i]
         if i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
-            lines.append(f"{indent}{tok} {shlex.quote(tokens[i + 1])}")
+            lines.append(f"{indent}{tok} {_quote(tokens[i + 1])}")
             i += 2
         else:
             lines.append(f"{indent}{tok}")
@@ -241,5 +308,5 @@ def render_megatron(spec: LaunchSpec) -> Rendered:
     tokens, warn = megatron_args(spec)
     text = ("#!/usr/bin/env bash\n" + header(spec, "Megatron-LM pretrain_gpt.py arguments")
             + "# Use: source megatron_args.sh; torchrun ... pretrain_gpt.py \"${MEGATRON_ARGS[@]}\"\n"
-            + format_array("MEGATRON_ARGS", tokens) + "\n")
+            + placeholder_block(spec) + format_array("MEGATRON_ARGS", tokens) + "\n")
     return Rendered(files={"megatron_args.sh": text}, warnings=warn)

@@ -1,11 +1,12 @@
 """Read an exported configuration back into the ``Strategy`` it launches.
 
-The inverse of each exporter, written from the tools' own semantics (what Megatron-LM,
-torchtitan and DeepSpeed derive from those options), not from our writer: data parallelism from
-the world size, interleaving from the virtual stages, the ZeRO stage from the sharding options,
-overlaps from their switches.  ``read_back(fmt, files, model, num_gpus)`` is what the tests use
-to check that an exported plan is the plan that was predicted (export, read back, re-simulate,
-same step time).
+The inverse of each exporter is the recipe reader of its framework (``planner.recipes``, what
+``planner import`` runs on a user's own files), written from the tools' own semantics (what
+Megatron-LM, torchtitan and DeepSpeed derive from those options), not from our writer: data
+parallelism from the world size, interleaving from the virtual stages or the pipeline layout,
+the ZeRO stage from the sharding options, overlaps from their switches.
+``read_back(fmt, files, model, num_gpus)`` is what the tests use to check that an exported plan
+is the plan that was predicted (export, read back, re-simulate, same step time).
 """
 
 from __future__ import annotations
@@ -13,9 +14,8 @@ from __future__ import annotations
 import ast
 import json
 import shlex
-import tomllib
-
-import yaml
+import tempfile
+from pathlib import Path
 
 from sim.errors import InputError
 from sim.psspecs import ParameterServers
@@ -45,97 +45,8 @@ def bash_array(script: str, name: str) -> list[str]:
     return [w for ln in lines[start + 1:end] for w in shlex.split(ln)]
 
 
-def strategy_from_megatron(tokens: list[str], *, model: Model, num_gpus: int) -> Strategy:
-    """Megatron-LM ``pretrain_gpt.py`` arguments -> the strategy Megatron-LM runs."""
-    o = options(tokens)
-    tp, pp = int(o["--tensor-model-parallel-size"]), int(o["--pipeline-model-parallel-size"])
-    cp = int(o.get("--context-parallel-size", 1))
-    vp = int(o.get("--num-virtual-stages-per-pipeline-rank", 1))
-    dp = num_gpus // (tp * pp * cp)  # Megatron: world size / model-parallel size
-    sharding = o.get("--data-parallel-sharding-strategy")
-    zero = {"optim_grads": 2, "optim_grads_params": 3}[str(sharding)] if sharding else \
-        (1 if "--use-distributed-optimizer" in o else 0)
-    instances = o.get("--num-distributed-optimizer-instances")
-    precision = "fp8" if "--fp8-format" in o else ("fp16" if "--fp16" in o else "bf16")
-    return Strategy(tp=tp, pp=pp, dp=dp, cp=cp, ep=int(o.get("--expert-model-parallel-size", 1)),
-                    etp=int(o["--expert-tensor-parallel-size"]) if "--expert-tensor-parallel-size" in o else None,
-                    vp=vp, mbs=int(o["--micro-batch-size"]), gbs=int(o["--global-batch-size"]),
-                    seq_len=int(o["--seq-length"]), zero=zero, sp="--sequence-parallel" in o,
-                    recompute=str(o.get("--recompute-granularity", "none")), precision=precision,
-                    schedule="interleaved" if vp > 1 else "1f1b", tp_overlap="--tp-comm-overlap" in o,
-                    dp_overlap="--overlap-grad-reduce" in o, ep_overlap="--overlap-moe-expert-parallel-comm" in o,
-                    pp_overlap=vp > 1 and "--no-overlap-p2p-communication" not in o,
-                    cuda_graphs="--enable-cuda-graph" in o, fp8_recipe=str(o.get("--fp8-recipe", "delayed")),
-                    dp_shard=dp // int(instances) if instances else None,
-                    offload="optimizer" if "--optimizer-cpu-offload" in o else
-                    ("activations" if "--cpu-offloading-num-layers" in o else "none"),
-                    offload_num_layers=int(o["--cpu-offloading-num-layers"]) if "--cpu-offloading-num-layers" in o
-                    else None, **_recompute_layers(o))
-
-
-def _recompute_layers(o: dict) -> dict[str, object]:
-    """Megatron's ``--recompute-method`` / ``--recompute-num-layers`` as the strategy keys
-    (uniform groups of 1 = every layer = the keys left out)."""
-    method, n = str(o.get("--recompute-method", "uniform")), int(o.get("--recompute-num-layers", 1))
-    if o.get("--recompute-granularity") != "full" or (method == "uniform" and n == 1):
-        return {}
-    return {"recompute_num_layers": n, "recompute_method": method}
-
-
-_TT_SCHEDULES = {"1F1B": ("1f1b", False), "GPipe": ("gpipe", False), "Interleaved1F1B": ("interleaved", True),
-                 "InterleavedZeroBubble": ("zero-bubble", True)}
-
-
-def strategy_from_torchtitan(text: str, *, model: Model, num_gpus: int) -> Strategy:
-    """A torchtitan job config -> the strategy torchtitan runs."""
-    tt = tomllib.loads(text)
-    par, tr, ac = tt["parallelism"], tt["training"], tt["activation_checkpoint"]
-    rep, shard = int(par["data_parallel_replicate_degree"]), int(par["data_parallel_shard_degree"])
-    tp, pp = int(par["tensor_parallel_degree"]), int(par["pipeline_parallel_degree"])
-    schedule, vp = "1f1b", 1
-    if pp > 1:
-        schedule, interleaved = _TT_SCHEDULES[par["pipeline_parallel_schedule"]]
-        if "module_fqns_per_model_part" in par:
-            vp = len(par["module_fqns_per_model_part"]) // pp
-        elif "pipeline_parallel_layers_per_stage" in par:
-            vp = model.num_layers // (int(par["pipeline_parallel_layers_per_stage"]) * pp)
-        if interleaved != (vp > 1):
-            raise InputError("export", par["pipeline_parallel_schedule"], f"does not match {vp} stages per rank")
-    converters = tt["model"].get("converters", [])
-    fp8 = "float8" in converters or "mx" in converters
-    return Strategy(tp=tp, pp=pp, dp=rep * shard, cp=int(par["context_parallel_degree"]),
-                    ep=int(par["expert_parallel_degree"]), etp=par.get("expert_tensor_parallel_degree"), vp=vp,
-                    mbs=int(par["pipeline_parallel_microbatch_size"]) if pp > 1 else int(tr["local_batch_size"]),
-                    gbs=int(tr["global_batch_size"]), seq_len=int(tr["seq_len"]), zero=0 if shard == 1 else 3,
-                    sp=tp > 1,  # torchtitan's TP plan always shards the sequence between the GEMMs
-                    recompute=str(ac["mode"]),
-                    precision="fp8" if fp8 else ("fp16" if tr["mixed_precision_param"] == "float16" else "bf16"),
-                    schedule=schedule, tp_overlap=bool(par["enable_async_tensor_parallel"]), dp_overlap=True,
-                    fp8_recipe=("mxfp8" if "mx" in converters else "tensorwise") if fp8 else "delayed",
-                    dp_shard=shard if shard > 1 and rep > 1 else None,
-                    offload="params" if tr.get("enable_cpu_offload") else "none")
-
-
-def strategy_from_deepspeed(cfg_text: str, tokens: list[str], *, model: Model, num_gpus: int) -> Strategy:
-    """``ds_config.json`` plus the Megatron-DeepSpeed arguments -> the strategy they run."""
-    cfg, o = json.loads(cfg_text), options(tokens)
-    tp = int(o["--tensor-model-parallel-size"])
-    pp = 1 if "--no-pipeline-parallel" in o else int(o["--pipeline-model-parallel-size"])
-    cp = int(o.get("--ds-sequence-parallel-size", 1))
-    dp = num_gpus // (tp * pp * cp)
-    if cfg["train_batch_size"] != cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * dp:
-        raise InputError("export", "ds_config.json", "train_batch_size != micro batch * accumulation * data parallel")
-    zo = cfg["zero_optimization"]
-    states = "params" if "offload_param" in zo else ("optimizer" if "offload_optimizer" in zo else "")
-    acts = "activations" if cfg["activation_checkpointing"].get("cpu_checkpointing") else ""
-    target = zo.get("offload_param") or zo.get("offload_optimizer") or {"device": "cpu"}
-    return Strategy(tp=tp, pp=pp, dp=dp, cp=cp, ep=int(o.get("--expert-model-parallel-size", 1)),
-                    offload="+".join(p for p in (states, acts) if p) or "none", offload_device=str(target["device"]),
-                    mbs=int(cfg["train_micro_batch_size_per_gpu"]), gbs=int(cfg["train_batch_size"]),
-                    seq_len=int(o["--seq-length"]), zero=int(cfg["zero_optimization"]["stage"]),
-                    sp="--sequence-parallel" in o, recompute=str(o.get("--recompute-granularity", "none")),
-                    precision="fp16" if cfg["fp16"]["enabled"] else "bf16",
-                    dp_overlap=bool(cfg["zero_optimization"]["overlap_comm"]))
+FORMAT_MAIN_FILE = {"megatron": "megatron_args.sh", "torchrun": "launch_torchrun.sh", "slurm": "train.sbatch",
+                    "k8s": "pytorchjob.yaml", "torchtitan": "torchtitan.toml", "deepspeed": "deepspeed_launch.sh"}
 
 
 _TF_POLICIES = {"mixed_bfloat16": "bf16", "mixed_float16": "fp16"}
@@ -235,24 +146,16 @@ def parameter_servers_from_tensorflow(files: dict[str, str]) -> ParameterServers
 
 
 def read_back(fmt: str, files: dict[str, str], *, model: Model, num_gpus: int) -> Strategy:
-    """The strategy the files of export format ``fmt`` launch."""
-    if fmt == "megatron":
-        tokens = bash_array(files["megatron_args.sh"], "MEGATRON_ARGS")
-    elif fmt == "torchrun":
-        tokens = bash_array(files["launch_torchrun.sh"], "MEGATRON_ARGS")
-    elif fmt == "slurm":
-        tokens = bash_array(files["train.sbatch"], "MEGATRON_ARGS")
-    elif fmt == "k8s":
-        job = yaml.safe_load(files["pytorchjob.yaml"])
-        cmd = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"]
-        tokens = cmd[next(i for i, t in enumerate(cmd) if t.endswith("pretrain_gpt.py")) + 1:]
-    elif fmt == "torchtitan":
-        return strategy_from_torchtitan(files["torchtitan.toml"], model=model, num_gpus=num_gpus)
-    elif fmt == "deepspeed":
-        return strategy_from_deepspeed(files["ds_config.json"], bash_array(files["deepspeed_launch.sh"], "DS_ARGS"),
-                                       model=model, num_gpus=num_gpus)
-    elif fmt == "tensorflow":
+    """The strategy the files of export format ``fmt`` launch, read by the recipe readers a user's
+    own files go through (``planner.recipes``: ``planner import``), from the files as written."""
+    from planner.recipes import read_recipe, resolve
+
+    if fmt == "tensorflow":  # a Keras script: read with ast (no recipe reader for TensorFlow)
         return strategy_from_tensorflow(files, model=model, num_gpus=num_gpus)
-    else:
+    if fmt not in FORMAT_MAIN_FILE:
         raise InputError("export", fmt, "no reader for this format")
-    return strategy_from_megatron([str(t) for t in tokens], model=model, num_gpus=num_gpus)
+    with tempfile.TemporaryDirectory() as d:
+        for name, text in files.items():
+            (Path(d) / name).write_text(text, encoding="utf-8")
+        recipe = read_recipe(str(Path(d) / FORMAT_MAIN_FILE[fmt]), model=model)
+        return resolve(recipe, model=model, num_gpus=num_gpus)

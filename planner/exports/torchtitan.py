@@ -16,6 +16,17 @@
   ``global_batch_size``, ``seq_len``;
 * ``[activation_checkpoint] mode``: ``none``, ``selective`` (``selective_ac_option = "op"``) or
   ``full``; fp8 enables the ``float8`` (tensorwise) or ``mx`` (MXFP8) model converter;
+* the pipeline split the plan was priced with, always stated: ``module_fqns_per_model_part``
+  from the plan's layout (``Strategy.pipeline_layout``, else ``sim.plan.default_layout``);
+* ``[model] name`` and ``flavor`` as torchtitan ships them (catalogs/torchtitan_flavors.yaml:
+  Llama 3 70B is ``llama3`` / ``70B``); a model torchtitan has no flavor for is written with a
+  marked placeholder flavor and a warning (register the architecture as a flavor);
+* a runnable job: ``[training] steps`` (from the token budget, else a placeholder),
+  ``dataset`` (torchtitan's built-in ``c4``, a placeholder for your data), ``[model]
+  hf_assets_path`` (tokenizer, a placeholder path), ``[optimizer]`` and ``[lr_scheduler]`` as
+  torchtitan's own ``llama3_70b.toml`` (AdamW, lr 1.5e-4, eps 1e-8, 200 warm-up steps; not
+  modelled, tune them).  Written in the last TOML schema (torchtitan before 9810191bb, 2026-02;
+  later releases take Python configurations and the same keys as ``--section.option`` flags);
 * offload: ``params`` (FSDP, ZeRO-3, on the CPU) is ``[training] enable_cpu_offload = true``
   ("CPU offloading of parameters, gradients, and optimizer states in FSDP", FSDP2's
   ``CPUOffloadPolicy``); torchtitan has no optimizer-only, NVMe or activation offload, so those
@@ -25,8 +36,11 @@
 from __future__ import annotations
 
 from sim.errors import InputError
+from sim.layout import rank_chunks
+from sim.plan import default_layout
 
 from planner.exports import LaunchSpec, Rendered
+from planner.recipes.torchtitan import flavor_of_model
 
 SCHEDULES = {("1f1b", False): "1F1B", ("gpipe", False): "GPipe", ("interleaved", True): "Interleaved1F1B",
              ("zero-bubble", True): "InterleavedZeroBubble"}
@@ -43,19 +57,45 @@ def _toml_value(v: object) -> str:
     return f'"{text}"'
 
 
-def dumps(sections: dict[str, dict[str, object]], comment: str = "") -> str:
+def dumps(sections: dict[str, dict[str, object]], comment: str = "",
+          notes: dict[str, str] | None = None) -> str:
+    """TOML text; ``notes`` puts a comment after ``section.key``."""
+    notes = notes or {}
     lines = [f"# {c}" for c in comment.splitlines()] if comment else []
     for name, table in sections.items():
         lines.append("")
         lines.append(f"[{name}]")
         for k, v in table.items():
-            lines.append(f"{k} = {_toml_value(v)}")
+            note = notes.get(f"{name}.{k}")
+            lines.append(f"{k} = {_toml_value(v)}" + (f"  # {note}" if note else ""))
     return "\n".join(lines) + "\n"
 
 
-def torchtitan_config(spec: LaunchSpec) -> tuple[dict[str, dict[str, object]], list[str]]:
+def model_parts(layout: tuple[str, ...], pp: int) -> list[list[str]]:
+    """``module_fqns_per_model_part`` of a pipeline layout (virtual stage order)."""
+    parts, nxt = [], 0
+    for stage in layout:
+        part = []
+        for ch in stage:
+            if ch == "E":
+                part.append("tok_embeddings")
+            elif ch == "t":
+                part.append(f"layers.{nxt}")
+                nxt += 1
+            elif ch == "L":
+                part += ["norm", "output"]
+        parts.append(part)
+    assert len(rank_chunks(layout, pp)) == pp
+    return parts
+
+
+def torchtitan_config(spec: LaunchSpec) -> tuple[dict[str, dict[str, object]], list[str], dict[str, str]]:
     m, s = spec.model, spec.strategy
     warn: list[str] = []
+    notes: dict[str, str] = {}
+    if s.pipeline_layout is not None and "m" in "".join(s.pipeline_layout):
+        raise InputError("export", "torchtitan", "the plan's pipeline layout has MTP layers (m), which torchtitan's "
+                         "model parts cannot hold")
     if s.recompute_num_layers is not None:
         raise InputError("export", "torchtitan", f"recompute_num_layers={s.recompute_num_layers} "
                          f"({s.recompute_method}): torchtitan's activation checkpointing is full, op-level selective "
@@ -81,55 +121,60 @@ def torchtitan_config(spec: LaunchSpec) -> tuple[dict[str, dict[str, object]], l
     if s.pp > 1:
         parallel["pipeline_parallel_schedule"] = SCHEDULES[(s.schedule, s.vp > 1)]
         parallel["pipeline_parallel_microbatch_size"] = s.mbs
-        chunks = s.pp * s.vp
-        if m.num_layers % chunks == 0:
-            parallel["pipeline_parallel_layers_per_stage"] = m.num_layers // chunks
-        else:  # name each model part's modules: as even as the layers allow
-            base, extra = divmod(m.num_layers, chunks)
-            parts, start = [], 0
-            for k in range(chunks):
-                n = base + (1 if k < extra else 0)
-                parts.append((["tok_embeddings"] if k == 0 else []) + [f"layers.{i}" for i in range(start, start + n)]
-                             + (["norm", "output"] if k == chunks - 1 else []))
-                start += n
-            parallel["module_fqns_per_model_part"] = parts
+        # the split the plan was priced with, module by module (torchtitan's own default split
+        # counts the embedding and output as layers, which the planner's default does not)
+        layout = s.pipeline_layout if s.pipeline_layout is not None else default_layout(m, s)
+        parallel["module_fqns_per_model_part"] = model_parts(layout, s.pp)
     local = s.gbs // s.dp if s.pp > 1 else s.mbs
     training: dict[str, object] = {"local_batch_size": local, "global_batch_size": s.gbs, "seq_len": s.seq_len,
                                    "mixed_precision_param": "float16" if s.precision == "fp16" else "bfloat16",
-                                   "mixed_precision_reduce": "float32"}
-    if spec.steps is not None:
-        training["steps"] = spec.steps
+                                   "mixed_precision_reduce": "float32",
+                                   "steps": spec.steps if spec.steps is not None else 1000, "max_norm": 1.0,
+                                   "dataset": "c4"}
+    notes["training.steps"] = ("optimizer steps of the token budget" if spec.steps is not None else
+                               "PLACEHOLDER: steps to run (no token budget was given)")
+    notes["training.dataset"] = "PLACEHOLDER: your dataset (torchtitan's built-in c4 streams from the Hugging Face Hub)"
     if s.offload_params:
         training["enable_cpu_offload"] = True
-    flavor = "custom"
-    name = "deepseek_v3" if m.is_mla else ("llama3" if m.ffn_type == "swiglu" and m.moe is None else
-                                           ("llama4" if m.moe is not None else "llama3"))
-    warn.append(f"[model] name/flavor are placeholders ({name}/{flavor}): register {m.name}'s architecture "
-                "as a torchtitan model flavor")
+    shipped = flavor_of_model(m)
+    if shipped is not None:
+        name, flavor = shipped
+    else:
+        name = "deepseek_v3" if m.is_mla else ("llama3" if m.moe is None else "llama4")
+        flavor = m.name
+        notes["model.flavor"] = f"PLACEHOLDER: torchtitan ships no {name} flavor of this architecture; register it"
+        warn.append(f"[model] flavor {flavor!r} is a placeholder: torchtitan ships no {name} flavor of {m.name}'s "
+                    "architecture (catalogs/torchtitan_flavors.yaml); register it as a model flavor")
     converter = {"tensorwise": "float8", "mxfp8": "mx"}.get(s.fp8_recipe, "float8")
-    model: dict[str, object] = {"name": name, "flavor": flavor,
+    model: dict[str, object] = {"name": name, "flavor": flavor, "hf_assets_path": "./assets/hf/tokenizer",
                                 "converters": [converter] if s.precision == "fp8" else []}
+    notes["model.hf_assets_path"] = "PLACEHOLDER: the model's Hugging Face tokenizer files"
     ac: dict[str, object] = {"mode": s.recompute}
     if s.recompute == "selective":
         ac["selective_ac_option"] = "op"
     sections = {
         "job": {"description": f"{m.name} on {spec.num_gpus} GPUs: {s.to_string()}", "dump_folder": "./outputs"},
         "model": model,
+        # optimizer (not modelled): torchtitan's torchtitan/models/llama3/train_configs/llama3_70b.toml
+        "optimizer": {"name": "AdamW", "lr": 1.5e-4, "eps": 1e-8},
+        "lr_scheduler": {"warmup_steps": 200},
         "training": training,
         "parallelism": parallel,
         "activation_checkpoint": ac,
+        # torch.compile of the model (the torchtitan-compile profile: fused element-wise ops, async TP)
+        "compile": {"enable": spec.framework == "torchtitan-compile", "components": ["model", "loss"]},
     }
     if s.precision == "fp8" and converter == "float8":
         sections["float8"] = {"recipe_name": "tensorwise", "enable_fsdp_float8_all_gather": s.zero >= 1}
     elif s.precision == "fp8":
         sections["mx"] = {"recipe_name": "mxfp8"}
-    return sections, warn
+    return sections, warn, notes
 
 
 def render_torchtitan(spec: LaunchSpec) -> Rendered:
-    sections, warn = torchtitan_config(spec)
+    sections, warn, notes = torchtitan_config(spec)
     comment = (f"torchtitan job config for {spec.model.name} on {spec.num_gpus} GPUs, written by `planner recommend`.\n"
                f"strategy: {spec.strategy.to_string()}\n"
                f"run: torchrun --nnodes {spec.num_nodes} --nproc_per_node {spec.procs_per_node} "
                "-m torchtitan.train --job.config_file torchtitan.toml")
-    return Rendered(files={"torchtitan.toml": dumps(sections, comment)}, warnings=warn)
+    return Rendered(files={"torchtitan.toml": dumps(sections, comment, notes)}, warnings=warn)

@@ -150,7 +150,11 @@ class Scenario:
         n = len(st.layer_costs)
         fr = [c.params / st.params if st.params > 0 else 0.0 for c in st.layer_costs]
         extra_frac = max(0.0, 1.0 - sum(fr))
-        chunks = np.array_split(np.arange(n), v)
+        if st.chunk_sizes is not None:  # a pipeline layout's chunks (sim.layout)
+            bounds = np.cumsum((0,) + st.chunk_sizes)
+            chunks = [np.arange(bounds[c], bounds[c + 1]) for c in range(v)]
+        else:
+            chunks = np.array_split(np.arange(n), v)
         first_stage = st.stage == 0 and p > 1
         extra_chunk = 0 if first_stage else v - 1
         # Per-parameter work of the stage (compute slowed by hidden FSDP traffic, FSDP2's

@@ -23,8 +23,7 @@ the ordering instead of a closed form.
 from __future__ import annotations
 
 from sim.errors import InfeasibleError, InputError
-
-Op = tuple[str, int, int]  # (phase, microbatch, chunk)
+from sim.interleave import Op, interleaved_order as _interleaved
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zero-bubble")
 
 
@@ -32,30 +31,6 @@ def _check(p: int, m: int, v: int) -> None:
     for name, x in (("pp", p), ("microbatches", m), ("vp", v)):
         if isinstance(x, bool) or not isinstance(x, int) or x < 1:
             raise InputError(name, x, "must be an integer >= 1")
-
-
-def _interleaved(p: int, m: int, v: int, i: int) -> list[Op]:
-    total = m * v
-    group = p * v
-
-    def fwd(k: int) -> Op:
-        return ("F", (k // group) * p + k % p, (k % group) // p)
-
-    def bwd(k: int) -> Op:
-        return ("B", (k // group) * p + k % p, v - 1 - (k % group) // p)
-
-    if v == 1:
-        warm = min(p - i - 1, m)
-    elif m == p:
-        warm = total
-    else:
-        warm = min(2 * (p - i - 1) + (v - 1) * p, total)
-    out = [fwd(k) for k in range(warm)]
-    for k in range(total - warm):
-        out.append(fwd(warm + k))
-        out.append(bwd(k))
-    out += [bwd(k) for k in range(total - warm, total)]
-    return out
 
 
 def stage_order(schedule: str, p: int, m: int, v: int, stage: int) -> list[Op]:

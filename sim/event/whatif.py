@@ -79,6 +79,9 @@ class WhatIf:
         if self.layers_per_stage is not None:
             lps = self.layers_per_stage
             text = ",".join(map(str, lps))
+            if s.pipeline_layout is not None:
+                raise InputError("layers-per-stage", text, "the strategy's pipeline layout already places every "
+                                 "layer (change the layout instead)")
             if len(lps) != s.pp:
                 raise InputError("layers-per-stage", text, f"needs pp={s.pp} entries, got {len(lps)}")
             if sum(lps) != plan.model.num_layers:

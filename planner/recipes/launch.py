@@ -1,0 +1,132 @@
+"""Megatron-LM recipes as launched: a bash/Slurm script or an args file (``planner.recipes.shell``),
+or Megatron-LM's functional-test ``model_config.yaml`` (``MODEL_ARGS``), with the cluster the
+launcher states: ``torchrun --nproc_per_node N --nnodes M`` (``--nproc-per-node`` too),
+``deepspeed --num_gpus N --num_nodes M``, or ``#SBATCH --nodes`` with ``--gpus-per-node``,
+``--gres=gpu:N`` or ``--ntasks-per-node``.  A Megatron-DeepSpeed script (``--deepspeed``) reads
+the ``--deepspeed_config`` JSON beside it when it exists (``planner.recipes.deepspeed``)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import yaml
+
+from sim.specs import Model
+
+from planner.recipes.base import Recipe, RecipeKey, as_int, recipe_error
+from planner.recipes.megatron import options_from_mapping, options_from_tokens, read_megatron
+from planner.recipes.shell import launcher_option, read_shell
+
+
+def _int_or_none(text: str | None) -> int | None:
+    if text is None:
+        return None
+    text = text.strip()
+    return int(text) if re.fullmatch(r"\d+", text) else None
+
+
+def read_launch(path: str, text: str, *, model: Model | None = None) -> Recipe:
+    if Path(path).suffix.lower() in (".yaml", ".yml"):
+        doc = yaml.safe_load(text)
+        if doc.get("kind") == "PyTorchJob":
+            return _read_pytorchjob(path, doc, model)
+        args = doc.get("MODEL_ARGS")
+        if not isinstance(args, dict):
+            raise recipe_error(path, "MODEL_ARGS", args, "must be a mapping of Megatron-LM options")
+        extra = tuple(RecipeKey(key=str(k), value=v if not isinstance(v, dict) else "{...}", cost="no" if k in (
+            "TEST_TYPE", "LAUNCHER", "METRICS", "MODE") else "unknown", note="functional-test harness")
+            for k, v in doc.items() if k != "MODEL_ARGS")
+        return read_megatron(path, options_from_mapping(path, args), model=model, extra_keys=extra,
+                             dialect="Megatron-LM functional-test model_config.yaml (MODEL_ARGS)")
+    sh = read_shell(text)
+    cmds = [c for c in sh.commands if c.args]
+    if cmds:
+        tokens = max(cmds, key=lambda c: len(c.args)).args
+    else:  # arguments kept in an array for another script to pass (megatron_args.sh)
+        arrays = [a for a in sh.arrays.values() if any(w.startswith("--") for w in a)]
+        if not arrays:
+            raise recipe_error(path, "arguments", None, "no Megatron-LM arguments found (a launch script runs "
+                               "pretrain_gpt.py with them; an args file lists them)")
+        tokens = max(arrays, key=len)
+    keys: list[RecipeKey] = []
+    num_gpus = gpus_per_node = None
+    launchers = [c.launcher for c in sh.commands if c.launcher]
+    for words in launchers:
+        name = next((w for w in words if w.rsplit("/", 1)[-1] in ("torchrun", "deepspeed", "launch")),
+                    words[0]).rsplit("/", 1)[-1]
+        nproc = _int_or_none(launcher_option(words, "--nproc_per_node", "--nproc-per-node", "--num_gpus", "--num-gpus"))
+        nnodes = _int_or_none(launcher_option(words, "--nnodes", "--num_nodes", "--num-nodes"))
+        if nproc is not None:
+            gpus_per_node = nproc
+            keys.append(RecipeKey(key=f"{name} --nproc_per_node", value=nproc, maps_to="cluster.gpus_per_node"))
+            if nnodes is not None:
+                num_gpus = nproc * nnodes
+                keys.append(RecipeKey(key=f"{name} --nnodes", value=nnodes, maps_to="cluster.num_gpus",
+                                      note="nodes x GPUs per node"))
+            break
+    if sh.sbatch:
+        nodes = _int_or_none(sh.sbatch.get("--nodes") or sh.sbatch.get("-N"))
+        per = _int_or_none(sh.sbatch.get("--gpus-per-node"))
+        gres = sh.sbatch.get("--gres", "")
+        if per is None and gres.startswith("gpu"):
+            per = _int_or_none(gres.rsplit(":", 1)[-1])
+        if per is None:
+            per = _int_or_none(sh.sbatch.get("--ntasks-per-node"))
+        for k, v in sh.sbatch.items():
+            maps = {"--nodes": "cluster.num_gpus", "-N": "cluster.num_gpus", "--gpus-per-node": "cluster.gpus_per_node",
+                    "--gres": "cluster.gpus_per_node", "--ntasks-per-node": "cluster.gpus_per_node"}.get(k, "")
+            if maps and _int_or_none(v.rsplit(":", 1)[-1]) is None:
+                keys.append(RecipeKey(key=f"#SBATCH {k}", value=v, cost="no", note="not a number: ignored"))
+                continue
+            keys.append(RecipeKey(key=f"#SBATCH {k}", value=v, maps_to=maps, cost="no"))
+        if per is not None:
+            gpus_per_node = per
+            if nodes is not None:
+                num_gpus = nodes * per
+    dialect = "Megatron-LM launch script (bash)" if launchers or sh.variables else "Megatron-LM args file"
+    if sh.sbatch:
+        dialect = "Megatron-LM Slurm batch script"
+    options = options_from_tokens(path, tokens)
+    recipe = read_megatron(path, options, dialect=dialect, model=model, num_gpus=num_gpus,
+                           gpus_per_node=gpus_per_node, warnings=sh.warnings, extra_keys=tuple(keys))
+    ds = dict(options).get("--deepspeed_config") or dict(options).get("--deepspeed-config")
+    if recipe.framework == "megatron-deepspeed" and isinstance(ds, str) and (Path(path).parent / ds).is_file():
+        from planner.recipes.deepspeed import merge_megatron_deepspeed
+
+        cfg = json.loads((Path(path).parent / ds).read_text(encoding="utf-8"))
+        recipe = merge_megatron_deepspeed(recipe, str(Path(path).parent / ds), cfg)
+    return recipe
+
+
+def _read_pytorchjob(path: str, doc: dict, model: Model | None) -> Recipe:
+    """A Kubeflow ``PyTorchJob`` running ``torchrun ... pretrain_gpt.py ARGS``: the Master
+    container's command, with ``$(NAME)`` expanded from its env as Kubernetes does."""
+    try:
+        spec = doc["spec"]["pytorchReplicaSpecs"]
+        container = spec["Master"]["template"]["spec"]["containers"][0]
+        command = [str(w) for w in container.get("command", []) + container.get("args", [])]
+    except (KeyError, IndexError, TypeError):
+        raise recipe_error(path, "spec.pytorchReplicaSpecs.Master", None, "has no container command") from None
+    env = {str(e["name"]): str(e.get("value", "")) for e in container.get("env", []) if "name" in e}
+    command = [re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m.group(1), m.group(0)), w)
+               for w in command]
+    k = next((i for i, w in enumerate(command) if w.endswith(".py")), None)
+    if k is None:
+        raise recipe_error(path, "command", command[:3], "runs no Python training script")
+    launcher, tokens = command[:k], command[k + 1:]
+    nproc = _int_or_none(launcher_option(launcher, "--nproc_per_node", "--nproc-per-node"))
+    nnodes = _int_or_none(launcher_option(launcher, "--nnodes"))
+    keys = []
+    num_gpus = None
+    if nproc is not None:
+        keys.append(RecipeKey(key="torchrun --nproc_per_node", value=nproc, maps_to="cluster.gpus_per_node"))
+        if nnodes is not None:
+            num_gpus = nproc * nnodes
+            keys.append(RecipeKey(key="torchrun --nnodes", value=nnodes, maps_to="cluster.num_gpus"))
+    return read_megatron(path, options_from_tokens(path, tokens), dialect="Kubeflow PyTorchJob running Megatron-LM",
+                         model=model, num_gpus=num_gpus, gpus_per_node=nproc, extra_keys=tuple(keys))
+
+
+__all__ = ["read_launch", "as_int"]

@@ -1,0 +1,251 @@
+"""Bring your own recipe (planner/recipes/): every file of the corpus (tests/data/recipes/, real
+public recipes from the frameworks' own repositories) imports, simulates and round-trips through
+the export of its framework; the readers read what the frameworks would; bad input is one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from planner.cli import main
+from planner.exports import LaunchSpec, render
+from planner.exports.readback import read_back
+from planner.recipes import read_recipe, resolve
+from planner.recipes.shell import read_shell
+from sim.analytic import simulate_analytic
+from sim.catalog import get_model
+from sim.framework import apply_framework, check_supported, get_framework
+from sim.layout import parse_layout
+from sim.plan import Plan
+from tests.conftest import cluster
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS_DIR = ROOT / "tests" / "data" / "recipes"
+CORPUS = yaml.safe_load((CORPUS_DIR / "corpus.yaml").read_text())
+ENTRIES = CORPUS["recipes"]
+# the export format of each framework a recipe runs under
+EXPORT_FORMAT = {"megatron-core": "megatron", "nemo": "megatron", "torchtitan": "torchtitan",
+                 "torchtitan-compile": "torchtitan", "deepspeed-hf": "deepspeed", "megatron-deepspeed": "deepspeed"}
+
+
+def _load(entry: dict):
+    model = get_model(entry["model"]) if "model" in entry else None
+    recipe = read_recipe(str(CORPUS_DIR / entry["file"]), model=model)
+    model = model or recipe.model
+    n = entry.get("num_gpus") or recipe.num_gpus
+    return recipe, model, n, resolve(recipe, model=model, num_gpus=n)
+
+
+def test_the_corpus_is_large_and_documented():
+    assert len(ENTRIES) >= 20
+    formats = {read_recipe(str(CORPUS_DIR / e["file"]), model=get_model(e["model"]) if "model" in e else None).format
+               for e in ENTRIES}
+    assert formats == {"megatron", "nemo", "torchtitan", "deepspeed"}
+    readme = (CORPUS_DIR / "README.md").read_text()
+    for e in ENTRIES:
+        assert (CORPUS_DIR / e["file"]).is_file()
+        assert len(e["commit"]) == 40 and e["licence"] and e["repository"].startswith("https://github.com/")
+        assert e["file"] in readme and e["commit"][:12] in readme
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=[e["file"] for e in ENTRIES])
+def test_corpus_imports_simulates_and_round_trips(entry):
+    recipe, model, n, s = _load(entry)
+    # every key read is accounted for: mapped to a planner field, or ignored with whether it costs
+    assert recipe.keys and all(k.maps_to or k.cost in ("yes", "no", "unknown") for k in recipe.keys)
+    fw = get_framework(recipe.framework)
+    check_supported(fw, s)
+    gpn = min(8, n)
+    cl = cluster(CORPUS["gpu"], n, gpn=gpn)
+    plan = Plan(**apply_framework({"model": model, "cluster": cl, "strategy": s}, fw))
+    res = simulate_analytic(plan)
+    assert res.step_time_s > 0 and res.memory_peak_bytes > 0
+    # export(import(recipe)) keeps every modelled key: the export reads back to the same plan
+    fmt = EXPORT_FORMAT[recipe.framework]
+    spec = LaunchSpec(model=model, strategy=s, num_gpus=n, gpus_per_node=gpn, gpu=CORPUS["gpu"],
+                      framework=recipe.framework)
+    files = render(fmt, spec).files
+    assert read_back(fmt, files, model=model, num_gpus=n) == s
+
+
+def test_a_deepseek_v3_style_layout_with_vp_simulates_and_exports_back(tmp_path, capsys):
+    """Megatron-LM's DeepSeek-V3 proxy recipe: an uneven layout over pp=4 x vp=2, MTP in the last
+    chunk; both engines price it, and the export states the same layout."""
+    entry = next(e for e in ENTRIES if e["file"].endswith("deepseekv3_proxy_flex_tp1pp4emp16etp1cp1_release.yaml"))
+    recipe, model, n, s = _load(entry)
+    assert s.vp == 2 and s.pipeline_layout == parse_layout("Et*2|(tt|)*5t|tmL", 4)
+    plan = Plan(**apply_framework({"model": model, "cluster": cluster("h100-80gb", n), "strategy": s},
+                                  get_framework(recipe.framework)))
+    from sim.simulate import simulate
+
+    a, e = simulate(plan, engine="analytic"), simulate(plan, engine="event")
+    assert a.step_time_s == pytest.approx(e.step_time_s, rel=0.03)
+    files = render("megatron", LaunchSpec(model=model, strategy=s, num_gpus=n, gpus_per_node=8)).files
+    assert "--pipeline-model-parallel-layout 'Ett|(tt|)*5t|tmL'" in files["megatron_args.sh"]
+    assert "--mtp-num-layers 1" in files["megatron_args.sh"]
+    (tmp_path / "megatron_args.sh").write_text(files["megatron_args.sh"])
+    assert main(["import", str(tmp_path / "megatron_args.sh"), "--num-gpus", str(n), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["pipeline_layout_canonical"] == "Ett|(tt|)*5t|tmL"
+
+
+def test_full_size_deepseek_v3_with_megatrons_documented_layout(tmp_path, capsys):
+    """The layout of Megatron-Core's docs (Et*3|(tt|)*29,m|L, pp=16 x vp=2) on the 671B model."""
+    script = tmp_path / "dsv3.sh"
+    script.write_text("ARGS=(--tensor-model-parallel-size 2 --pipeline-model-parallel-size 16 "
+                      "--pipeline-model-parallel-layout 'Et*3|(tt|)*29,m|L' --expert-model-parallel-size 64 "
+                      "--expert-tensor-parallel-size 1 --sequence-parallel --use-distributed-optimizer "
+                      "--micro-batch-size 1 --global-batch-size 8192 --seq-length 4096 --bf16 --mtp-num-layers 1)\n"
+                      "torchrun --nproc_per_node 8 --nnodes 128 pretrain_gpt.py \"${ARGS[@]}\"\n")
+    assert main(["simulate", "--recipe", str(script), "--model", "deepseek-v3", "--gpu", "h100-80gb",
+                 "--engine", "analytic", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "layout=Et*3|(tt|)*29m|L" in out["strategy"] and out["num_gpus"] == 1024
+    assert "--mtp-num-layers" in out["recipe"]["ignored_costly"]
+
+
+def test_shell_reader_evaluates_what_launch_scripts_use():
+    sh = read_shell(
+        'GPUS=${GPUS:-8}\nNODES=4\nWORLD=$(($GPUS*$NODES))\nDTYPE="fp8"\n'
+        'A=(\n  --num-layers 32  # comment\n  "--fp8-format hybrid"\n)\n'
+        'if [[ "$DTYPE" == "fp8" ]]; then\n  A+=(--fp8-recipe tensorwise)\nelse\n  A+=(--bf16)\nfi\n'
+        'if [ -n "${WANDB_API_KEY}" ]; then A+=(--wandb-project x); fi\n'
+        'torchrun --nproc_per_node $GPUS --nnodes $NODES pretrain_gpt.py ${A[@]} \\\n  --seq-length 4096\n')
+    assert sh.variables["WORLD"] == "32" and not sh.warnings
+    cmd = sh.commands[0]
+    assert cmd.launcher[:5] == ["torchrun", "--nproc_per_node", "8", "--nnodes", "4"]
+    assert cmd.args == ["--num-layers", "32", "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise",
+                        "--seq-length", "4096"]
+
+
+def test_torchtitan_renamed_keys_read_alike():
+    """llama3_70b.toml as torchtitan shipped it in 2024-04 ([training] batch_size,
+    data_parallel_degree), 2024-07 ([experimental] pipeline_parallel_degree) and 2025-09
+    ([parallelism], local_batch_size): the same run, at its batch of the day."""
+    got = {}
+    for name in ("llama3_70b_2024-04.toml", "llama3_70b_2024-07.toml", "llama3_70b_2025-09.toml"):
+        r = read_recipe(str(CORPUS_DIR / "torchtitan" / name))
+        got[name] = resolve(r, model=r.model, num_gpus=64)
+    base = {k: v for k, v in vars_of(got["llama3_70b_2025-09.toml"]).items() if k not in ("mbs", "gbs")}
+    for s in got.values():
+        assert {k: v for k, v in vars_of(s).items() if k not in ("mbs", "gbs")} == base
+    assert got["llama3_70b_2024-04.toml"].mbs == 16 and got["llama3_70b_2025-09.toml"].mbs == 8
+    assert base["tp"] == 8 and base["zero"] == 3 and base["recompute"] == "full"
+
+
+def vars_of(s) -> dict:
+    return {k: getattr(s, k) for k in s.__slots__}
+
+
+def test_torchtitan_pipeline_split_is_torchtitans():
+    """torchtitan's default split (generate_llm_fqn_per_model_part: embedding and output counted
+    as a layer each, extras to the first stages) read as a layout: Llama 4 Maverick, pp=4."""
+    r = read_recipe(str(CORPUS_DIR / "torchtitan" / "llama4_17bx128e_pp4.toml"))
+    s = resolve(r, model=r.model, num_gpus=256)
+    assert s.pipeline_layout == ("Et*12".replace("t*12", "t" * 12), "t" * 13, "t" * 12, "t" * 11 + "L")
+
+
+def test_cli_import_lists_ignored_keys_and_their_cost(capsys):
+    f = CORPUS_DIR / "megatron" / "train_llama3_8b_h100_fp8.sh"
+    assert main(["import", str(f)]) == 0
+    text = capsys.readouterr().out
+    assert "framework          megatron-core" in text and "precision fp8 (delayed)" in text
+    assert "--fp8-param-gather = True   changes cost: yes" in text and "--lr = 0.00015   changes cost: no" in text
+    assert main(["import", str(f), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["num_gpus"] == 8 and out["framework"] == "megatron-core"
+    assert {"key", "value", "maps_to", "changes_cost", "note"} <= set(out["ignored"][0])
+
+
+def test_simulate_recipe_is_simulate_with_its_flags(capsys):
+    f = str(CORPUS_DIR / "torchtitan" / "llama3_8b.toml")
+    assert main(["simulate", "--recipe", f, "--gpu", "h100-80gb", "--num-gpus", "8", "--engine", "analytic",
+                 "--json"]) == 0
+    a = json.loads(capsys.readouterr().out)
+    assert main(["simulate", "--model", "llama3-8b", "--gpu", "h100-80gb", "--num-gpus", "8", "--engine", "analytic",
+                 "--framework", "torchtitan", "--seq-len", "8192", "--strategy", a["strategy"], "--json"]) == 0
+    b = json.loads(capsys.readouterr().out)
+    assert a["framework"] == "torchtitan" and a["step_time_s"] == pytest.approx(b["step_time_s"], rel=1e-12)
+
+
+def test_recommend_recipe_keeps_what_is_pinned(capsys):
+    f = str(CORPUS_DIR / "megatron" / "train_mixtral_8x7b_distributed.sh")
+    assert main(["recommend", "--recipe", f, "--gpu", "h100-80gb", "--num-gpus", "64", "--keep", "pp,ep",
+                 "--rerank", "0", "--top", "2", "--max-mbs", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["framework"] == "megatron-core" and out["gbs"] == 256 and out["seq_len"] == 4096
+    for p in out["plans"]:
+        assert ",pp=4," in p["strategy"] and ",ep=8," in p["strategy"] and "precision=bf16" in p["strategy"]
+    assert out["recipe"]["strategy"].startswith("tp=1,pp=4") and out["recipe"]["step_time_s"] > 0
+
+
+BAD = [
+    ("bad.sh", "torchrun pretrain_gpt.py --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+               "--pipeline-model-parallel-layout 'Et|tx|tL' --num-layers 3 --hidden-size 64 "
+               "--num-attention-heads 4 --vocab-size 100 --bf16\n", "invalid layer character"),
+    ("fp32.json", '{"train_batch_size": 8, "zero_optimization": {"stage": 1}}', "bf16.enabled"),
+    ("auto.json", '{"train_batch_size": "auto", "bf16": {"enabled": true}}', "train_batch_size=auto"),
+    ("bad.toml", "[parallelism\ntensor_parallel_degree = 2", "bad.toml"),
+    ("mp.yaml", "model:\n  tensor_model_parallel_size: 2\nmixed_precision: bf17_mixed\n", "mixed_precision=bf17_mixed"),
+    ("tt.toml", '[model]\nname = "llama3"\nflavor = "8B"\n[parallelism]\npipeline_parallel_degree = 2\n'
+                'pipeline_parallel_schedule = "ZBVZeroBubble"\n', "pipeline_parallel_schedule=ZBVZeroBubble"),
+    ("gbs.sh", "torchrun pretrain_gpt.py --num-layers 2 --hidden-size 64 --num-attention-heads 4 --vocab-size 100 "
+               "--micro-batch-size 3 --global-batch-size 10 --bf16\n", "--global-batch-size=10"),
+]
+
+
+@pytest.mark.parametrize("name,text,needle", BAD, ids=[b[0] for b in BAD])
+def test_bad_recipes_are_one_line_naming_file_key_and_value(tmp_path, capsys, name, text, needle):
+    f = tmp_path / name
+    f.write_text(text)
+    rc = main(["import", str(f), "--model", "llama3-8b", "--num-gpus", "2"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert err.count("\n") == 1 and err.startswith("error: ") and needle in err, err
+    assert name in err or needle.startswith(name)
+
+
+def test_each_format_page_names_every_key_its_reader_maps_or_prices():
+    """docs/recipes/<format>.md has the key table: every key a corpus recipe maps and every
+    ignored key the reader knows to change the cost is named on its format's page."""
+    from planner.recipes import deepspeed, megatron, torchtitan
+
+    pages = {f: (ROOT / "docs" / "recipes" / f"{f}.md").read_text() for f in ("megatron", "nemo", "torchtitan",
+                                                                                "deepspeed")}
+    for mod, fmt in ((megatron, "megatron"), (torchtitan, "torchtitan"), (deepspeed, "deepspeed")):
+        for key in mod.COSTLY:
+            assert f"`{key}`" in pages[fmt], (fmt, key)
+    for e in ENTRIES:
+        recipe, *_ = _load(e)
+        for k in recipe.keys:
+            if not k.maps_to or k.maps_to.startswith("cluster"):
+                continue
+            name = k.key.rsplit(".", 1)[-1] if recipe.format != "megatron" else k.key
+            if recipe.format == "megatron" and recipe.framework == "megatron-deepspeed" and ":" in name:
+                continue
+            assert name in pages[recipe.format], (e["file"], k.key)
+
+
+@pytest.mark.parametrize("suffix", [".sh", ".yaml", ".toml", ".json"])
+def test_any_text_is_read_or_refused_in_one_line(tmp_path, capsys, suffix):
+    """Whatever the file holds, import exits 0 or 2 (one line), never an internal error."""
+    from hypothesis import given, settings, strategies as st
+
+    fragments = ["--tensor-model-parallel-size", "--pipeline-model-parallel-layout", "Et*2|tL", "[parallelism]",
+                 "pipeline_parallel_degree = 2", "model:", "  num_layers: -3", '"train_batch_size": 8', "{", "}",
+                 "--num-layers", "32", "--bf16", "tensor_model_parallel_size: 0", "= \"x\"", "(tt|)*99999999", "$((1/0))"]
+
+    @settings(max_examples=25, deadline=None)
+    @given(st.lists(st.one_of(st.sampled_from(fragments), st.text(max_size=12)), max_size=12))
+    def run(parts):
+        f = tmp_path / f"r{suffix}"
+        f.write_text(" ".join(parts) if suffix != ".yaml" else "\n".join(parts))
+        rc = main(["import", str(f), "--model", "llama3-8b", "--num-gpus", "8"])
+        err = capsys.readouterr().err
+        assert rc in (0, 2), err
+        assert rc == 0 or err.count("\n") == 1
+
+    run()
