@@ -44,8 +44,10 @@ def _fmt_s(t: float) -> str:
 
 
 def bound(result: dict) -> tuple[str, dict[str, float]]:
-    """(what bounds the step, share of the step per breakdown part)."""
-    b, step = result["breakdown"], result["step_time_s"]
+    """(what bounds the step, share of the step per breakdown part): shares of the model's own
+    step (``model_step_time_s`` where a calibrated estimate carries a bias), so a result and its
+    headline (``planner.uncertainty.headline``) get the same verdict."""
+    b, step = result["breakdown"], result.get("model_step_time_s", result["step_time_s"])
     shares = {k: b.get(k, 0.0) / step for k in PARTS}
     comm = sum(shares[k] for k in PARTS if k.startswith("exposed_"))
     groups = {"compute": shares["compute_s"], "exposed_comm": comm, "bubble": shares["bubble_s"],

@@ -65,7 +65,7 @@ class Capabilities:
     dp_impls: tuple[str, ...] = ("ddp", "dataparallel")  # how data parallelism runs (Strategy.dp_impl)
     # Megatron's partial recomputation (--recompute-method block|uniform --recompute-num-layers N)
     partial_recompute: bool = True
-    offload_zero: tuple[int, ...] = (0, 1, 2, 3)  # ZeRO stages it offloads with (Megatron: its distributed optimizer)
+    offload_zero: tuple[int, ...] = (0, 1, 2, 3)  # ZeRO stages it offloads states with (Megatron: its distributed optimizer)
     offload_needs_sharding: bool = False  # offload only with states sharded over dp*cp > 1 (FSDP2 CPUOffloadPolicy)
     source: str = ""
 
@@ -100,7 +100,7 @@ class Capabilities:
             return "dp_impl", s.dp_impl, f"not supported (data parallelism: {', '.join(self.dp_impls)})"
         if s.recompute_num_layers is not None and not self.partial_recompute:
             return "recompute_num_layers", s.recompute_num_layers, "not supported (no partial recomputation)"
-        if s.offload != "none" and s.zero not in self.offload_zero:
+        if (s.offload_optimizer or s.offload_params) and s.zero not in self.offload_zero:  # offloaded states
             return "zero", s.zero, f"not supported with offload (ZeRO stages: {', '.join(map(str, self.offload_zero))})"
         if s.offload != "none" and self.offload_needs_sharding and s.dp * s.cp == 1:
             return "offload", s.offload, "needs states sharded over dp*cp > 1"

@@ -100,8 +100,8 @@ class Plan:
     # how the framework keeps model states (catalogs/runtime.yaml model_states: megatron |
     # torch_amp | deepspeed) and whether fp8 GEMM inputs are saved in their 1-byte form
     # (Transformer Engine) for the weight gradient
-    state_layout: str = "deepspeed"
-    fp8_saved_inputs: bool = False
+    state_layout: str = "megatron"
+    fp8_saved_inputs: bool = True
     # DeepSpeed's engine wraps a bf16 run without ZeRO in its BF16_Optimizer (unsharded fp32
     # gradient buffer accumulated every micro-batch, fp32 all-reduce, its own ZeRO-1 sharding of
     # the master weights and Adam states): sim.step.stage_pieces, sim.memory.state_bytes

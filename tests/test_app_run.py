@@ -86,8 +86,9 @@ def test_search_stages_reach_the_progress_callback():
                             model_ref="llama3-8b", gpu="h100-80gb", num_gpus=16)),
                             gbs=64, seq_len=2048, top=3, precisions=("bf16",), progress=stages.append)
     assert out["plans"]
-    assert [s.split(" ")[0] for s in stages] == ["searching", "ranking", "re-ranking", "explaining"]
-    assert stages[0] == "searching the strategy space on 16 GPUs"
+    words = [s.split(" ")[0] for s in stages]  # a search per framework profile (and its layouts), then the rest
+    assert words[-3:] == ["ranking", "re-ranking", "explaining"] and set(words[:-3]) <= {"searching", "pricing"}
+    assert stages[0].startswith("searching the strategy space on 16 GPUs")
 
 
 # --------------------------------------------------------------------------- background jobs

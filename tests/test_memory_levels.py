@@ -136,21 +136,25 @@ def test_simulate_json_has_three_levels(capsys):
 
 
 def test_megatron_export_writes_and_reads_back_partial_keys(tmp_path):
-    from planner.exports import LaunchSpec
+    from planner.exports import LaunchSpec, render
     from planner.exports.megatron import megatron_args
-    from planner.exports.readback import strategy_from_megatron
+    from planner.exports.readback import read_back
+
+    def strategy_from_megatron(spec: LaunchSpec):  # the files as written, read as `planner import` reads them
+        return read_back("megatron", render("megatron", spec).files, model=spec.model, num_gpus=spec.num_gpus)
 
     plan = _plan("llama3-8b", 8, "tp=2,pp=1,dp=4,mbs=1,gbs=32,sp=1,zero=1,recompute=full,recompute_num_layers=4,"
                                "recompute_method=block")
     spec = LaunchSpec(model=plan.model, strategy=plan.strategy, num_gpus=8, gpus_per_node=8)
     args, _ = megatron_args(spec)
     assert "--recompute-method" in args and args[args.index("--recompute-method") + 1] == "block"
-    back = strategy_from_megatron(args, model=plan.model, num_gpus=8)
+    back = strategy_from_megatron(spec)
     assert back.recompute_num_layers == 4 and back.recompute_method == "block"
     off = _plan("llama3-8b", 8, "tp=2,pp=1,dp=4,mbs=1,gbs=32,sp=1,zero=1,offload=activations,offload_num_layers=8")
-    args, _ = megatron_args(LaunchSpec(model=off.model, strategy=off.strategy, num_gpus=8, gpus_per_node=8))
+    spec = LaunchSpec(model=off.model, strategy=off.strategy, num_gpus=8, gpus_per_node=8)
+    args, _ = megatron_args(spec)
     assert args[args.index("--cpu-offloading-num-layers") + 1] == "8"
-    back = strategy_from_megatron(args, model=off.model, num_gpus=8)
+    back = strategy_from_megatron(spec)
     assert back.offload == "activations" and back.offload_num_layers == 8
 
 

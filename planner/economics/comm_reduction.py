@@ -31,19 +31,17 @@ modelled: ``CAVEATS`` is printed with every result.
 
 from __future__ import annotations
 
-from sim.costs import default_network
-
 from dataclasses import dataclass, field, replace
 
 from sim.analytic import simulate_analytic
-from sim.network import Network
-from sim.costs import StepCosts, step_costs
 from sim.compute import default_efficiency
+from sim.costs import StepCosts, default_network, step_costs
 from sim.errors import InputError
-from sim.framework import apply_framework, get_framework
+from sim.network import Network
 from sim.parameter_server import parameter_server_report
 from sim.plan import Plan
 from sim.psspecs import ParameterServers
+from sim.run import RunChoices, resolve
 from sim.result import StepResult
 
 MODES: tuple[str, ...] = ("local-sgd", "compress", "async-pipeline", "parameter-server")
@@ -106,9 +104,10 @@ def parameter_server_mode(plan: Plan, ps: ParameterServers, net: Network) -> Com
     s = plan.strategy
     if s.dp * s.cp < 2:
         raise InputError("strategy.dp", s.dp, "parameter-server training needs data parallelism (dp > 1)")
-    kw = apply_framework({"model": plan.model, "cluster": plan.cluster, "strategy": s.with_(dp_impl="ddp")},
-                         get_framework(PS_FRAMEWORK))
-    rep = parameter_server_report(Plan(**kw, parameter_servers=ps), net=net, eff=default_efficiency())
+    # the same strategy as tf-parameter-server runs it (sim.run.resolve; asynchronous, one gradient pack)
+    ps_plan = resolve(plan.model, plan.cluster, s.with_(dp_impl="parameter-server", dp_overlap=False),
+                      RunChoices(framework=PS_FRAMEWORK, parameter_servers=ps)).plan
+    rep = parameter_server_report(ps_plan, net=net, eff=default_efficiency())
     sync = rep.sync_result
     base = replace(sync, step_time_s=rep.sync_step_time_s, tokens_per_s=rep.sync_tokens_per_s)
     step = s.tokens_per_step / rep.tokens_per_s
