@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Sequence
 
 from sim.errors import InputError
+from sim.jsonout import print_json
 from sim.plan import MOE_DISPATCHERS, SELECTIVE_POLICIES
 
 from planner import cmd_check, cmd_economics, cmd_recommend, cmd_validate
+from planner.argcheck import check_model_flags, check_not_empty, typed_message
 
 EXIT_BAD_INPUT = 2
 
@@ -109,6 +110,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from sim.simulate import simulate
 
     model = model_from_args(args)
+    check_model_flags(args, model)
     cluster = cluster_from_args(args)
     strategy = parse_strategy(args.strategy, num_gpus=cluster.num_gpus, seq_len=seq_len_from_args(args))
     framework = args.framework or "default"
@@ -126,7 +128,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if cluster.host_bandwidth is not None:  # --calibration with measured host rates (docs/interface.md)
         out["host_bandwidth"] = cluster.host_bandwidth.as_dict()
     if args.json:
-        print(json.dumps(out, indent=2, sort_keys=False))
+        print_json(out)
     else:
         print_step_summary(out, model=model.name, gpu=cluster.gpu.id, num_gpus=cluster.num_gpus)
     return 0
@@ -182,7 +184,7 @@ def cmd_catalog(args: argparse.Namespace) -> int:
     kinds = ("gpus", "links", "models", "frameworks", "hosts", "servers") if args.kind == "all" else (args.kind,)
     data = {k: (_framework_records() if k == "frameworks" else catalog_records(k)) for k in kinds}
     if args.json:
-        print(json.dumps(data, indent=2, default=str))
+        print_json(data)
         return 0
     for k in kinds:
         print(f"{k}:")
@@ -245,14 +247,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = None
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
         if not getattr(args, "command", None):
             parser.print_help()
             return EXIT_BAD_INPUT
+        check_not_empty(args, argv)
         return int(args.func(args) or 0)
-    except (InputError, UsageError) as exc:
+    except InputError as exc:  # named by the flag the user typed (planner.argcheck)
+        text = typed_message(exc, argv, getattr(args, "flag_names", None))
+        print(f"error: {one_line(text)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except UsageError as exc:
         print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except (ValueError, OverflowError) as exc:  # input that slipped past the checks

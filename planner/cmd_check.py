@@ -9,8 +9,9 @@ per source and overall; rows that cannot be simulated are listed with the reason
 from __future__ import annotations
 
 import argparse
-import json
 import math
+
+from sim.jsonout import print_json
 
 
 def _pct(x: float | None) -> str:
@@ -48,8 +49,8 @@ def cmd_check_published(args: argparse.Namespace) -> int:
     rows, skipped = compare_all(engine=args.engine, ids=ids, file=file, with_skipped=True, loso=args.loso)
     summ, by_source = summary(rows), summary_by_source(rows)
     if args.json:
-        print(json.dumps({"loso": bool(args.loso), "runs": [r.as_dict() for r in rows], "summary": summ,
-                          "sources": by_source, "skipped": [s.as_dict() for s in skipped]}, indent=2))
+        print_json({"loso": bool(args.loso), "runs": [r.as_dict() for r in rows], "summary": summ,
+                    "sources": by_source, "skipped": [s.as_dict() for s in skipped]})
         return 0
     head = (f"{'run':<58} {'pub s':>9} {'pred s':>9} {'err':>7}  {'util (src def)':>18}  "
             f"{'mem GiB pub/pred':>17} {'err':>7}")

@@ -58,6 +58,7 @@ import yaml
 from sim.catalog import catalog_dir, get_gpu, gpu_from_record, link_from_record, list_links
 from sim.compute import network_efficiency, network_size_curves
 from sim.errors import InputError
+from sim.outpaths import make_folder, write_text
 from sim.records import Record
 from sim.hostspecs import HOST_COPY_DIRECTIONS, HostCalibration, HostCopy
 from sim.specs import Gpu, Link
@@ -401,12 +402,10 @@ def load_calibration(name_or_path: str | Path) -> Calibration:
 def dump_profile(data: Mapping[str, Any], path: str | Path, *, header: str = "") -> Path:
     """Write a profile as YAML (validated first, so a written file always loads)."""
     calibration_from_dict(data, path=str(path))
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    make_folder("out", Path(path).parent)
     text = yaml.safe_dump(_plain(data), sort_keys=False, width=100)
     lines = "".join(f"# {ln}\n" if ln else "#\n" for ln in header.splitlines())
-    out.write_text(lines + text, encoding="utf-8")
-    return out
+    return write_text("out", path, lines + text)
 
 
 def _plain(obj: Any) -> Any:
