@@ -36,9 +36,10 @@ def typed_flags(argv: Sequence[str]) -> dict[str, str]:
 
 def flag_for(field: str, argv: Sequence[str], declared: Mapping[str, str] | None = None) -> str | None:
     """The flag the user typed that ``field`` (an ``InputError`` field) names, or None."""
-    if declared and field in declared:
+    typed = typed_flags(argv)
+    if declared and field in declared and declared[field] in typed.values():
         return declared[field]
-    return typed_flags(argv).get(str(field).replace("-", "_"))
+    return typed.get(str(field).replace("-", "_"))
 
 
 def typed_message(exc: InputError, argv: Sequence[str], declared: Mapping[str, str] | None = None) -> str:

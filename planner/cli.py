@@ -8,9 +8,10 @@ from typing import Sequence
 
 from sim.errors import InputError
 from sim.jsonout import print_json
+from sim.outpaths import check_file
 from sim.plan import MOE_DISPATCHERS, SELECTIVE_POLICIES
 
-from planner import cmd_check, cmd_economics, cmd_recommend, cmd_validate
+from planner import cmd_check, cmd_economics, cmd_recommend, cmd_validate, progress
 from planner.argcheck import check_model_flags, check_not_empty, typed_message
 
 EXIT_BAD_INPUT = 2
@@ -117,9 +118,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     plan = Plan(**plan_kwargs_from_framework(args, model=model, cluster=cluster, strategy=strategy))
     check_supported(get_framework(framework), plan.strategy)
     whatif = _whatif_from_args(args)
-    result = simulate(plan, engine=args.engine, trace_path=args.trace, calibration=args.calibration,
+    if args.trace is not None:
+        check_file("trace", args.trace)
+    engine, note = _engine_for(args, plan, whatif)
+    result = simulate(plan, engine=engine, trace_path=args.trace, calibration=args.calibration,
                       whatif=whatif, explicit_ranks=args.explicit_ranks)
     out = result.to_dict()
+    if note:
+        out["warnings"] = [note] + list(out["warnings"])
     band = band_for(plan, framework)
     out.update({"model": model.name, "gpu": cluster.gpu.id, "nic": cluster.nic.id, "topology": cluster.topology,
                 "framework": framework, "attention": plan.attention,
@@ -132,6 +138,23 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     else:
         print_step_summary(out, model=model.name, gpu=cluster.gpu.id, num_gpus=cluster.num_gpus)
     return 0
+
+
+def _engine_for(args: argparse.Namespace, plan, whatif) -> tuple[str, str | None]:
+    """``--engine``, else the event engine unless the step is beyond what it schedules in about a
+    minute (``sim.limits.EVENT_MAX_PIECES``) and nothing asked for it (what-ifs, a trace,
+    explicit ranks): then the analytic engine, with a warning saying so."""
+    from sim.event.scenario import event_pieces
+    from sim.limits import EVENT_MAX_PIECES
+
+    if args.engine is not None:
+        return args.engine, None
+    needs_event = args.explicit_ranks or args.trace is not None or whatif is not None
+    pieces = event_pieces(plan, explicit=args.explicit_ranks)
+    if needs_event or pieces <= EVENT_MAX_PIECES:
+        return "event", None
+    return "analytic", (f"analytic engine: the event engine would schedule {pieces:,} pieces (limit "
+                        f"{EVENT_MAX_PIECES:,}, about a minute on 2 cores: docs/interface.md Limits)")
 
 
 def plan_kwargs_from_framework(args: argparse.Namespace, **plan: object) -> dict:
@@ -205,8 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(p)
     add_cluster_args(p)
     p.add_argument("--strategy", required=True, help="e.g. tp=8,pp=16,mbs=1,gbs=1536,sp=1,recompute=selective")
-    p.add_argument("--engine", choices=("analytic", "event"), default="event",
-                   help="event: discrete-event simulation (default); analytic: closed forms, fast")
+    p.add_argument("--engine", choices=("analytic", "event"), default=None,
+                   help="event: discrete-event simulation (default, unless the step is beyond its limit: "
+                        "docs/interface.md Limits); analytic: closed forms, fast")
     p.add_argument("--framework", default=None,
                    help="framework profile (catalogs/frameworks.yaml: default, megatron-core, megatron-lm-2021, "
                         "megatron-lm-2022, megatron-deepspeed, torchtitan, torchtitan-compile)")
@@ -256,7 +280,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help()
             return EXIT_BAD_INPUT
         check_not_empty(args, argv)
-        return int(args.func(args) or 0)
+        with progress.reporting(f"planner {args.command}"):  # long work reports on stderr
+            return int(args.func(args) or 0)
     except InputError as exc:  # named by the flag the user typed (planner.argcheck)
         text = typed_message(exc, argv, getattr(args, "flag_names", None))
         print(f"error: {one_line(text)}", file=sys.stderr)

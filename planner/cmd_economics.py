@@ -426,7 +426,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--median-duration-s", type=float, default=7200.0, help="generator: median job run time")
     p.add_argument("--log", action="store_true", help="include the event log and per-job records in --json")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_schedule, flag_names={"jobs": "--generate", "num_jobs": "--generate"})
+    p.set_defaults(func=cmd_schedule, flag_names={"jobs": "--generate", "num-nodes": "--nodes"})
 
     p = sub.add_parser("sweep", help="co-design sweep: Pareto front of time to train vs cost")
     p.add_argument("--models", type=_list(str, "models"), default=["llama3-70b"])

@@ -495,7 +495,8 @@ def _gpu_from_record(rec: Mapping[str, Any], path: Path, links: _Index) -> Gpu:
         bridge_bw = b.req("gb_per_s_per_direction", positive=True) * _GIGA
     pcie = r.integer("pcie_generation")
     price_hour = r.number("price_usd_per_hour", optional=True, positive=True)
-    return Gpu(
+    return r.build(
+        Gpu, keys=_GPU_FIELD_KEYS,
         id=r.text("id"),
         name=r.text("name"),
         dense_flops_per_s=FrozenDict({p: v * _TERA for p, v in peaks.items()}),
@@ -528,6 +529,12 @@ def _gpu_from_record(rec: Mapping[str, Any], path: Path, links: _Index) -> Gpu:
     )
 
 
+# Gpu fields converted from a gpus.yaml key of another name (sim.records.Record.build)
+_GPU_FIELD_KEYS = {"dense_flops_per_s": "dense_tflops", "hbm_bytes": "hbm_gib", "hbm_bytes_per_s": "hbm_tb_per_s",
+                   "nvlink_bytes_per_s_per_direction": "nvlink_gb_per_s_per_direction",
+                   "nvlink_bridge_gpus": "nvlink_bridge", "nvlink_bridge_bytes_per_s_per_direction": "nvlink_bridge"}
+
+
 def _link_from_record(rec: Mapping[str, Any], path: Path) -> Link:
     r = Record(rec, where=f"link[{rec['id']}]", file=path.name, allowed=_LINK_KEYS)
     kind = r.text("kind")
@@ -540,7 +547,9 @@ def _link_from_record(rec: Mapping[str, Any], path: Path) -> Link:
                                                  "or gb_per_s_per_direction (GB/s)")
     bw = (r.req("gbit_per_s_per_direction", positive=True) * _GIGA / 8 if has_gbit
           else r.req("gb_per_s_per_direction", positive=True) * _GIGA)
-    return Link(
+    return r.build(
+        Link, keys={"bytes_per_s_per_direction": "gbit_per_s_per_direction" if has_gbit else "gb_per_s_per_direction",
+                    "latency_s": "latency_us"},
         id=r.text("id"),
         name=r.text("name"),
         kind=kind,

@@ -33,11 +33,12 @@ from sim.costs import StepCosts, default_network, step_costs
 from sim.errors import InputError
 from sim.event.measure import step_result
 from sim.event.resources import CollectiveStream, FairShare, Kind, LinkTable
-from sim.event.scenario import COMM_DIMS, Piece, Scenario, Unit, _bytes
+from sim.event.scenario import COMM_DIMS, Piece, Scenario, Unit, _bytes, event_pieces
 from sim.event.schedules import w_limit
 from sim.event.trace import write_trace
 from sim.event.whatif import WhatIf
 from sim.network import Network
+from sim.limits import EVENT_MAX_PIECES, check_work
 from sim.outpaths import check_file
 from sim.plan import Plan
 from sim.result import StepResult
@@ -407,6 +408,11 @@ def simulate_event(plan: Plan, *, net: Network | None = None, eff: KernelEfficie
                          "sim.simulate prices torch.nn.DataParallel with sim.dataparallel")
     if trace_path is not None:
         check_file("trace", trace_path)
+    check_work("engine", "event", event_pieces(plan, explicit=explicit_ranks), EVENT_MAX_PIECES,
+               unit="event-engine pieces",
+               hint="use --engine analytic (the same step by closed forms)"
+                    + (", drop --explicit-ranks" if explicit_ranks else "")
+                    + ", or fewer micro-batches per step (gbs / (mbs * dp))")
     net = net or default_network(plan.cluster)
     eff = eff or default_efficiency()
     costs = costs or step_costs(plan, net, eff)
