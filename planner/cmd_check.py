@@ -13,6 +13,8 @@ import math
 
 from sim.jsonout import print_json
 
+from planner.argcheck import id_list
+
 
 def _pct(x: float | None) -> str:
     return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:+.1%}"
@@ -40,9 +42,8 @@ def cmd_check_published(args: argparse.Namespace) -> int:
         for i in known:
             print(i)
         return 0
-    ids = None
-    if args.ids:
-        ids = [i.strip() for i in args.ids.split(",") if i.strip()]
+    ids = id_list("ids", args.ids)  # an empty list is bad input, not "every run"
+    if ids is not None:
         for i in ids:
             if i not in known:
                 raise InputError("ids", i, "unknown run id; see `planner check-published --list`")

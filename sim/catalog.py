@@ -325,7 +325,8 @@ def cluster_from_catalog(gpu: str | Gpu, num_gpus: int, *, gpus_per_node: int | 
     """A ``Cluster`` of catalog parts, with the defaults every entry point (CLI, app, published
     runs, tests) uses:
 
-    * ``gpus_per_node``, ``nics_per_node``, ``nic``: the GPU's usual server (``gpus.yaml``);
+    * ``gpus_per_node``, ``nics_per_node``, ``nic``: the GPU's usual server (``gpus.yaml``); with
+      ``gpus_per_node`` given, its NICs per GPU (8 A100s with 8 NICs: 4 GPUs get 4);
     * ``nvlink_domain``: ``gpus_per_node`` when that is given, else the larger of the GPU's
       usual domain and its node (a GB200 rack: 72);
     * fewer GPUs than a node: the node (and, unless given, the domain) shrinks to them.
@@ -358,8 +359,11 @@ def cluster_from_catalog(gpu: str | Gpu, num_gpus: int, *, gpus_per_node: int | 
     topo = str(topology).lower()
     if topo not in TOPOLOGIES:
         raise InputError("topology", topology, f"must be one of {', '.join(TOPOLOGIES)}")
+    if nics_per_node is None:  # the usual server's NICs per GPU, for the node size asked
+        sized = isinstance(gpus_per_node, int) and not isinstance(gpus_per_node, bool) and 1 <= gpus_per_node <= 1024
+        nics_per_node = max(1, -(-g.nics_per_node * gpus_per_node // g.gpus_per_node)) if sized else g.nics_per_node
     return Cluster(gpu=g, num_gpus=num_gpus, nic=link, gpus_per_node=gpn, nvlink_domain=domain,
-                   nics_per_node=nics_per_node if nics_per_node is not None else g.nics_per_node,
+                   nics_per_node=nics_per_node,
                    topology=topo, oversubscription=oversubscription, tree_levels=tree_levels,
                    placement=str(placement).lower())
 

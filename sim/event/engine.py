@@ -38,7 +38,8 @@ from sim.event.schedules import w_limit
 from sim.event.trace import write_trace
 from sim.event.whatif import WhatIf
 from sim.network import Network
-from sim.limits import EVENT_MAX_PIECES, check_work
+from sim import limits
+from sim.limits import check_work
 from sim.outpaths import check_file
 from sim.plan import Plan
 from sim.result import StepResult
@@ -408,7 +409,7 @@ def simulate_event(plan: Plan, *, net: Network | None = None, eff: KernelEfficie
                          "sim.simulate prices torch.nn.DataParallel with sim.dataparallel")
     if trace_path is not None:
         check_file("trace", trace_path)
-    check_work("engine", "event", event_pieces(plan, explicit=explicit_ranks), EVENT_MAX_PIECES,
+    check_work("engine", "event", event_pieces(plan, explicit=explicit_ranks), limits.EVENT_MAX_PIECES,
                unit="event-engine pieces",
                hint="use --engine analytic (the same step by closed forms)"
                     + (", drop --explicit-ranks" if explicit_ranks else "")
