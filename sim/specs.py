@@ -14,7 +14,7 @@ from typing import Literal, Mapping
 from sim.errors import InputError
 from sim.checks import MAX_DIM, choice as _choice, positive_float as _positive_float, positive_int as _positive_int
 from sim.hostspecs import HostCalibration, HostSpec, Server
-from sim.limits import MAX_LAYERS
+from sim.limits import MAX_CLUSTER_GPUS, MAX_LAYERS
 
 Precision = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 FfnType = Literal["gelu", "swiglu"]
@@ -388,7 +388,7 @@ class Cluster:
     host: HostSpec | None = None
 
     def __post_init__(self) -> None:
-        _positive_int("num_gpus", self.num_gpus, limit=MAX_GPUS)
+        _positive_int("num_gpus", self.num_gpus, limit=MAX_CLUSTER_GPUS)
         _choice("placement", self.placement, PLACEMENTS)
         _positive_int("gpus_per_node", self.gpus_per_node, limit=1024)
         _positive_int("nvlink_domain", self.nvlink_domain, limit=1 << 16)
