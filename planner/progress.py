@@ -38,8 +38,12 @@ class Reporter:
 
     def tick(self, task: str, done: int, total: int, unit: str) -> None:
         now = time.monotonic()
-        t0 = self._task_start.setdefault(task, now)
-        if now - self.start < self.after_s or now - self._last < self.every_s or done <= 0 or total <= 0:
+        if task not in self._task_start:  # no rate yet: the estimate starts here
+            self._task_start[task] = now
+            return
+        t0 = self._task_start[task]
+        if now - self.start < self.after_s or now - self._last < self.every_s or done <= 0 or total <= 0 \
+                or now <= t0:
             return
         self._last = now
         spent = now - t0

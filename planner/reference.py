@@ -103,7 +103,7 @@ def source_of(row: dict) -> str:
                       ("torchtitan", "pytorch/torchtitan")):
         if key in text:
             return name
-    raise InputError("run.source", text[:60], "no source key for this row")
+    raise InputError(f"run[{row.get('id')}].source", text[:60], "no source key for this row (reference.source_of)")
 
 
 # --------------------------------------------------------------------------- hardware
