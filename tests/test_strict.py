@@ -32,8 +32,8 @@ from sim.costs import step_costs
 from sim.jsonout import dumps, to_jsonable
 from sim.network import Network
 from sim.outpaths import check_file, check_folder
-from sim.plan import Plan, check_feasible, parse_strategy, vp_fits, vp_split
-from sim.specs import Model, Strategy
+from sim.plan import check_feasible, parse_strategy, vp_fits, vp_split
+from sim.specs import Strategy
 from tests.test_event_fixtures import tiny_plan
 
 ROOT = Path(__file__).resolve().parent.parent
