@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Sequence
 
 from sim.errors import InputError
+from sim.jsonout import print_json
+from sim.outpaths import check_file
 from sim.plan import MOE_DISPATCHERS, SELECTIVE_POLICIES
 
-from planner import cmd_check, cmd_economics, cmd_import, cmd_recommend, cmd_validate
+from planner import cmd_check, cmd_economics, cmd_import, cmd_recommend, cmd_validate, progress
+from planner.argcheck import check_model_flags, check_not_empty, typed_message
 
 EXIT_BAD_INPUT = 2
 
@@ -133,21 +135,45 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     imported = apply_recipe(args, command="simulate")  # --recipe: the flags it states
     model = model_from_args(args)
+    check_model_flags(args, model)
     cluster = cluster_from_args(args)
+    whatif = _whatif_from_args(args)
+    if args.trace is not None:
+        check_file("trace", args.trace)
     run = resolve(model, cluster, args.strategy, run_choices(args), seq_len=seq_len_from_args(args))
-    result = simulate_run(run, engine=args.engine, trace_path=args.trace, whatif=_whatif_from_args(args),
+    engine, note = _engine_for(args, run.plan, whatif)
+    result = simulate_run(run, engine=engine, trace_path=args.trace, whatif=whatif,
                           explicit_ranks=args.explicit_ranks)
     out = priced(run, result)
+    if note:
+        out["warnings"] = [note] + list(out["warnings"])
     if imported is not None:
         out["recipe"] = {"path": imported.recipe.path, "format": imported.recipe.format,
                          "ignored_costly": [k.key for k in imported.recipe.ignored if k.cost == "yes"],
                          "warnings": list(imported.recipe.warnings)}
         out["warnings"] = list(out["warnings"]) + [f"recipe: {w}" for w in imported.recipe.warnings]
     if args.json:
-        print(json.dumps(out, indent=2, sort_keys=False))
+        print_json(out)
     else:
         print_step_summary(out, model=model.name, gpu=cluster.gpu.id, num_gpus=cluster.num_gpus)
     return 0
+
+
+def _engine_for(args: argparse.Namespace, plan, whatif) -> tuple[str, str | None]:
+    """``--engine``, else the event engine unless the step is beyond what it schedules in about a
+    minute (``sim.limits.EVENT_MAX_PIECES``) and nothing asked for it (what-ifs, a trace,
+    explicit ranks): then the analytic engine, with a warning saying so."""
+    from sim.event.scenario import event_pieces
+    from sim.limits import EVENT_MAX_PIECES
+
+    if args.engine is not None:
+        return args.engine, None
+    needs_event = args.explicit_ranks or args.trace is not None or whatif is not None
+    pieces = event_pieces(plan, explicit=args.explicit_ranks)
+    if needs_event or pieces <= EVENT_MAX_PIECES:
+        return "event", None
+    return "analytic", (f"analytic engine: the event engine would schedule {pieces:,} pieces (limit "
+                        f"{EVENT_MAX_PIECES:,}, about a minute on 2 cores: docs/interface.md Limits)")
 
 
 def _whatif_from_args(args: argparse.Namespace) -> "object | None":
@@ -176,7 +202,7 @@ def cmd_catalog(args: argparse.Namespace) -> int:
     kinds = ("gpus", "links", "models", "frameworks", "hosts", "servers") if args.kind == "all" else (args.kind,)
     data = {k: (_framework_records() if k == "frameworks" else catalog_records(k)) for k in kinds}
     if args.json:
-        print(json.dumps(data, indent=2, default=str))
+        print_json(data)
         return 0
     for k in kinds:
         print(f"{k}:")
@@ -202,8 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recipe", default=None, metavar="FILE",
                    help="a Megatron-LM / NeMo / Megatron-Bridge / torchtitan / DeepSpeed recipe: its model, strategy, "
                         "framework and cluster (flags given here win; `planner import FILE` shows the reading)")
-    p.add_argument("--engine", choices=("analytic", "event"), default="event",
-                   help="event: discrete-event simulation (default); analytic: closed forms, fast")
+    p.add_argument("--engine", choices=("analytic", "event"), default=None,
+                   help="event: discrete-event simulation (default, unless the step is beyond its limit: "
+                        "docs/interface.md Limits); analytic: closed forms, fast")
     p.add_argument("--framework", default=None,
                    help="framework profile (catalogs/frameworks.yaml, `planner catalog frameworks`); default: the "
                         "first of megatron-core, torchtitan, megatron-deepspeed that runs the strategy")
@@ -245,14 +272,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = None
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
         if not getattr(args, "command", None):
             parser.print_help()
             return EXIT_BAD_INPUT
-        return int(args.func(args) or 0)
-    except (InputError, UsageError) as exc:
+        check_not_empty(args, argv)
+        with progress.reporting(f"planner {args.command}"):  # long work reports on stderr
+            return int(args.func(args) or 0)
+    except InputError as exc:  # named by the flag the user typed (planner.argcheck)
+        text = typed_message(exc, argv, getattr(args, "flag_names", None))
+        print(f"error: {one_line(text)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except UsageError as exc:
         print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except (ValueError, OverflowError) as exc:  # input that slipped past the checks

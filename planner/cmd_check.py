@@ -9,8 +9,11 @@ per source and overall; rows that cannot be simulated are listed with the reason
 from __future__ import annotations
 
 import argparse
-import json
 import math
+
+from sim.jsonout import print_json
+
+from planner.argcheck import id_list
 
 
 def _pct(x: float | None) -> str:
@@ -40,9 +43,8 @@ def cmd_check_published(args: argparse.Namespace) -> int:
         for i in known:
             print(i)
         return 0
-    ids = None
-    if args.ids:
-        ids = [i.strip() for i in args.ids.split(",") if i.strip()]
+    ids = id_list("ids", args.ids)  # an empty list is bad input, not "every run"
+    if ids is not None:
         for i in ids:
             if i not in known:
                 raise InputError("ids", i, "unknown run id; see `planner check-published --list`")
@@ -54,8 +56,8 @@ def cmd_check_published(args: argparse.Namespace) -> int:
         summ.update(band_coverage=cov["coverage"], band_coverage_by_class=cov["by_class"],
                     band_coverage_by_family=cov["by_family"], band_coverage_by_mix=cov["by_mix"])
     if args.json:
-        print(json.dumps({"loso": bool(args.loso), "runs": [r.as_dict() for r in rows], "summary": summ,
-                          "sources": by_source, "skipped": [s.as_dict() for s in skipped]}, indent=2))
+        print_json({"loso": bool(args.loso), "runs": [r.as_dict() for r in rows], "summary": summ,
+                    "sources": by_source, "skipped": [s.as_dict() for s in skipped]})
         return 0
     head = (f"{'run':<58} {'pub s':>9} {'pred s':>9} {'err':>7}  {'util (src def)':>18}  "
             f"{'mem GiB pub/pred':>17} {'err':>7}")

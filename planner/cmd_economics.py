@@ -8,11 +8,13 @@ bad value is an ``InputError`` (one line, exit 2).  User guide: docs/economics.m
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from typing import Callable
 
 from sim.errors import InputError
+from sim.jsonout import print_json
+
+from planner.argcheck import check_applies
 
 DEFAULT_SWEEP_GPUS = ["a100-80gb", "h100-80gb", "b200-180gb"]
 CHECKPOINT_STORAGE_DEFAULT = "lustre-ddn"
@@ -59,27 +61,6 @@ def _positive(name: str, v: float | None, *, allow_zero: bool = False) -> None:
         return
     if not math.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
         raise InputError(name, v, "must be a finite number " + (">= 0" if allow_zero else "> 0"))
-
-
-def _print_json(obj: object) -> None:
-    print(json.dumps(obj, indent=2, default=_json_default))
-
-
-def _json_default(o: object) -> object:
-    if isinstance(o, float) and not math.isfinite(o):
-        return None
-    return str(o)
-
-
-def _clean(obj: object) -> object:
-    """Replace inf/nan (not valid JSON) by None, recursively."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    return obj
 
 
 def _model_cluster(args: argparse.Namespace):
@@ -146,7 +127,7 @@ def cmd_tco(args: argparse.Namespace) -> int:
     out["input_pipeline"] = pipe.as_dict()
     out["warnings"] = list(dict.fromkeys(out["warnings"] + list(pipe.warnings)))
     if args.json:
-        _print_json(_clean(out))
+        print_json(out)
         return 0
     p = out["power"]
     lines = [
@@ -190,6 +171,8 @@ def cmd_goodput(args: argparse.Namespace) -> int:
     from planner.economics.failures import cluster_rates, load_failure_model
     from planner.economics.goodput import goodput_report
 
+    for dest in ("seq_len", "host_dram_gib"):  # checkpoints and failures do not depend on them
+        check_applies(args, dest, False, "to the step-time commands (simulate, recommend, tco), not to goodput")
     model, cluster = _model_cluster(args)
     _positive("restart-s", args.restart_s, allow_zero=True)
     _positive("checkpoint-interval-s", args.checkpoint_interval_s)
@@ -214,7 +197,7 @@ def cmd_goodput(args: argparse.Namespace) -> int:
                                 repair_s=fm.repair_s if args.repair_hours is None else args.repair_hours * 3600.0)
             out["simulation"] = run_campaigns(spec, seeds=args.seeds).as_dict()
     if args.json:
-        _print_json(_clean(out))
+        print_json(out)
         return 0
     lines = [
         f"{model.name} on {cluster.num_gpus} x {cluster.gpu.id} ({cluster.num_nodes} nodes), checkpoints on {rep.storage}",
@@ -254,6 +237,8 @@ def cmd_schedule(args: argparse.Namespace) -> int:
         raise InputError("nodes", args.nodes, "must be >= 1")
     if (args.trace is None) == (args.generate is None):
         raise InputError("trace", args.trace, "give exactly one of --trace FILE or --generate N")
+    if args.seed < 0:
+        raise InputError("seed", args.seed, "must be an integer >= 0")
     if args.trace is not None:
         jobs = read_trace(args.trace)
     else:
@@ -290,7 +275,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
                              "end_s": j.end_s, "wait_s": j.wait_s, "jct_s": j.jct_s, "restarts": j.restarts,
                              "shrinks": j.shrinks, "grows": j.grows} for j in r.jobs]
     if args.json:
-        _print_json(_clean(out))
+        print_json(out)
         return 0
     lines = [f"{len(jobs)} jobs on {args.nodes} nodes x {gpn} GPUs; failures: "
              f"{out['node_failure_rate_per_day']:.2f} node losses/day, {out['job_interrupt_rate_per_day']:.2f} job "
@@ -358,7 +343,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         out["files"] = [str(p) for p in paths]
         out["warnings"] = warnings
     if args.json:
-        _print_json(_clean(out))
+        print_json(out)
         return 0
     pareto_ids = {id(r) for r in res.pareto}
     s = out["search"]
@@ -406,7 +391,7 @@ def cmd_input_pipeline(args: argparse.Namespace) -> int:
     out = rep.as_dict()
     out.update(strategy=plan.strategy.to_string(), strategy_source=plan.source, step_time_s=plan.result.step_time_s)
     if args.json:
-        _print_json(_clean(out))
+        print_json(out)
         return 0
     lines = [f"{model.name} on {cluster.num_gpus} x {cluster.gpu.id}: the step consumes "
              f"{rep.tokens_per_s_needed:,.0f} tokens/s ({plan.strategy.to_string()})"]
@@ -423,13 +408,15 @@ def cmd_input_pipeline(args: argparse.Namespace) -> int:
 def cmd_comm_reduce(args: argparse.Namespace) -> int:
     from planner.economics.comm_reduction import comm_reduction
 
+    check_applies(args, "sync_every", args.mode == "local-sgd", "with --mode local-sgd")
+    check_applies(args, "ratio", args.mode == "compress", "with --mode compress")
     model, cluster = _model_cluster(args)
     plan = _run(args, model, cluster).plan
     rep = comm_reduction(plan, mode=args.mode, sync_every=args.sync_every, ratio=args.ratio)
     out = rep.as_dict()
     out["strategy"] = plan.strategy.to_string()
     if args.json:
-        _print_json(_clean(out))
+        print_json(out)
         return 0
     lines = [f"{model.name} on {cluster.num_gpus} x {cluster.gpu.id}, {args.mode} "
              + ", ".join(f"{k}={v:g}" for k, v in rep.parameters.items()),
@@ -493,7 +480,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--median-duration-s", type=float, default=7200.0, help="generator: median job run time")
     p.add_argument("--log", action="store_true", help="include the event log and per-job records in --json")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_schedule)
+    p.set_defaults(func=cmd_schedule, flag_names={"jobs": "--generate", "num-nodes": "--nodes"})
 
     p = sub.add_parser("sweep", help="co-design sweep: Pareto front of time to train vs cost (grid or Optuna)")
     p.add_argument("--models", type=_list(str, "models"), default=["llama3-70b"])

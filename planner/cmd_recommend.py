@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 
 from sim.conventions import conventions, default_global_batch
 from sim.errors import InputError
+from sim.jsonout import print_json
+from sim.outpaths import check_folder
 from sim.plan import MOE_DISPATCHERS
 from sim.specs import OFFLOAD_DEVICES, RECOMPUTES, SCHEDULES, TRAIN_PRECISIONS
 
+from planner.argcheck import check_model_flags
 from planner.recommend import DEFAULT_RERANK_PASSES
 
 GIB = 2**30
@@ -169,6 +171,38 @@ def settings_from_args(args: argparse.Namespace, formats: list[str] | None = Non
                                    moe_dispatcher=args.moe_dispatcher)
 
 
+def export_mismatches(args: argparse.Namespace, formats: list[str]) -> dict[str, tuple[str, str]]:
+    """Formats whose launched framework is not the ``--framework`` the plans assume:
+    ``{format: ("family" | "profile", reason)}``.  Another family (Megatron vs FSDP stacks) runs
+    other mechanisms than were priced: such formats are skipped, and when every format is one,
+    the command is refused.  Another profile of the same family (torchtitan-compile's plans
+    exported as a torchtitan TOML) is written with a warning."""
+    from planner.exports import FORMAT_FRAMEWORK
+    from sim.framework import get_framework
+
+    if args.framework is None or not formats:
+        return {}
+    fw = get_framework(args.framework)
+    out: dict[str, tuple[str, str]] = {}
+    for fmt in formats:
+        launched = get_framework(FORMAT_FRAMEWORK[fmt])
+        if launched.id == fw.id:
+            continue
+        if launched.family != fw.family:
+            out[fmt] = ("family", f"--export {fmt} launches {launched.id} ({launched.family} family), not the "
+                                  f"--framework {fw.id} ({fw.family} family) the plans assume")
+        else:
+            out[fmt] = ("profile", f"the plans assume --framework {fw.id}; the {fmt} files launch {launched.id}'s "
+                                   "settings (catalogs/frameworks.yaml): align the framework's options by hand")
+    if formats and all(out.get(f, ("",))[0] == "family" for f in formats):
+        launched = get_framework(FORMAT_FRAMEWORK[formats[0]])
+        raise InputError("framework", args.framework,
+                         f"conflicts with --export {args.export}: that launches {launched.id} ({launched.family} "
+                         f"family); drop --framework (the export's framework is then searched) or export a "
+                         f"{fw.family} format")
+    return out
+
+
 def gbs_from_args(args: argparse.Namespace, seq_len: int) -> tuple[int, str | None]:
     if args.gbs is not None and args.batch_tokens is not None:
         raise InputError("gbs", args.gbs, "give --gbs or --batch-tokens, not both")
@@ -295,14 +329,18 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         raise InputError("keep", args.keep, "pins the settings of a --recipe; give --recipe FILE")
     imported = apply_recipe(args, command="recommend")
     model = model_from_args(args)
+    check_model_flags(args, model)
     cluster = cluster_from_args(args)
     seq_len = seq_len_from_args(args) or 2048
     gbs, note = gbs_from_args(args, seq_len)
     space = space_from_args(args)
     formats = parse_formats(args.export) if args.export is not None else []
+    mismatched = export_mismatches(args, formats)
     settings = settings_from_args(args, formats)
     if args.out is not None and not formats:
         raise InputError("out", args.out, "needs --export FORMAT")
+    if args.out is not None:
+        check_folder("out", args.out)  # before the search, not after it
     if args.tokens is not None and (not math.isfinite(args.tokens) or args.tokens <= 0 or args.tokens > 1e18):
         raise InputError("tokens", args.tokens, "must be a positive number of tokens")
     if args.rerank is not None and not 0 <= args.rerank <= 100:
@@ -348,6 +386,9 @@ def cmd_recommend(args: argparse.Namespace) -> int:
                           attention=best.plan.attention, job_name=job_name(model, best.num_gpus), steps=steps,
                           time_limit_s=best.step_time_s * steps if steps else None)
         for fmt in formats:
+            if mismatched.get(fmt, (None,))[0] == "family":
+                exports[fmt] = {"files": [], "warnings": [f"skipped: {mismatched[fmt][1]}"], "skipped": True}
+                continue
             try:
                 if args.out is not None:
                     paths, warns = write(fmt, spec, args.out)
@@ -360,10 +401,13 @@ def cmd_recommend(args: argparse.Namespace) -> int:
                     raise
                 # several frameworks' formats: the ones that cannot carry the plan are skipped, said why
                 exports[fmt] = {"files": [], "warnings": [f"skipped: {exc.message}"], "skipped": True}
+                continue
+            if fmt in mismatched:
+                exports[fmt]["warnings"].append(mismatched[fmt][1])  # type: ignore[union-attr]
         out["exports"] = exports
 
     if args.json:
-        print(json.dumps(out, indent=2, default=_json_default))
+        print_json(out)
         return 0
     print_table(out)
     for fmt, info in exports.items():
@@ -406,12 +450,3 @@ def _cluster_flags(args: argparse.Namespace) -> str:
         out.append(f"--tree-levels {args.tree_levels}")
     return "".join(" " + f for f in out)
 
-
-def _json_default(o: object) -> object:
-    import numpy as np
-
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (np.floating,)):
-        return float(o)
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")

@@ -31,11 +31,13 @@ import time
 from pathlib import Path
 
 from sim.errors import InputError
+from sim.jsonout import print_json
+from sim.outpaths import check_file, make_folder, write_text, writing
 
 
 def _out_dir(args: argparse.Namespace) -> Path:
     if args.out:
-        return Path(args.out)
+        return make_folder("out", args.out)
     return Path(tempfile.mkdtemp(prefix="planner-validate-"))
 
 
@@ -125,7 +127,7 @@ def cmd_all(args: argparse.Namespace) -> int:
     if args.install:
         result["installed_profile"] = str(_install(Path(result["profile_path"])))
     if args.json:
-        print(json.dumps(result, indent=2, default=str))
+        print_json(result)
     else:
         from validate.compare import format_table
 
@@ -146,9 +148,9 @@ def _install(profile_path: Path) -> Path:
     from sim.calibration import calibration_dir, load_calibration
 
     cal = load_calibration(str(profile_path))
-    dest = calibration_dir() / f"{cal.id}.yaml"
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(profile_path, dest)
+    dest = check_file("install", make_folder("install", calibration_dir()) / f"{cal.id}.yaml")
+    with writing("install", dest):
+        shutil.copyfile(profile_path, dest)
     yaml.safe_load(dest.read_text(encoding="utf-8"))
     return dest
 
@@ -169,8 +171,8 @@ def cmd_measure(args: argparse.Namespace) -> int:
         return _run_error(exc)
     path = out / "measurements.json"
     if args.json:
-        print(json.dumps({"measurements": str(path), "workloads": meas["workloads"],
-                          "num_microbench_records": len(meas["microbench"])}, indent=2, default=str))
+        print_json({"measurements": str(path), "workloads": meas["workloads"],
+                    "num_microbench_records": len(meas["microbench"])})
     else:
         for w in meas["workloads"]:
             print(f"{w['name']:<28} {w['measured_step_time_s'] * 1e3:9.1f} ms/step  "
@@ -198,18 +200,18 @@ def cmd_fit(args: argparse.Namespace) -> int:
     from validate.profile import fit_profile, profile_header
 
     data = _read_measurements(args.measurements)
+    out = check_file("out", args.out if args.out else Path(args.measurements).with_name("profile.yaml"))
     if not data.get("microbench"):
         raise InputError("measurements", args.measurements, "has no microbenchmark records")
     try:
         profile = fit_profile(data["microbench"], data["env"] or {}, profile_id=args.id, base_gpu=args.base_gpu)
     except FitError as exc:
         raise InputError("measurements", args.measurements, str(exc)) from None
-    out = Path(args.out) if args.out else Path(args.measurements).with_name("profile.yaml")
     path = dump_profile(profile, out, header=profile_header(profile, str(data.get("suite", "?"))))
     if args.install:
         path = _install(path)
     if args.json:
-        print(json.dumps({"profile": str(path), "id": profile["id"], "fit": profile["fit"]}, indent=2))
+        print_json({"profile": str(path), "id": profile["id"], "fit": profile["fit"]})
     else:
         f = profile["fit"]
         print(f"profile {profile['id']} -> {path}")
@@ -246,7 +248,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise InputError("measurements", args.measurements, "has no workload measurements")
     result = compare(data["workloads"], args.calibration, engine=args.engine)
     if args.json:
-        print(json.dumps(result, indent=2, default=str))
+        print_json(result)
     else:
         print(format_table(result))
     return 0
@@ -294,7 +296,7 @@ def cmd_slurm_script(args: argparse.Namespace) -> int:
 
     device, per_node = _script_machine(args)
     suite = build_suite(quick=args.quick, device_type=device, ranks_per_node=per_node, nodes=args.nodes)
-    out = Path(args.out).resolve()
+    out = make_folder("out", args.out).resolve()
     paths = []
     for i, job in enumerate(suite.jobs):
         jdir = out / f"job{i}-n{job.nproc}"
@@ -303,9 +305,7 @@ def cmd_slurm_script(args: argparse.Namespace) -> int:
                                time_limit_s=job.timeout_s, partition=args.partition, cpus_per_task=args.cpus_per_task,
                                gpus_per_node=job.nproc_per_node if device == "cuda" else None,
                                exclusive=args.exclusive)
-        sp = jdir / "job.sbatch"
-        sp.write_text(script, encoding="utf-8")
-        paths.append(str(sp))
+        paths.append(str(write_text("out", jdir / "job.sbatch", script)))
     for p in paths:
         print(p)
     print("submit each with sbatch, then: planner validate fit/compare on the results.json files", file=sys.stderr)
@@ -333,7 +333,7 @@ def cmd_k8s(args: argparse.Namespace) -> int:
                                         rdma_resource=args.rdma_resource, host_network=args.host_network))
     text = "---\n".join(docs)
     if args.out:
-        Path(args.out).write_text(text, encoding="utf-8")
+        write_text("out", args.out, text)
         print(args.out)
     else:
         print(text, end="")

@@ -44,6 +44,8 @@ from sim.framework import Framework, get_framework
 from sim.ops import model_flops_per_step
 from sim.specs import Cluster, Model, MoeSpec, Strategy
 
+from planner.refcheck import check_row
+
 FILES: tuple[tuple[str, str], ...] = (("published", "reference/published_runs.yaml"),
                                       ("dev", "reference/dev_runs.yaml"))
 
@@ -65,6 +67,7 @@ class NotSimulable(InputError):
     def __init__(self, run_id: str, reason: str) -> None:
         super().__init__("run", run_id, reason)
         self.reason = reason
+        self.args = (run_id, reason)
 
 
 @functools.cache
@@ -74,7 +77,8 @@ def load_reference(file: str | None = None) -> tuple[RefRun, ...]:
     for name, path in FILES:
         if file is not None and name != file:
             continue
-        for raw in catalog_document(path)["runs"]:
+        for i, raw in enumerate(catalog_document(path)["runs"]):
+            check_row(raw, file=path.rsplit("/", 1)[-1], index=i)  # file, row id and field on a bad value
             row = _thaw(raw)
             out.append(RefRun(id=row["id"], source=source_of(row), file=name, raw=row))
     return tuple(out)
@@ -99,7 +103,7 @@ def source_of(row: dict) -> str:
                       ("torchtitan", "pytorch/torchtitan")):
         if key in text:
             return name
-    raise InputError("run.source", text[:60], "no source key for this row")
+    raise InputError(f"run[{row.get('id')}].source", text[:60], "no source key for this row (reference.source_of)")
 
 
 # --------------------------------------------------------------------------- hardware

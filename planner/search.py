@@ -37,7 +37,7 @@ import multiprocessing as mp
 import os
 import time
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -52,6 +52,7 @@ from sim.plan import check_feasible, check_offload, vp_split
 from sim.specs import OFFLOAD_DEVICES, OFFLOADS, RECOMPUTES, SCHEDULES, TRAIN_PRECISIONS, Cluster, Model, Strategy
 from sim.stages import stage_layers
 
+from planner import progress
 from planner.fastmodel import FastModel, Grid, Layout
 
 REASON_BATCH = "batch"
@@ -311,7 +312,8 @@ def _evaluate_layouts(fm: FastModel, space: SearchSpace, work: list[tuple[int, L
     closest: tuple[float, Strategy] | None = None
     closest_host: tuple[float, Strategy] | None = None
 
-    for order, lay in work:
+    for n_done, (order, lay) in enumerate(work):
+        progress.tick("searching", n_done, len(work), "layouts")
         sps = tuple(sorted(set(space.sp))) if lay.tp > 1 else ((False,) if False in space.sp else ())
         folded = lay.etp is not None and lay.etp != lay.tp
         if folded:  # expert tensor parallelism other than tp needs SP (check_feasible)
@@ -452,7 +454,8 @@ _FORKED: tuple[FastModel, SearchSpace] | None = None  # set before forking worke
 
 def _work_in_child(work: list[tuple[int, Layout]]) -> _Chunk:
     assert _FORKED is not None
-    return _evaluate_layouts(_FORKED[0], _FORKED[1], work)
+    with progress.silenced():  # the parent reports as groups finish
+        return _evaluate_layouts(_FORKED[0], _FORKED[1], work)
 
 
 def default_workers(cluster: Cluster) -> int:
@@ -464,20 +467,23 @@ def default_workers(cluster: Cluster) -> int:
 
 
 def _parallel(fm: FastModel, space: SearchSpace, layouts: list[Layout], workers: int) -> list[_Chunk]:
-    """Split layouts over forked processes; layouts sharing a data-parallel group shape go to the
-    same process so each network shape is routed once."""
+    """Split layouts over forked processes: one task per data-parallel group shape (its layouts
+    route the same network shape once), handed to whichever process is free; results in
+    task order, so they do not depend on which process ran what."""
     global _FORKED
-    buckets: list[list[tuple[int, Layout]]] = [[] for _ in range(workers)]
-    shapes: dict[tuple[int, int], int] = {}
+    groups: dict[tuple[int, int], list[tuple[int, Layout]]] = {}
     for order, lay in enumerate(layouts):
-        shape = (lay.tp, lay.dp * lay.cp)
-        if shape not in shapes:
-            shapes[shape] = min(range(workers), key=lambda w: len(buckets[w]))
-        buckets[shapes[shape]].append((order, lay))
+        groups.setdefault((lay.tp, lay.dp * lay.cp), []).append((order, lay))
+    tasks = sorted(groups.values(), key=len, reverse=True)  # the longest first: less idle at the end
     _FORKED = (fm, space)
     try:
         with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("fork")) as pool:
-            return list(pool.map(_work_in_child, [b for b in buckets if b]))
+            futures = {pool.submit(_work_in_child, t): len(t) for t in tasks}
+            done = 0
+            for f in as_completed(futures):
+                done += futures[f]
+                progress.tick("searching", done, len(layouts), "layouts")
+            return [f.result() for f in futures]
     finally:
         _FORKED = None
 
@@ -497,6 +503,7 @@ def search(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: Sea
     fm = FastModel(model, cluster, gbs=gbs, seq_len=seq_len, plan_kwargs=plan_kwargs, dp_overlap=dp_overlap,
                    net=net, eff=eff, fp8_recipe=space.fp8_recipe, memory_limit_bytes=memory_limit_bytes)
     layouts = _layouts(model, cluster, space, uneven_vp=fm.probe.uneven_vp)
+    progress.start("searching")
     workers = default_workers(cluster) if workers is None else workers
     if workers > 1 and len(layouts) > 1:
         chunks = _parallel(fm, space, layouts, min(workers, len(layouts)))

@@ -14,6 +14,7 @@ from dataclasses import replace
 from sim.compute import KernelEfficiency, default_efficiency
 from sim.costs import StepCosts, default_network, offload_report, step_costs
 from sim.errors import InputError
+from sim.fabric import check_nics
 from sim.memory import MemoryBreakdown, plan_memory
 from sim.network import Network
 from sim.placement import all_groups
@@ -104,7 +105,7 @@ def _distinct(times: list[StageTimes]) -> tuple[list[StageTimes], list[int]]:
 
 def plan_warnings(plan: Plan, mem: MemoryBreakdown, bubble_fraction: float) -> list[str]:
     s, c = plan.strategy, plan.cluster
-    out = []
+    out = check_nics(c)
     if not mem.fits_gpu:
         out.append("does not fit in GPU memory: try recompute=selective/full, zero=1-3, offload=optimizer|params "
                    "(host memory), a larger tp/pp or a smaller mbs")

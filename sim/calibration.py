@@ -58,7 +58,8 @@ import yaml
 from sim.catalog import catalog_dir, get_gpu, gpu_from_record, link_from_record, list_links
 from sim.compute import network_efficiency, network_size_curves, nvls_gain
 from sim.errors import InputError
-from sim.records import Record
+from sim.outpaths import make_folder, write_text
+from sim.records import MAX_MAGNITUDE, Record
 from sim.hostspecs import HOST_COPY_DIRECTIONS, HostCalibration, HostCopy
 from sim.offload import host_spec, measured_host
 from sim.specs import Gpu, Link
@@ -75,6 +76,12 @@ _HOST_BANDWIDTH_PREFIXES = ("host_mem_", "h2d_", "d2h_")
 _BANDWIDTH_RANGE = (1e6, 1e14)  # bytes/s: catches unit slips (GB/s written as bytes/s), not hardware
 _TOP_KEYS = frozenset({"schema_version", "id", "name", "source", "notes", "host", "device", "links",
                        "efficiency", "memory", "fit", "measured", "validation"})
+# host: what was measured, with what (software versions are free text), and HOST_BANDWIDTH_KEYS
+_HOST_KEYS = frozenset({"device_type", "compute_dtype", "ranks_per_host", "host_cores", "threads_per_rank",
+                        "num_nodes", "base_gpu", "backend", "device_name", "torch", "cuda", "cudnn", "nccl", "tf32",
+                        "device_capability"}) | frozenset(HOST_BANDWIDTH_KEYS)
+# memory: the framework's memory constants on this host (validate.profile._memory_section)
+MEMORY_KEYS: tuple[str, ...] = ("workspace_bytes", "outside_allocator_bytes", "nccl_bytes", "fragmentation_fraction")
 
 
 def calibration_dir() -> Path:
@@ -289,25 +296,48 @@ def host_bandwidth_from_record(host: Mapping[str, Any], *, file: str = "") -> Ho
     return HostCalibration(host_mem_bytes_per_s=rate("host_mem_bytes_per_s"), **copies)
 
 
+def _check_finite(rec: Record, key: str) -> None:
+    """Every number under ``key`` (nested mappings and lists, e.g. the ``fit`` report) finite
+    and of a sane magnitude (``sim.records.MAX_MAGNITUDE``); text, flags and nulls pass."""
+    def walk(value: Any, where: str) -> None:
+        if isinstance(value, Mapping):
+            for k, v in value.items():
+                walk(v, f"{where}.{k}")
+        elif isinstance(value, (list, tuple)):
+            for i, v in enumerate(value):
+                walk(v, f"{where}[{i}]")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value) or abs(value) > MAX_MAGNITUDE:
+                raise InputError(f"{rec.where}.{where}", value, f"{rec.file}: must be a finite number")
+    if key in rec.rec:
+        walk(rec.rec[key], key)
+
+
 def calibration_from_dict(data: Mapping[str, Any], *, path: str = "<dict>") -> Calibration:
-    """Build and validate a ``Calibration`` from a parsed profile."""
+    """Build and validate a ``Calibration`` from a parsed profile, as strictly as a catalog
+    (``sim.records.Record``: integers stay integers, booleans are not numbers, every section is
+    checked, no number is NaN or infinite)."""
     if not isinstance(data, Mapping):
         raise _fail("file", path, "must be a mapping")
-    for key in data:
-        if key not in _TOP_KEYS:
-            raise _fail(str(key), data[key], f"unknown key; known: {', '.join(sorted(_TOP_KEYS))}")
-    if data.get("schema_version") != SCHEMA_VERSION:
+    p = Path(path)
+    top = Record(data, where="calibration", file=p.name, allowed=_TOP_KEYS)
+    if data.get("schema_version") != SCHEMA_VERSION or isinstance(data.get("schema_version"), bool):
         raise _fail("schema_version", data.get("schema_version"), f"must be {SCHEMA_VERSION}")
     for key in ("id", "device", "host", "efficiency"):
         if key not in data:
             raise _fail(key, None, f"{Path(path).name}: missing required key")
-    p = Path(path)
+    for key in ("fit", "measured", "validation"):  # reports: free form, but no NaN or infinity
+        _check_finite(top, key)
     raw_links = data.get("links") or []
     if not isinstance(raw_links, list):
         raise _fail("links", raw_links, "must be a list of link records")
+    for i, r in enumerate(raw_links):
+        if not isinstance(r, Mapping) or not isinstance(r.get("id"), str) or not r["id"].strip():
+            raise _fail(f"links[{i}]", r, f"{p.name}: must be a links.yaml record with an id")
     own = [link_from_record(r, file=str(p)) for r in raw_links]
-    if not isinstance(data["device"], Mapping):
-        raise _fail("device", data["device"], "must be a gpus.yaml record")
+    if not isinstance(data["device"], Mapping) or not isinstance(data["device"].get("id"), str) \
+            or not data["device"]["id"].strip():
+        raise _fail("device", data["device"], f"{p.name}: must be a gpus.yaml record with an id")
     scale_up = next((l for l in own if l.kind == "scale-up"), None)
     device = dict(data["device"])
     scale_up_known = True
@@ -323,49 +353,32 @@ def calibration_from_dict(data: Mapping[str, Any], *, path: str = "<dict>") -> C
         raise _fail("device.nvlink_generation", gpu.nvlink_generation, f"must name the measured link {scale_up.id}")
     nic = next((l for l in own if l.kind == "nic"), None)
 
-    h = data["host"]
-    if not isinstance(h, Mapping):
-        raise _fail("host", h, "must be a mapping")
-    software = {k: h[k] for k in ("torch", "cuda", "cudnn", "nccl", "tf32", "device_capability") if k in h}
-    try:
-        host = Host(device_type=str(h["device_type"]), compute_dtype=str(h["compute_dtype"]),
-                    ranks_per_host=int(h["ranks_per_host"]), host_cores=int(h["host_cores"]),
-                    threads_per_rank=int(h.get("threads_per_rank", 1)), num_nodes=int(h.get("num_nodes", 1)),
-                    base_gpu=str(h["base_gpu"]) if h.get("base_gpu") else None, software=software)
-    except KeyError as exc:
-        raise _fail(f"host.{exc.args[0]}", None, "missing required key") from None
-    except (TypeError, ValueError) as exc:
-        raise _fail("host", dict(h), f"malformed: {exc}") from None
-    if host.compute_dtype not in DTYPE_BYTES:
-        raise _fail("host.compute_dtype", host.compute_dtype, f"must be one of {', '.join(DTYPE_BYTES)}")
-    if host.device_type not in ("cpu", "cuda"):
-        raise _fail("host.device_type", host.device_type, "must be cpu or cuda")
-    if min(host.ranks_per_host, host.host_cores, host.threads_per_rank, host.num_nodes) < 1:
-        raise _fail("host", dict(h), "counts must be >= 1")
-    host_bw = host_bandwidth_from_record(h, file=p.name)
+    h = top.mapping("host", allowed=_HOST_KEYS)
+    _check_finite(h, "tf32")
+    software = {k: h.rec[k] for k in ("torch", "cuda", "cudnn", "nccl", "tf32", "device_capability") if k in h.rec}
+    base_gpu = h.rec.get("base_gpu")
+    host = Host(device_type=h.text("device_type", choices=("cpu", "cuda")),
+                compute_dtype=h.text("compute_dtype", choices=tuple(DTYPE_BYTES)),
+                ranks_per_host=h.integer("ranks_per_host"), host_cores=h.integer("host_cores"),
+                threads_per_rank=h.integer("threads_per_rank", optional=True, default=1),
+                num_nodes=h.integer("num_nodes", optional=True, default=1),
+                base_gpu=h.text("base_gpu") if base_gpu else None, software=software)
+    host_bw = host_bandwidth_from_record(h.rec, file=p.name)
 
-    eff = data["efficiency"]
-    if not isinstance(eff, Mapping):
-        raise _fail("efficiency", eff, "must be a mapping")
-    out_eff: dict[str, float] = {}
-    for k, v in eff.items():
-        if k in ("source", "notes"):
-            continue
-        if k not in _EFF_KEYS:
-            raise _fail(f"efficiency.{k}", v, f"unknown key; known: {', '.join(_EFF_KEYS)}")
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            raise _fail(f"efficiency.{k}", v, "must be a finite number >= 0")
-        out_eff[k] = float(v)
+    e = top.mapping("efficiency", allowed=_EFF_KEYS + ("source", "notes"))
+    out_eff = {k: e.req(k) for k in _EFF_KEYS if e.has(k)}
     for k in ("attention_fwd_vs_matmul", "attention_bwd_vs_matmul"):
         if k in out_eff and not 0 < out_eff[k] <= 1.5:
-            raise _fail(f"efficiency.{k}", out_eff[k], "must be in (0, 1.5]")
-    mem = data.get("memory") or {}
-    if not isinstance(mem, Mapping):
-        raise _fail("memory", mem, "must be a mapping")
-    return Calibration(id=str(data["id"]), name=str(data.get("name", data["id"])), gpu=gpu, scale_up=scale_up,
-                       nic=nic, efficiency=out_eff, host=host,
-                       memory={k: float(v) for k, v in mem.items() if isinstance(v, (int, float))},
-                       source=str(data.get("source", "")), path=str(path), scale_up_known=scale_up_known,
+            raise e.fail(k, "must be in (0, 1.5]")
+    memory: dict[str, float] = {}
+    if data.get("memory") is not None:
+        m = top.mapping("memory", allowed=MEMORY_KEYS + ("source", "notes"))
+        memory = {k: m.req(k) for k in MEMORY_KEYS if m.has(k)}
+        if "fragmentation_fraction" in memory:
+            m.fraction("fragmentation_fraction")
+    return Calibration(id=top.text("id"), name=top.text("name", default=top.text("id")), gpu=gpu,
+                       scale_up=scale_up, nic=nic, efficiency=out_eff, host=host, memory=memory,
+                       source=top.text("source", default=""), path=str(path), scale_up_known=scale_up_known,
                        host_bandwidth=host_bw)
 
 
@@ -408,12 +421,10 @@ def load_calibration(name_or_path: str | Path) -> Calibration:
 def dump_profile(data: Mapping[str, Any], path: str | Path, *, header: str = "") -> Path:
     """Write a profile as YAML (validated first, so a written file always loads)."""
     calibration_from_dict(data, path=str(path))
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    make_folder("out", Path(path).parent)
     text = yaml.safe_dump(_plain(data), sort_keys=False, width=100)
     lines = "".join(f"# {ln}\n" if ln else "#\n" for ln in header.splitlines())
-    out.write_text(lines + text, encoding="utf-8")
-    return out
+    return write_text("out", path, lines + text)
 
 
 def _plain(obj: Any) -> Any:

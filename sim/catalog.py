@@ -325,7 +325,8 @@ def cluster_from_catalog(gpu: str | Gpu, num_gpus: int, *, gpus_per_node: int | 
     """A ``Cluster`` of catalog parts, with the defaults every entry point (CLI, app, published
     runs, tests) uses:
 
-    * ``gpus_per_node``, ``nics_per_node``, ``nic``: the GPU's usual server (``gpus.yaml``);
+    * ``gpus_per_node``, ``nics_per_node``, ``nic``: the GPU's usual server (``gpus.yaml``); with
+      ``gpus_per_node`` given, its NICs per GPU (8 A100s with 8 NICs: 4 GPUs get 4);
     * ``nvlink_domain``: ``gpus_per_node`` when that is given, else the larger of the GPU's
       usual domain and its node (a GB200 rack: 72);
     * fewer GPUs than a node: the node (and, unless given, the domain) shrinks to them.
@@ -358,8 +359,11 @@ def cluster_from_catalog(gpu: str | Gpu, num_gpus: int, *, gpus_per_node: int | 
     topo = str(topology).lower()
     if topo not in TOPOLOGIES:
         raise InputError("topology", topology, f"must be one of {', '.join(TOPOLOGIES)}")
+    if nics_per_node is None:  # the usual server's NICs per GPU, for the node size asked
+        sized = isinstance(gpus_per_node, int) and not isinstance(gpus_per_node, bool) and 1 <= gpus_per_node <= 1024
+        nics_per_node = max(1, -(-g.nics_per_node * gpus_per_node // g.gpus_per_node)) if sized else g.nics_per_node
     return Cluster(gpu=g, num_gpus=num_gpus, nic=link, gpus_per_node=gpn, nvlink_domain=domain,
-                   nics_per_node=nics_per_node if nics_per_node is not None else g.nics_per_node,
+                   nics_per_node=nics_per_node,
                    topology=topo, oversubscription=oversubscription, tree_levels=tree_levels,
                    placement=str(placement).lower())
 
@@ -496,7 +500,8 @@ def _gpu_from_record(rec: Mapping[str, Any], path: Path, links: _Index) -> Gpu:
         bridge_bw = b.req("gb_per_s_per_direction", positive=True) * _GIGA
     pcie = r.integer("pcie_generation")
     price_hour = r.number("price_usd_per_hour", optional=True, positive=True)
-    return Gpu(
+    return r.build(
+        Gpu, keys=_GPU_FIELD_KEYS,
         id=r.text("id"),
         name=r.text("name"),
         dense_flops_per_s=FrozenDict({p: v * _TERA for p, v in peaks.items()}),
@@ -530,6 +535,12 @@ def _gpu_from_record(rec: Mapping[str, Any], path: Path, links: _Index) -> Gpu:
     )
 
 
+# Gpu fields converted from a gpus.yaml key of another name (sim.records.Record.build)
+_GPU_FIELD_KEYS = {"dense_flops_per_s": "dense_tflops", "hbm_bytes": "hbm_gib", "hbm_bytes_per_s": "hbm_tb_per_s",
+                   "nvlink_bytes_per_s_per_direction": "nvlink_gb_per_s_per_direction",
+                   "nvlink_bridge_gpus": "nvlink_bridge", "nvlink_bridge_bytes_per_s_per_direction": "nvlink_bridge"}
+
+
 def _link_from_record(rec: Mapping[str, Any], path: Path) -> Link:
     r = Record(rec, where=f"link[{rec['id']}]", file=path.name, allowed=_LINK_KEYS)
     kind = r.text("kind")
@@ -542,7 +553,9 @@ def _link_from_record(rec: Mapping[str, Any], path: Path) -> Link:
                                                  "or gb_per_s_per_direction (GB/s)")
     bw = (r.req("gbit_per_s_per_direction", positive=True) * _GIGA / 8 if has_gbit
           else r.req("gb_per_s_per_direction", positive=True) * _GIGA)
-    return Link(
+    return r.build(
+        Link, keys={"bytes_per_s_per_direction": "gbit_per_s_per_direction" if has_gbit else "gb_per_s_per_direction",
+                    "latency_s": "latency_us"},
         id=r.text("id"),
         name=r.text("name"),
         kind=kind,

@@ -265,15 +265,18 @@ def network_efficiency(scale_up_link: str | None = None, fitted: Mapping | None 
     generations applies.  ``fitted``: a fitted block other than the catalog's.
     """
     fitted = catalog_fitted() if fitted is None else fitted
+    rec = Record(fitted, where="efficiency.fitted", file="efficiency.yaml")
     out: dict[str, float] = {}
     if "scale_up" in fitted:
-        su = fitted["scale_up"]
-        out["scale-up"] = float(su["bandwidth_efficiency"])
-        for key, value in (su.get("per_generation") or {}).items():
-            if scale_up_link and key.endswith("-" + scale_up_link):
-                out["scale-up"] = float(value)
+        su = rec.mapping("scale_up")
+        out["scale-up"] = su.req("bandwidth_efficiency", positive=True)
+        if su.has("per_generation"):
+            gens = su.mapping("per_generation")
+            for key in gens.rec:
+                if scale_up_link and str(key).endswith("-" + scale_up_link):
+                    out["scale-up"] = gens.req(str(key), positive=True)
     if "scale_out" in fitted:
-        out["scale-out"] = float(fitted["scale_out"]["bandwidth_efficiency"])
+        out["scale-out"] = rec.mapping("scale_out").req("bandwidth_efficiency", positive=True)
     return out
 
 

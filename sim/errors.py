@@ -19,7 +19,12 @@ class InputError(ValueError):
         self.field = field
         self.value = value
         self.message = message
-        super().__init__(f"{field}={_short(value)}: {message}")
+        # args are the constructor's, so the error copies and pickles as itself (simpy re-raises
+        # a process's exception as ``type(exc)(*exc.args)``, a process pool pickles it)
+        super().__init__(field, value, message)
+
+    def __str__(self) -> str:
+        return f"{self.field}={_short(self.value)}: {self.message}"
 
 
 class InfeasibleError(InputError):
@@ -34,6 +39,7 @@ class InfeasibleError(InputError):
     def __init__(self, reason: str, field: str, value: object, message: str) -> None:
         self.reason = reason
         super().__init__(field, value, message)
+        self.args = (reason, field, value, message)
 
 
 def _short(value: object, limit: int = 80) -> str:

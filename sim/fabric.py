@@ -31,6 +31,7 @@ class FabricDefaults:
     switch_radix: int  # ports per switch when the NIC record has no switch_radix
     switch_hop_latency_s: float  # one switch traversal beyond the first hop
     scale_up_latency_s: float  # GPU-to-GPU through an NVSwitch when no scale-up link is named
+    max_nics_per_gpu: int = 4  # scale-out adapters a server gives one GPU, at most
 
 
 def fabric_defaults() -> FabricDefaults:
@@ -42,7 +43,32 @@ def _fabric_defaults(_version: tuple[str, int, int]) -> FabricDefaults:
     d = Record(catalog_document("fabric.yaml"), where="fabric", file="fabric.yaml").mapping("defaults")
     return FabricDefaults(switch_radix=d.integer("switch_radix", minimum=2),
                           switch_hop_latency_s=d.req("switch_hop_latency_us") * 1e-6,
-                          scale_up_latency_s=d.req("scale_up_latency_us") * 1e-6)
+                          scale_up_latency_s=d.req("scale_up_latency_us") * 1e-6,
+                          max_nics_per_gpu=d.integer("max_nics_per_gpu"))
+
+
+def check_nics(c: Cluster) -> list[str]:
+    """Scale-out NICs per node that a server can hold and a GPU can drive: an ``InputError`` on
+    ``nics_per_node`` beyond ``max_nics_per_gpu`` per GPU (``catalogs/fabric.yaml``), or when
+    the NICs each GPU stripes over carry more than its own PCIe x16 link (GPUDirect RDMA moves
+    a GPU's traffic through that link, ``catalogs/links.yaml`` pcie records); a warning (the
+    returned list) for more NICs than GPUs within both bounds (AWS p5: 4 x 100G EFA per GPU).
+    A single node has no scale-out traffic and is not checked."""
+    gpn, nics = c.gpus_per_node, c.nics_per_node
+    if c.num_nodes <= 1 or nics <= gpn:
+        return []
+    d = fabric_defaults()
+    if nics > gpn * d.max_nics_per_gpu:
+        raise InputError("nics_per_node", nics, f"{nics / gpn:g} scale-out NICs per GPU for {gpn} GPUs per node; "
+                         f"servers hold at most {d.max_nics_per_gpu} per GPU (fabric.yaml max_nics_per_gpu)")
+    per_gpu = c.nic.bytes_per_s_per_direction * nics / gpn
+    host = pcie_x16_bytes_per_s(c.gpu.pcie_generation)
+    if per_gpu > host * (1 + 1e-9):
+        raise InputError("nics_per_node", nics, f"{nics} x {c.nic.id} for {gpn} GPUs is {per_gpu / 1e9:.1f} GB/s per "
+                         f"GPU, more than its PCIe gen{c.gpu.pcie_generation} x16 link carries "
+                         f"({host / 1e9:.1f} GB/s, links.yaml pcie{c.gpu.pcie_generation})")
+    return [f"{nics} scale-out NICs for {gpn} GPUs per node: each GPU's traffic is striped over {nics / gpn:g} "
+            f"NICs ({per_gpu / 1e9:.1f} GB/s per GPU, within its PCIe x16 link), as on AWS p5"]
 
 
 TIERS: tuple[str, ...] = ("scale-up", "host", "scale-out")
@@ -163,6 +189,7 @@ def _attachments(gpn: int, nics: int) -> tuple[tuple[int, ...], ...]:
 def layout_fabric(cluster: Cluster) -> Fabric:
     """Lay out ``cluster``'s fabric (see the module docstring for the sizing rules)."""
     c = cluster
+    check_nics(c)
     G, gpn, nics = c.num_gpus, c.gpus_per_node, c.nics_per_node
     num_nodes = c.num_nodes
     defaults = fabric_defaults()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from sim.compute import default_efficiency
@@ -11,7 +12,7 @@ from sim.layout import check_layout, layout_from_counts, megatron_layout, parse_
 from sim.placement import group_shape
 from sim.psspecs import ParameterServers
 from sim.runtime import STATE_LAYOUTS
-from sim.stages import stage_layers
+from sim.stages import stage_layer_counts, stage_layers
 
 ATTENTION_IMPLS: tuple[str, ...] = ("flash", "flash2", "unfused")
 SELECTIVE_POLICIES: tuple[str, ...] = ("attention", "op", "mla_up_proj", "moe_act", "mlp_up", "mlp")
@@ -224,6 +225,10 @@ def parse_strategy(text: str, *, num_gpus: int, seq_len: int | None = None) -> S
         v = values.get(k, 1)
         if not isinstance(v, int) or v < 1:
             raise InputError(k, v, "must be >= 1")
+    if "fp8_recipe" in values and values.get("precision", "bf16") != "fp8":
+        raise InputError("fp8_recipe", values["fp8_recipe"],
+                         f"applies to precision=fp8; the strategy trains in {values.get('precision', 'bf16')} "
+                         "(add precision=fp8, or drop fp8_recipe)")
     tp, pp, cp = int(values.get("tp", 1)), int(values.get("pp", 1)), int(values.get("cp", 1))  # type: ignore[arg-type]
     layout = values.get("pipeline_layout")
     if layout is not None:  # the layout fixes vp (Megatron-Core: virtual stages / pp)
@@ -258,7 +263,7 @@ def vp_split(model: Model, s: Strategy, *, vp: int | None = None) -> str | None:
     8 x 8 chunks of 2).  ``sim.stages.stage_layers`` already gives the first and last stages the
     fewer layers, so both splits cost as the stages do."""
     vp = s.vp if vp is None else vp
-    counts = [len(layers) for layers in stage_layers(model, s)]
+    counts = stage_layer_counts(model.num_layers, s.pp)
     if all(c % vp == 0 for c in counts):
         return "even"
     units = [c + (i == 0) + (i == len(counts) - 1) for i, c in enumerate(counts)]
@@ -295,6 +300,28 @@ def normalize_layout(model: Model, s: Strategy) -> Strategy:
     return s
 
 
+def vp_fits(model: Model, s: Strategy, *, shown: int = 12) -> tuple[list[int], bool]:
+    """The ``vp > 1`` that ``vp_split`` accepts for ``s``'s pipeline (at most ``shown``, smallest
+    first) and whether there are more.  In O(pp + sqrt(layers)): a split is even when ``vp``
+    divides the gcd of the stage counts, or the common count with the embedding and the loss."""
+    counts = stage_layer_counts(model.num_layers, s.pp)
+    g = math.gcd(*counts)
+    units = {c + (i == 0) + (i == len(counts) - 1) for i, c in enumerate(counts)}
+    cand = set(_divisors(g))
+    if len(counts) > 1 and len(units) == 1:
+        cand |= set(_divisors(units.pop()))
+    fits = sorted(v for v in cand if v > 1 and s.pp * v <= model.num_layers)  # every chunk holds a layer
+    return fits[:shown], len(fits) > shown
+
+
+def _divisors(n: int) -> list[int]:
+    out = set()
+    for d in range(1, math.isqrt(max(n, 0)) + 1):
+        if n % d == 0:
+            out.update((d, n // d))
+    return sorted(out)
+
+
 def check_feasible(model: Model, cluster: Cluster, s: Strategy, *, uneven_vp: bool = False) -> None:
     """Raise ``InfeasibleError`` (with a reason) if no framework could run this plan."""
     if s.num_gpus != cluster.num_gpus:
@@ -326,13 +353,14 @@ def check_feasible(model: Model, cluster: Cluster, s: Strategy, *, uneven_vp: bo
     if s.pipeline_layout is not None:
         check_layout(s.pipeline_layout, pp=s.pp, num_layers=model.num_layers)
     elif s.vp > 1 and not uneven_vp and vp_split(model, s) is None:
-        counts = [len(layers) for layers in stage_layers(model, s)]
-        fits = [v for v in range(2, max(counts) + 1) if vp_split(model, s, vp=v) is not None]
+        counts = stage_layer_counts(model.num_layers, s.pp)
+        fits, more = vp_fits(model, s)
         raise InfeasibleError("layers", "vp", s.vp,
                               f"must split each pipeline stage's layers evenly ({model.num_layers} layers over "
                               f"pp={s.pp}: {'/'.join(map(str, sorted(set(counts))))} per stage, counting the "
                               "embedding and the loss as a layer each when that evens them)"
-                              + (f"; vp in {{{', '.join(map(str, fits))}}} does" if fits else "; no vp > 1 does")
+                              + (f"; vp in {{{', '.join(map(str, fits))}{', ...' if more else ''}}} does"
+                                 if fits else "; no vp > 1 does")
                               + "; or state the chunks with a pipeline layout (layout=..., a framework that runs "
                               "Megatron-Core's --pipeline-model-parallel-layout)")
     if s.vp > 1 and s.num_microbatches % s.pp:

@@ -6,6 +6,13 @@ are converted here, once, at load.  A malformed value is an ``InputError`` whose
 ``<kind>[<id>].<key>`` and whose message starts with the file name, so a typo in a catalog is
 reported as one line naming what to fix.  Bounds are stated by the caller (``positive``,
 ``minimum``): there is no per-file convention to remember.
+
+The value a user wrote is what an error names, never a number derived from it: a number is
+finite and below ``MAX_MAGNITUDE`` in its own unit, so no unit conversion (TB/s to bytes/s)
+can overflow, and ``build`` constructs a spec from a record, reporting a check the spec makes
+on a converted field (``hbm_bytes_per_s``) against the record key it came from (``hbm_tb_per_s``)
+and the record's file.  Profiles measured by ``planner validate`` (``sim.calibration``) and
+the reference rows go through the same checks.
 """
 
 from __future__ import annotations
@@ -15,6 +22,10 @@ import math
 from typing import Any, Iterable, Mapping
 
 from sim.errors import InputError, printable_value
+
+# Largest magnitude of a number in a record, in the record's own unit: far above any hardware,
+# price or count, small enough that scaling by 2^40 (bytes per TiB) stays finite.
+MAX_MAGNITUDE = 1e18
 
 
 class Record:
@@ -53,6 +64,8 @@ class Record:
             raise self.fail(key, "missing required key")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise self.fail(key, "must be a finite number")
+        if abs(value) > MAX_MAGNITUDE:
+            raise self.fail(key, f"must be a number of magnitude at most {MAX_MAGNITUDE:g}")
         if (value < 0 and not signed) or (positive and value <= 0):
             raise self.fail(key, "must be > 0" if positive else "must be >= 0")
         return float(value)
@@ -77,6 +90,8 @@ class Record:
             return default
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise self.fail(key, f"must be an integer >= {minimum}")
+        if value > MAX_MAGNITUDE:
+            raise self.fail(key, f"must be at most {MAX_MAGNITUDE:g}")
         return value
 
     def text(self, key: str, *, default: str | None = None, choices: Iterable[str] | None = None) -> str:
@@ -121,6 +136,29 @@ class Record:
                 raise sub.fail(str(k), f"unknown key; known: {', '.join(known)}")
             out[str(k)] = sub.req(str(k), positive=True)
         return out
+
+    def build(self, cls: type, *, keys: Mapping[str, str] | None = None, **kwargs: Any) -> Any:
+        """``cls(**kwargs)``, with a check the spec makes reported against this record: the
+        field it names (``gpu[x].hbm_bytes_per_s``, ``link[y].bytes_per_s_per_direction``) is
+        mapped to the record key it was converted from (``keys``: ``{"hbm_bytes_per_s":
+        "hbm_tb_per_s"}``; unmapped fields are their own key), the value shown is the one in
+        the record, and the message starts with the file name."""
+        try:
+            return cls(**kwargs)
+        except InputError as exc:
+            field = str(exc.field)
+            for prefix in (self.where + ".", self.where.split("[")[0] + "."):
+                if field.startswith(prefix):
+                    field = field[len(prefix):]
+                    break
+            head, _, rest = field.partition(".")
+            key = (keys or {}).get(head, head)
+            value: Any = self.rec.get(key, exc.value)
+            for part in rest.split(".") if rest else ():
+                value = value.get(part, exc.value) if isinstance(value, Mapping) else exc.value
+            prefix = f"{self.file}: " if self.file else ""
+            raise InputError(f"{self.where}.{key}" + (f".{rest}" if rest else ""), printable_value(value),
+                             prefix + exc.message) from None
 
     def mapping(self, key: str, *, allowed: Iterable[str] | None = None) -> "Record":
         """A nested mapping as a ``Record`` (``where`` extended by ``key``)."""

@@ -116,10 +116,11 @@ def resolve_server(gpu: Gpu, gpus_per_node: int, *, nics_per_node: int | None = 
     ``p2p`` overrides the card's (``pcie`` with a P2P-enabled driver, ``none``);
     ``nvlink_bridge`` the GPUs per bridged group (0: no bridges)."""
     if gpu.form_factor != "pcie":
-        what = "--server" if server is not None else "PCIe server flags"
-        raise InputError("server" if server is not None else "gpu", server or gpu.id,
-                         f"{what} describe PCIe cards; {gpu.id} is an SXM/OAM module on an NVLink baseboard "
-                         "(use --gpus-per-node/--nvlink-domain)")
+        given = {"server": server, "sockets": sockets, "pcie-switches": pcie_switches, "cpu": cpu, "p2p": p2p,
+                 "nvlink-bridge": nvlink_bridge}
+        flag, value = next(((k, v) for k, v in given.items() if v is not None), ("gpu", gpu.id))
+        raise InputError(flag, value, f"PCIe server flags describe PCIe cards; {gpu.id} is an SXM/OAM module on an "
+                                      "NVLink baseboard (use --gpus-per-node/--nvlink-domain)")
     if server is not None and (sockets is not None or pcie_switches is not None):
         raise InputError("server", server, "name a design or describe one with --sockets/--pcie-switches, not both")
     d = pcie_defaults()
@@ -139,6 +140,10 @@ def resolve_server(gpu: Gpu, gpus_per_node: int, *, nics_per_node: int | None = 
         design.nic_ports if design is not None and design.nic_ports else gpu.nics_per_node)
     if nports < 1:
         raise InputError("nics-per-node", nports, "must be >= 1")
+    held = design.nic_ports or design.nic_count if design is not None else None
+    if held and nports > held:
+        raise InputError("nics-per-node", nports, f"server {design.id} holds {held} scale-out NIC ports "  # type: ignore[union-attr]
+                                                  "(servers.yaml nics); name another --server or describe one")
     nic_socket = tuple(sites[k * len(sites) // nports][0] for k in range(nports))
     nic_switch = tuple(sites[k * len(sites) // nports][1] for k in range(nports))
     nic_gen = max([host.pcie_generation] + [part.generation for _, part, _ in switches])

@@ -12,9 +12,10 @@ from dataclasses import dataclass, fields, replace
 from typing import Literal, Mapping
 
 from sim.errors import InputError
-from sim.checks import choice as _choice, positive_float as _positive_float, positive_int as _positive_int
+from sim.checks import MAX_DIM, choice as _choice, positive_float as _positive_float, positive_int as _positive_int
 from sim.hostspecs import HostSpec, Server
 from sim.layout import format_layout
+from sim.limits import MAX_CLUSTER_GPUS, MAX_LAYERS
 
 Precision = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 FfnType = Literal["gelu", "swiglu"]
@@ -229,7 +230,7 @@ class Model:
 
     def __post_init__(self) -> None:
         for n in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size"):
-            _positive_int(f"model.{n}", getattr(self, n))
+            _positive_int(f"model.{n}", getattr(self, n), limit=MAX_LAYERS if n == "num_layers" else MAX_DIM)
         if self.num_kv_heads is not None:
             _positive_int("model.num_kv_heads", self.num_kv_heads)
             if self.num_attention_heads % self.num_kv_heads:
@@ -398,7 +399,7 @@ class Cluster:
     host: HostSpec | None = None
 
     def __post_init__(self) -> None:
-        _positive_int("num_gpus", self.num_gpus, limit=MAX_GPUS)
+        _positive_int("num_gpus", self.num_gpus, limit=MAX_CLUSTER_GPUS)
         _choice("placement", self.placement, PLACEMENTS)
         _positive_int("gpus_per_node", self.gpus_per_node, limit=1024)
         _positive_int("nvlink_domain", self.nvlink_domain, limit=1 << 16)

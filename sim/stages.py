@@ -68,17 +68,23 @@ def stage_chunks(strategy: Strategy) -> list[list[list[int]]] | None:
     return chunk_layer_ids(strategy.pipeline_layout, strategy.pp)
 
 
+def stage_layer_counts(num_layers: int, pp: int) -> list[int]:
+    """Layers per pipeline stage (module docstring), in O(pp): the remainder of
+    ``num_layers / pp`` goes to the middle stages first."""
+    base, extra = divmod(num_layers, pp)
+    order = list(range(1, pp - 1)) + [0, pp - 1] if pp > 2 else list(range(pp))
+    counts = [base] * pp
+    for i in order[:extra]:
+        counts[i] += 1
+    return counts
+
+
 def stage_layers(model: Model, strategy: Strategy) -> list[list[int]]:
     """Layer indices per pipeline stage (module docstring)."""
     chunks = stage_chunks(strategy)
     if chunks is not None:
         return [[j for chunk in row for j in chunk] for row in chunks]
-    p, n = strategy.pp, model.num_layers
-    base, extra = divmod(n, p)
-    order = list(range(1, p - 1)) + [0, p - 1] if p > 2 else list(range(p))
-    counts = [base] * p
-    for i in order[:extra]:
-        counts[i] += 1
+    counts = stage_layer_counts(model.num_layers, strategy.pp)
     out, start = [], 0
     for c in counts:
         out.append(list(range(start, start + c)))

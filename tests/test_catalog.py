@@ -370,7 +370,7 @@ def test_env_override_loads_other_catalog(tmp_path, monkeypatch):
     (("hbm_gib: 16", "hbm_gib: true"), "hbm_gib"),                      # bool where a number goes
     (("default_nic: roce-100", "default_nic: nvlink4"), "default_nic"),  # not a NIC
     (("dense_tflops: {bf16: 100}", "dense_tflops: {bf17: 100}"), "bf17"),
-    (("dense_tflops: {bf16: 100}", "dense_tflops: {fp32: 100}"), "dense_flops_per_s"),  # no bf16
+    (("dense_tflops: {bf16: 100}", "dense_tflops: {fp32: 100}"), "dense_tflops"),  # no bf16
     (("        source: \"test fixture\"\n", ""), "catalog"),             # missing source
     (("gpus_per_node: 4", "gpus_per_node: 4.5"), "gpus_per_node"),
 ])

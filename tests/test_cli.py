@@ -59,7 +59,7 @@ def test_not_fitting_is_not_an_error(capsys):
 @pytest.mark.parametrize("argv,needle", [
     (["simulate", "--model", "gpt3-175b", "--gpu", "no-such-gpu", "--num-gpus", "8", "--strategy", "tp=8"], "gpu"),
     (["simulate", "--model", "nope", "--gpu", "a100-80gb", "--num-gpus", "8", "--strategy", "tp=8"], "model"),
-    (BASE[:-1] + ["1000", "--strategy", "tp=8,pp=16"], "num_gpus"),
+    (BASE[:-1] + ["1000", "--strategy", "tp=8,pp=16"], "num-gpus"),
     (BASE + ["--strategy", "tp=7"], "tp"),
     (BASE + ["--strategy", "tp=8,pp=16,dp=4"], "strategy"),
     (BASE + ["--strategy", "tp=8,pp=16,mbs=5,gbs=1536"], "gbs"),

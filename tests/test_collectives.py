@@ -213,7 +213,8 @@ NIC = make_nic(radix=6)
 CONFIGS = {  # name: (gpu, cluster keyword overrides)
     "a100": (A100, {}),
     "shared-nic": (A100, {"nics_per_node": 4}),
-    "two-nics-per-gpu": (make_gpu(gpus_per_node=4, domain=4, nics_per_node=8), {}),
+    # two 25 GB/s NICs per GPU: 50 GB/s, which a PCIe gen5 x16 link feeds (sim.fabric.check_nics)
+    "two-nics-per-gpu": (make_gpu(gpus_per_node=4, domain=4, nics_per_node=8, pcie_generation=5), {}),
     "pcie-only": (make_gpu(domain=1), {"nvlink_domain": 1, "nics_per_node": 4}),
     "half-node-domain": (A100, {"nvlink_domain": 4}),
     "multi-node-domain": (make_gpu(gpus_per_node=4, domain=16, nics_per_node=4), {}),

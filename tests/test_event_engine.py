@@ -125,8 +125,9 @@ def test_invariants_on_small_plans(p: int, dp: int, tp: int, k: int, schedule: s
     g = get_gpu("a100-80gb")
     n = p * dp * tp
     model = tiny_plan(p=p, m=m).model
-    c = Cluster(gpu=g, num_gpus=n, nic=get_nic("ib-hdr-200"), gpus_per_node=min(4, n), nvlink_domain=min(4, n),
-                nics_per_node=nics, oversubscription=oversub)
+    # 8 NICs for 4 GPUs: 100G ones, two of which an A100's PCIe gen4 x16 link can feed (sim.fabric.check_nics)
+    c = Cluster(gpu=g, num_gpus=n, nic=get_nic("ib-hdr-200" if nics <= 4 else "eth-100"), gpus_per_node=min(4, n),
+                nvlink_domain=min(4, n), nics_per_node=nics, oversubscription=oversub)
     from sim.specs import Strategy
     plan = Plan(model=model, cluster=c, strategy=Strategy(tp=tp, pp=p, dp=dp, mbs=1, gbs=m * dp, schedule=schedule,
                                                           zero=zero))

@@ -117,7 +117,7 @@ def test_simulate_cli_gpu_that_does_not_match_the_profile_is_one_line_exit_2(pro
                   "--strategy", "dp=2", "--calibration", str(profile))
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1
-    assert err.startswith("error: gpu") and "a100-80gb" in err and "cpu-test" in err and "Traceback" not in err
+    assert err.startswith("error: --gpu") and "a100-80gb" in err and "cpu-test" in err and "Traceback" not in err
 
 
 def test_simulate_cli_unknown_profile_is_one_line_exit_2(model_file, capsys):

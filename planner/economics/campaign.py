@@ -29,7 +29,11 @@ from typing import Sequence
 import numpy as np
 import simpy
 
+from sim import limits
 from sim.errors import InputError
+from sim.limits import check_work
+
+from planner import progress
 
 # Two-sided 97.5% Student-t quantiles for 1..30 degrees of freedom (then the normal 1.96).
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
@@ -80,11 +84,18 @@ class CampaignSpec:
         if isinstance(self.num_spares, bool) or not isinstance(self.num_spares, int) or self.num_spares < 0:
             raise InputError("spares", self.num_spares, "must be an integer >= 0")
         if self.work_s / self.interval_s > 5e6:
-            raise InputError("checkpoint-interval-s", self.interval_s, "too many checkpoints to simulate (> 5e6)")
+            raise InputError("campaign-days", self.work_s / 86400.0,
+                             f"is {self.work_s / self.interval_s:.3g} checkpoint intervals of {self.interval_s:g} s "
+                             "(more than 5e6 to simulate): fewer days or a longer --checkpoint-interval-s")
 
     @property
     def total_rate_per_s(self) -> float:
         return sum(m.rate_per_s for m in self.modes)
+
+    @property
+    def max_wall_s(self) -> float:
+        """Wall time after which a campaign stops as hopeless (1000 x its work)."""
+        return 1000.0 * self.work_s + 1e6
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -124,8 +135,27 @@ class _Failure(Exception):
         self.mode = mode
 
 
+def campaign_events(spec: CampaignSpec) -> float:
+    """The simpy events one campaign is expected to schedule (its cost, ``sim.limits``): two per
+    checkpoint interval it computes (the segment, the write) and four per failure (the failure,
+    the spare, the repair, the recovery), over its expected wall time: Daly's eq. (13) with the
+    job running only the fraction ``f`` of the time the spares allow (node failures beyond
+    ``(spares + 1) / repair_s`` wait for a repaired node), up to ``max_wall_s``.  Within 30%
+    of the simulated count from healthy to hopeless campaigns (tests/test_bounds.py)."""
+    from planner.economics.goodput import daly_goodput
+
+    rate = spec.total_rate_per_s
+    node_rate = sum(m.rate_per_s for m in spec.modes if m.needs_node)
+    f = 1.0 if node_rate <= 0 or spec.repair_s <= 0 else min(1.0, (spec.num_spares + 1) / (spec.repair_s * node_rate))
+    g = daly_goodput(spec.interval_s, spec.write_s, spec.restart_s + spec.restore_s,
+                     1.0 / rate if rate > 0 else math.inf) * f
+    wall = spec.max_wall_s if g <= 0 else min(spec.max_wall_s, spec.work_s / g)
+    return 2.0 * f * wall / (spec.interval_s + spec.write_s) + 4.0 * rate * f * wall + 2.0
+
+
 def simulate_campaign(spec: CampaignSpec, *, seed: int = 0, max_wall_s: float | None = None) -> CampaignRun:
-    """One campaign (module docstring); ``max_wall_s`` stops a hopeless run (default 1000 x work)."""
+    """One campaign (module docstring); ``max_wall_s`` stops a hopeless run (default
+    ``spec.max_wall_s``, 1000 x work)."""
     rng = np.random.default_rng(seed)
     env = simpy.Environment()
     # A failed node goes to repair before its replacement is taken, so the pool plus the
@@ -133,7 +163,7 @@ def simulate_campaign(spec: CampaignSpec, *, seed: int = 0, max_wall_s: float | 
     spares = simpy.Container(env, capacity=spec.num_spares + 1, init=spec.num_spares)
     total = spec.total_rate_per_s
     probs = np.array([m.rate_per_s for m in spec.modes]) / total if total > 0 else None
-    limit = max_wall_s if max_wall_s is not None else 1000.0 * spec.work_s + 1e6
+    limit = max_wall_s if max_wall_s is not None else spec.max_wall_s
     stats = {"ckpt": 0.0, "recovery": 0.0, "wait": 0.0}
     failures: dict[str, int] = {m.name: 0 for m in spec.modes}
     state = {"done": 0.0, "finished": False}
@@ -195,13 +225,19 @@ def run_campaigns(spec: CampaignSpec, *, seeds: int = 20, first_seed: int = 0) -
     """``seeds`` independent campaigns and their goodput mean with a 95% CI."""
     if isinstance(seeds, bool) or not isinstance(seeds, int) or not 1 <= seeds <= 10000:
         raise InputError("seeds", seeds, "must be an integer in [1, 10000]")
-    runs = tuple(simulate_campaign(spec, seed=first_seed + i) for i in range(seeds))
+    check_work("seeds", seeds, seeds * campaign_events(spec), limits.CAMPAIGN_MAX_EVENTS, unit="simulated events",
+               hint="fewer --seeds or --campaign-days, or --no-simulation (Daly's closed form alone)")
+    progress.start("simulating campaigns")
+    runs = []
+    for i in range(seeds):
+        runs.append(simulate_campaign(spec, seed=first_seed + i))
+        progress.tick("simulating campaigns", i + 1, seeds, "seeds")
     mean, lo, hi = mean_ci95([r.goodput for r in runs])
     notes = []
     unfinished = sum(not r.finished for r in runs)
     if unfinished:
         notes.append(f"{unfinished} of {seeds} campaigns hit the wall-time limit (goodput near zero)")
-    return CampaignSummary(runs=runs, goodput_mean=mean, goodput_ci95=(lo, hi),
+    return CampaignSummary(runs=tuple(runs), goodput_mean=mean, goodput_ci95=(lo, hi),
                            wall_s_mean=float(np.mean([r.wall_s for r in runs])),
                            failures_mean=float(np.mean([sum(r.failures.values()) for r in runs])),
                            spare_wait_s_mean=float(np.mean([r.spare_wait_s for r in runs])),

@@ -42,12 +42,16 @@ from typing import Sequence
 import numpy as np
 import simpy
 
+from sim import limits
 from sim.errors import InputError
+
+from planner import progress
 
 from planner.economics.failures import load_failure_model
 from planner.economics.traces import JobSpec
 
 POLICIES: tuple[str, ...] = ("fifo", "backfill", "priority")
+QUEUE_STEP = 100  # work units of examining one queued job (ClusterSim._spend)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -199,8 +203,22 @@ class ClusterSim:
             if not (0 <= t < math.inf):
                 raise InputError("failures.time_s", t, "must be a finite number >= 0")
         self.explicit_failures = failures
+        self.work = 0  # node and queue entries touched: the simulation's cost (sim.limits)
 
     # ------------------------------------------------------------------ bookkeeping
+    def _spend(self, units: int) -> None:
+        """Count ``units`` of work (a node moved or sorted: 1; a queued job examined by the
+        policy: ``QUEUE_STEP``, a Python-level step that costs about a hundred C-level set operations);
+        past ``sim.limits.SCHEDULE_MAX_WORK`` the run is refused (failures faster than big jobs
+        checkpoint keep a run going until ``max_time_s``)."""
+        self.work += units
+        if self.work > limits.SCHEDULE_MAX_WORK:
+            raise InputError("jobs", len(self.jobs),
+                             f"jobs on {self.c.num_nodes:,} nodes need more than {limits.SCHEDULE_MAX_WORK:,} node and "
+                             f"queue steps per policy (about a minute on 2 cores; docs/interface.md Limits; "
+                             f"{self.completed:,} jobs were done at {self.env.now / 86400:.0f} simulated days): fewer "
+                             "jobs or nodes, one --policy, or --no-failures")
+
     def _tick(self) -> None:
         now = self.env.now
         self._busy_node_s += (self.c.num_nodes - len(self.free) - len(self.down)) * (now - self._last_t)
@@ -258,6 +276,7 @@ class ClusterSim:
 
     def _finish(self, job: _Job) -> None:
         self._tick()
+        self._spend(len(job.alloc) + 1)
         for n in job.alloc:
             self.free.add(n)
             self.owner.pop(n, None)
@@ -269,6 +288,7 @@ class ClusterSim:
         self._event("end", job.spec.job_id)
         if self.completed == len(self.jobs):
             self.all_done.succeed()
+        progress.tick(f"scheduling ({self.policy})", self.completed, len(self.jobs), "jobs done")
         self._schedule()
 
     def _random_failures(self, rate: float, takes_node_down: bool):
@@ -293,6 +313,7 @@ class ClusterSim:
 
     # ------------------------------------------------------------------ failures
     def _fail(self, node: int, takes_node_down: bool) -> None:
+        self._spend(1)
         if node in self.down:
             return
         self._tick()
@@ -314,6 +335,7 @@ class ClusterSim:
             self._event("restart", job.spec.job_id)
             job.proc.interrupt("resize")  # restart in place
             return
+        self._spend(len(job.alloc))
         job.alloc.remove(node)
         self.owner.pop(node, None)
         if job.spec.elastic and len(job.alloc) >= job.min_nodes:
@@ -337,6 +359,7 @@ class ClusterSim:
     # ------------------------------------------------------------------ scheduling
     def _start(self, job: _Job, nodes: int) -> None:
         self._tick()
+        self._spend(len(self.free) + len(self.queue))
         chosen = sorted(self.free)[:nodes]
         for n in chosen:
             self.free.discard(n)
@@ -360,7 +383,9 @@ class ClusterSim:
 
     def _schedule(self) -> None:
         blocked: _Job | None = None
+        self._spend(1)
         for job in list(self.queue):
+            self._spend(QUEUE_STEP)
             if not self.free:
                 break
             if blocked is None:
@@ -401,6 +426,7 @@ class ClusterSim:
         for job in sorted((j for j in self.running.values() if len(j.alloc) < j.nodes_req), key=lambda j: j.seq):
             if not self.free:
                 return
+            self._spend(len(self.free) + len(job.alloc))
             add = sorted(self.free)[: job.nodes_req - len(job.alloc)]
             self._tick()
             self._account(job)

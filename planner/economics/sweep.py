@@ -18,7 +18,7 @@ import contextlib
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
@@ -27,6 +27,7 @@ from sim.errors import InfeasibleError, InputError
 from sim.modelio import load_model
 from sim.specs import TOPOLOGIES, Cluster
 
+from planner import progress
 from planner.economics.strategy import choose_plan
 from planner.economics.tco import TcoOptions, compute_tco
 
@@ -140,10 +141,18 @@ def pareto_front(rows: Sequence[dict]) -> list[dict]:
 
 def _run_local(points: Sequence[DesignPoint], options: SweepOptions, max_workers: int | None) -> list[dict]:
     workers = max_workers or os.cpu_count() or 1
+    progress.start("sweeping")
     if workers <= 1 or len(points) == 1:
-        return [evaluate_point(p, options) for p in points]
+        rows = []
+        for p in points:
+            rows.append(evaluate_point(p, options))
+            progress.tick("sweeping", len(rows), len(points), "designs")
+        return rows
     with ProcessPoolExecutor(max_workers=min(workers, len(points))) as pool:
-        return list(pool.map(evaluate_point, points, [options] * len(points)))
+        futures = [pool.submit(evaluate_point, p, options) for p in points]
+        for done, _ in enumerate(as_completed(futures), start=1):
+            progress.tick("sweeping", done, len(points), "designs")
+        return [f.result() for f in futures]
 
 
 def ray_available() -> tuple[bool, str]:
@@ -209,7 +218,13 @@ def _run_ray(points: Sequence[DesignPoint], options: SweepOptions, address: str 
              num_cpus: int | None) -> list[dict]:
     with ray_session(address, num_cpus) as ray:
         task = ray.remote(evaluate_point)
-        return list(ray.get([task.remote(p, options) for p in points]))
+        refs = [task.remote(p, options) for p in points]
+        progress.start("sweeping")
+        pending = list(refs)
+        while pending:
+            _, pending = ray.wait(pending, num_returns=1)
+            progress.tick("sweeping", len(refs) - len(pending), len(refs), "designs")
+        return list(ray.get(refs))
 
 
 def run_sweep(points: Sequence[DesignPoint], options: SweepOptions | None = None, *, executor: str = "local",

@@ -29,6 +29,7 @@ from pathlib import Path
 from sim.errors import InfeasibleError, InputError
 from sim.framework import check_supported, get_framework
 from sim.psspecs import ParameterServers
+from sim.outpaths import make_folder, write_text, writing
 from sim.specs import Model, Strategy
 
 FORMATS: tuple[str, ...] = ("megatron", "torchtitan", "deepspeed", "torchrun", "slurm", "k8s", "tensorflow")
@@ -169,19 +170,13 @@ def parse_formats(text: str) -> list[str]:
 
 def write(fmt: str, spec: LaunchSpec, out_dir: str | Path) -> tuple[list[Path], list[str]]:
     """Write ``fmt``'s files into ``out_dir`` (created); returns (paths, warnings)."""
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise InputError("out", str(out_dir), "exists and is not a directory")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InputError("out", str(out_dir), f"cannot create directory: {exc.strerror}") from None
     rendered = render(fmt, spec)
+    out = make_folder("out", out_dir)
     paths = []
     for name, text in rendered.files.items():
-        p = out / name
-        p.write_text(text, encoding="utf-8")
+        p = write_text("out", out / name, text)
         if name.endswith(".sh") or name.endswith(".sbatch"):
-            p.chmod(0o755)
+            with writing("out", p):
+                p.chmod(0o755)
         paths.append(p)
     return paths, rendered.warnings

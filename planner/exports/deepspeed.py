@@ -20,9 +20,8 @@ the Megatron export (not modelled).
 
 from __future__ import annotations
 
-import json
-
 from sim.errors import InputError
+from sim.jsonout import dumps
 
 from planner.exports import LaunchSpec, Rendered
 
@@ -115,5 +114,5 @@ def render_deepspeed(spec: LaunchSpec) -> Rendered:
               f"deepspeed --num_nodes {spec.num_nodes} --num_gpus {spec.procs_per_node} "
               "${HOSTFILE:+--hostfile \"$HOSTFILE\"} "
               "\"$MEGATRON_DEEPSPEED/pretrain_gpt.py\" \"${DS_ARGS[@]}\" \"$@\"\n")
-    return Rendered(files={"ds_config.json": json.dumps(cfg, indent=2) + "\n", "deepspeed_launch.sh": script},
+    return Rendered(files={"ds_config.json": dumps(cfg) + "\n", "deepspeed_launch.sh": script},
                     warnings=warn)

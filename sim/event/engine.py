@@ -23,7 +23,6 @@ compute, each kind of exposed communication, optimizer, and bubble (the compute 
 from __future__ import annotations
 
 import math
-import os
 from collections import deque
 from typing import Generator, NamedTuple
 
@@ -34,11 +33,14 @@ from sim.costs import StepCosts, default_network, step_costs
 from sim.errors import InputError
 from sim.event.measure import engine_result
 from sim.event.resources import CollectiveStream, FairShare, Kind, LinkTable
-from sim.event.scenario import COMM_DIMS, Piece, Scenario, Unit, _bytes
+from sim.event.scenario import COMM_DIMS, Piece, Scenario, Unit, _bytes, event_pieces
 from sim.event.schedules import w_limit
 from sim.event.trace import write_trace
 from sim.event.whatif import WhatIf
 from sim.network import Network
+from sim import limits
+from sim.limits import check_work
+from sim.outpaths import check_file
 from sim.plan import Plan
 from sim.result import StepResult
 
@@ -418,9 +420,12 @@ def simulate_event(plan: Plan, *, net: Network | None = None, eff: KernelEfficie
         raise InputError("dp_impl", s.dp_impl, "the event engine schedules one process per GPU; "
                          "sim.simulate prices torch.nn.DataParallel with sim.dataparallel")
     if trace_path is not None:
-        folder = os.path.dirname(os.path.abspath(trace_path))
-        if not os.path.isdir(folder) or os.path.isdir(trace_path):
-            raise InputError("trace", trace_path, "cannot write: no such folder, or it is a folder")
+        check_file("trace", trace_path)
+    check_work("engine", "event", event_pieces(plan, explicit=explicit_ranks), limits.EVENT_MAX_PIECES,
+               unit="event-engine pieces",
+               hint="use --engine analytic (the same step by closed forms)"
+                    + (", drop --explicit-ranks" if explicit_ranks else "")
+                    + ", or fewer micro-batches per step (gbs / (mbs * dp))")
     net = net or default_network(plan.cluster)
     eff = eff or default_efficiency()
     costs = costs or step_costs(plan, net, eff)

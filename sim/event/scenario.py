@@ -87,6 +87,20 @@ def _replicas_per_expert_group(s) -> int:
     return block // replica
 
 
+def event_pieces(plan: Plan, *, explicit: bool = False) -> int:
+    """How many pieces the engine will run for ``plan`` (its cost, ``sim.limits``), from the
+    strategy alone: every unit runs ``m * v`` passes per phase, each one piece (a whole chunk)
+    or, under ZeRO-3 and in the last backward of each chunk, one per layer of the chunk (an
+    upper bound: the largest chunk, and the embedding or head piece counted in every chunk)."""
+    s = plan.strategy
+    moe = plan.model.moe is not None and s.ep > 1
+    units = s.pp * (s.dp // (_replicas_per_expert_group(s) if moe else 1) if explicit else 1)
+    phases = 3 if s.schedule == "zero-bubble" else 2
+    per_chunk = -(-plan.model.num_layers // (s.pp * s.vp)) + 1  # layers, and the embedding or head
+    per_pass = per_chunk if s.zero == 3 and s.dp * s.cp > 1 else 1
+    return units * (s.num_microbatches * s.vp * phases * per_pass + s.vp * (phases - 1) * (per_chunk - per_pass))
+
+
 def _ring(groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if groups.shape[1] < 2:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)

@@ -10,10 +10,10 @@ copies over the host link).  Complete events
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Iterable
 
-from sim.errors import InputError
+from sim.jsonout import dumps
+from sim.outpaths import write_text
 
 if TYPE_CHECKING:  # the engine imports this module
     from sim.event.engine import Engine, Entry
@@ -63,9 +63,4 @@ def _entries(eng: Engine) -> Iterable[Entry]:
 
 def write_trace(path: str, eng: Engine) -> None:
     """Write the trace of ``eng``'s run to ``path`` (``InputError`` if it cannot be written)."""
-    data = trace_events(eng)
-    try:
-        with open(path, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, separators=(",", ":"))
-    except OSError as exc:
-        raise InputError("trace", path, f"cannot write: {exc.strerror or exc}") from None
+    write_text("trace", path, dumps(trace_events(eng), compact=True))
