@@ -11,7 +11,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from planner.explain import bound
 from planner.report import priced, simulate_command
 from appkit import engines
 from appkit.design import Design, cluster_of

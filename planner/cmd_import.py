@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass
 
 from sim.errors import InputError
+from sim.jsonout import print_json
 from sim.layout import format_layout, rank_chunks
 from sim.run import RunChoices
 from sim.specs import Model, Strategy
@@ -82,7 +83,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     if imp.strategy is not None and imp.strategy.pipeline_layout is not None:
         out["pipeline_layout_canonical"] = format_layout(imp.strategy.pipeline_layout)
     if args.json:
-        print(json.dumps(out, indent=2, default=str))
+        print_json(out)
         return 0
     print_import(imp)
     return 0

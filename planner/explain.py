@@ -145,9 +145,6 @@ def explain_recommendation(rec: "Recommendation") -> dict[str, object]:
 
     win = rec.plans[0]
     wd = win.result.to_dict()
-    label, shares = bound(wd)
-    comm_parts = {k: v for k, v in shares.items() if k.startswith("exposed_") and v > 0}
-    top_comm = max(comm_parts, key=comm_parts.__getitem__) if comm_parts else None
     mem_frac = wd["memory_device_bytes"] / wd["memory_capacity_bytes"]
     fm = win.search.fastmodel if win.search is not None else \
         next(r.fastmodel for r in rec.searches if r.cluster.num_gpus == win.num_gpus)

@@ -4,7 +4,6 @@ keeping tensor parallelism inside the node is never slower than spreading it acr
 
 from __future__ import annotations
 
-import itertools
 import random
 
 import pytest
@@ -14,7 +13,7 @@ from sim.analytic import simulate_analytic
 from sim.catalog import get_model
 from sim.errors import InputError
 from sim.event import simulate_event
-from sim.placement import RankCoords, all_groups, coords_to_rank, group_shape, rank_to_coords, strides
+from sim.placement import all_groups, coords_to_rank, group_shape, rank_to_coords, strides
 from sim.plan import Plan, parse_strategy
 from sim.specs import ORDERS
 from tests.conftest import cluster

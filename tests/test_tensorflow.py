@@ -17,7 +17,6 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from planner.cli import main
-from planner.economics.comm_reduction import comm_reduction
 from planner.exports import LaunchSpec, format_framework, render
 from planner.exports.readback import parameter_servers_from_tensorflow, read_back, tensorflow_strategy_class
 from sim.analytic import simulate_analytic
@@ -32,7 +31,7 @@ from sim.parameter_server import (expected_max_normal, keras_variables, mva_thro
 from sim.plan import Plan, parse_strategy
 from sim.psspecs import ParameterServers
 from sim.run import RunChoices, resolve
-from sim.runtime import default_comm_runtime, parameter_server_runtime
+from sim.runtime import default_comm_runtime
 from sim.simulate import simulate
 from tests.conftest import cluster
 

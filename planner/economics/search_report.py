@@ -16,12 +16,13 @@ a warning and the CSV and JSON are still written.
 from __future__ import annotations
 
 import csv
-import json
 import math
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from sim.errors import InputError
+from sim.jsonout import dumps
+from sim.outpaths import make_folder, write_text
 
 COLUMNS: tuple[str, ...] = (
     "study", "trial", "state", "duplicate", "model", "gpu", "num_gpus", "nic", "topology", "oversubscription",
@@ -31,17 +32,6 @@ COLUMNS: tuple[str, ...] = (
 _NUMERIC = {"trial", "num_gpus", "oversubscription", "time_to_train_days", "time_to_train_s", "cost_to_train_usd",
             "capex_usd", "network_capex_usd", "cloud_cost_to_train_usd", "power_w", "energy_kwh", "tokens_per_s",
             "mfu", "goodput", "constraint_violation", "eval_time_s"}
-
-
-def _finite(obj: object) -> object:
-    """inf/nan (not JSON) as None, recursively."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 def design_key(row: Mapping[str, object]) -> tuple:
@@ -189,17 +179,11 @@ def write_png(path: Path, rows: Sequence[Mapping[str, object]], pareto: Sequence
 def write_outputs(out_dir: str | Path, *, rows: Sequence[Mapping[str, object]], trials: Sequence[Mapping[str, object]],
                   pareto: Sequence[Mapping[str, object]], summary: Mapping[str, object]) -> tuple[list[Path], list[str]]:
     """Write the files of the module docstring into ``out_dir`` (created); returns (paths, warnings)."""
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise InputError("out", str(out_dir), "exists and is not a directory")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InputError("out", str(out_dir), f"cannot create directory: {exc.strerror}") from None
+    out = make_folder("out", out_dir)  # a file or an unwritable place is refused (sim.outpaths)
     paths, warnings = [out / "trials.csv", out / "best_designs.json"], []
     write_trials_csv(paths[0], trials, pareto)
-    doc = _finite({"summary": dict(summary), "best_designs": best_designs(pareto)})
-    paths[1].write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
+    doc = {"summary": dict(summary), "best_designs": best_designs(pareto)}
+    write_text("out", paths[1], dumps(doc) + "\n")  # strict JSON: inf/nan as null (sim.jsonout)
     title = str(summary.get("title", ""))
     try:
         write_png(out / "pareto.png", rows, pareto, title)

@@ -22,7 +22,6 @@ vocabulary from ``--vocab-size`` or the tokenizer, padded as Megatron pads it
 
 from __future__ import annotations
 
-import ast
 import re
 
 from sim.catalog import catalog_records
