@@ -145,6 +145,7 @@ def explain_recommendation(rec: "Recommendation") -> dict[str, object]:
 
     win = rec.plans[0]
     wd = win.result.to_dict()
+    label, shares = bound(wd)
     mem_frac = wd["memory_device_bytes"] / wd["memory_capacity_bytes"]
     fm = win.search.fastmodel if win.search is not None else \
         next(r.fastmodel for r in rec.searches if r.cluster.num_gpus == win.num_gpus)
