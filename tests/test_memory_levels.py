@@ -261,3 +261,25 @@ def test_nvls_buffers_per_communicator_on_nvswitch_with_multicast():
     h100 = plan_memory(_plan("llama3-8b", 8, "tp=8,mbs=1,gbs=8,seq=4096,sp=1", gpu="h100-80gb"))
     a100 = plan_memory(_plan("llama3-8b", 8, "tp=8,mbs=1,gbs=8,seq=4096,sp=1", gpu="a100-80gb"))
     assert h100.device_bytes - h100.reserved_bytes > a100.device_bytes - a100.reserved_bytes + 1.5 * 2**30
+
+
+def test_event_engine_prices_fsdp_with_pipelining_once_per_step_like_the_analytic_engine():
+    """torchtitan FSDP2 with pp: both engines charge one exposed gather + reduce-scatter per step
+    (fsdp_step_sync_s) and no per-micro-batch ZeRO-3 traffic."""
+    from sim.compute import default_efficiency
+    from sim.costs import default_network, step_costs
+    from sim.event.engine import Engine
+    from sim.event.resources import LinkTable
+    from sim.event.scenario import Scenario
+    from sim.simulate import simulate
+
+    plan = _plan("llama3-8b", 16, "pp=2,dp=8,mbs=1,gbs=64,seq=8192,zero=3,recompute=full", "torchtitan")
+    an, ev = simulate(plan, engine="analytic"), simulate(plan, engine="event")
+    assert ev.step_time_s == pytest.approx(an.step_time_s, rel=0.03)
+    net, eff = default_network(plan.cluster), default_efficiency()
+    eng = Engine(Scenario(plan, step_costs(plan, net, eff), net), LinkTable(net),
+                 overlap_slowdown=eff.overlap_compute_slowdown)
+    eng.run()
+    log = eng.log + eng.comm_log()
+    assert not [e for e in log if "all-gather" in e.name or "reduce-scatter F" in e.name]
+    assert sum("once per step" in e.name for e in log) == len(eng.sc.units)
