@@ -32,7 +32,7 @@ from typing import Mapping
 
 import numpy as np
 
-from sim.compute import KernelEfficiency, default_efficiency, fp8_weight_cast_bytes_per_param
+from sim.compute import KernelEfficiency, default_efficiency, fp8_weight_cast_bytes_per_param, nvls_gain
 from sim.costs import (LayerCost, default_network, dp_collectives, end_costs, plan_layer_ops,
                        host_sync_counts, layer_cost, p2p_bytes, p2p_time_s, pieces_hbm_bytes_per_s)
 from sim.memory import (head_activation_bytes, inflight, layer_activations, layer_backward_bytes,
@@ -296,7 +296,8 @@ class FastModel:
         oc, hs, _ = self._host() if any_offload else (None, None, None)
         lay = state_layout(probe.state_layout)
         stage_list = stage_index_shapes(model, self.representative(layout))
-        extra = device_extra_bytes(self.representative(layout), model, megatron_groups=lay.name == "megatron")
+        extra = device_extra_bytes(self.representative(layout), model, megatron_groups=lay.name == "megatron",
+                                   nvls=bool(nvls_gain(cl.gpu.nvlink_generation)), domain_gpus=cl.nvlink_domain)
         norm_tok = np.array([[mbs * self.seq_len // layout.cp / (layout.tp if sp else 1) for sp in grid.sp]
                              for mbs in grid.mbs], dtype=float).reshape(M, S, 1, 1, 1)
 

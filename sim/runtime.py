@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping
 
@@ -104,6 +105,8 @@ class DeviceMemory:
     nccl_ring_bytes_per_communicator: float
     nccl_bytes_per_alltoall_peer: float
     nccl_p2p_bytes_per_peer: float
+    nvls_channels: int
+    nvls_bytes_per_channel_per_head: float
 
 
 def _doc() -> Record:
@@ -136,10 +139,24 @@ def device_memory() -> DeviceMemory:
     return DeviceMemory(cuda_context_bytes=d.req("cuda_context_bytes"),
                         nccl_ring_bytes_per_communicator=d.req("nccl_ring_bytes_per_communicator"),
                         nccl_bytes_per_alltoall_peer=d.req("nccl_bytes_per_alltoall_peer"),
-                        nccl_p2p_bytes_per_peer=d.req("nccl_p2p_bytes_per_peer"))
+                        nccl_p2p_bytes_per_peer=d.req("nccl_p2p_bytes_per_peer"),
+                        nvls_channels=int(d.req("nvls_channels", positive=True)),
+                        nvls_bytes_per_channel_per_head=d.req("nvls_bytes_per_channel_per_head"))
 
 
-def device_extra_bytes(strategy: "Strategy", model: "Model", *, megatron_groups: bool = False) -> float:
+def group_local_ranks(dims: "tuple[tuple[int, int], ...]", domain_gpus: int) -> int:
+    """GPUs of rank 0's process group inside its NVLink domain of ``domain_gpus`` consecutive
+    ranks, the group spanning ``dims`` = ((size, stride), ...) of the rank grid (Megatron's
+    order: tp fastest, then cp, dp, pp)."""
+    ranks = [0]
+    for size, stride in dims:
+        if size > 1:
+            ranks = [r + i * stride for r in ranks for i in range(size) if r + i * stride < domain_gpus]
+    return len(ranks)
+
+
+def device_extra_bytes(strategy: "Strategy", model: "Model", *, megatron_groups: bool = False,
+                       nvls: bool = False, domain_gpus: int = 1) -> float:
     """What ``nvidia-smi`` shows beyond PyTorch's reserved pool: the CUDA context and the NCCL
     buffers of every communicator the rank uses (``catalogs/runtime.yaml``): ring
     communicators for tp, cp, the data-parallel gradient group and (MoE) the expert
@@ -152,11 +169,27 @@ def device_extra_bytes(strategy: "Strategy", model: "Model", *, megatron_groups:
     100, a ``new_group`` apart from the dp-cp group that reduces gradients, parallel_state.py
     lines 289-300), on the model-parallel group tp x pp (the gradient norm of
     ``clip_grad_norm_fp32``, core/optimizer/clip_grads.py line 98) and on the default group
-    (training.py line 208); groups of one rank are not counted."""
+    (training.py line 208); groups of one rank are not counted.
+
+    ``nvls``: the GPUs' NVSwitch supports NVLink SHARP (multicast; ``sim.compute.nvls_gain``
+    not empty): every communicator with more than two GPUs in one NVLink domain of
+    ``domain_gpus`` also holds the NVLS buffers, ``nvls_channels x
+    nvls_bytes_per_channel_per_head`` per GPU of the group in the domain (NCCL 2.18-2.19
+    ``ncclNvlsSetup``; ``catalogs/runtime.yaml``).  Expert-parallel groups are not counted
+    (MoE rows are priced by their ring and all-to-all buffers only)."""
     s, d = strategy, device_memory()
-    rings = sum(n > 1 for n in (s.tp, s.cp, s.dp * s.cp))
+    groups = [((s.tp, 1),), ((s.cp, s.tp),), ((s.cp, s.tp), (s.dp, s.tp * s.cp))]
     if megatron_groups:
-        rings += sum(n > 1 for n in (s.dp, s.tp * s.pp, s.num_gpus))
+        groups += [((s.dp, s.tp * s.cp),), ((s.tp, 1), (s.pp, s.tp * s.cp * s.dp)),
+                   ((s.tp, 1), (s.cp, s.tp), (s.dp, s.tp * s.cp), (s.pp, s.tp * s.cp * s.dp))]
+    groups = [g for g in groups if math.prod(n for n, _ in g) > 1]
+    rings = len(groups)
+    nvls_bytes = 0.0
+    if nvls:
+        per_head = d.nvls_channels * d.nvls_bytes_per_channel_per_head
+        for g in groups:
+            local = group_local_ranks(g, domain_gpus)
+            nvls_bytes += per_head * local if local > 2 else 0.0
     if model.moe is not None:
         rings += s.expert_dp > 1 and s.expert_dp != s.dp * s.cp
         if s.expert_tp != s.tp:
@@ -166,7 +199,7 @@ def device_extra_bytes(strategy: "Strategy", model: "Model", *, megatron_groups:
         nccl += (s.ep - 1) * d.nccl_bytes_per_alltoall_peer
     if s.pp > 1:
         nccl += 2 * d.nccl_p2p_bytes_per_peer
-    return d.cuda_context_bytes + nccl
+    return d.cuda_context_bytes + nccl + nvls_bytes
 
 
 @functools.cache

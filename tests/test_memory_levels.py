@@ -243,3 +243,47 @@ def test_fsdp2_sharded_gradients_reserved_in_the_reduce_scatter_stream_pool():
     ddp = plan_memory(_plan("llama3-8b", 8, "dp=8,mbs=1,gbs=8,seq=8192,zero=0,recompute=full", "torchtitan"))
     assert ddp.reserved_bytes == pytest.approx(ddp.allocated_bytes * (1 + rt.fragmentation_fraction)
                                                + rt.workspace_bytes, rel=1e-9)
+
+
+def test_nvls_buffers_per_communicator_on_nvswitch_with_multicast():
+    """NCCL 2.18-2.19 ncclNvlsSetup: 16 channels x 2 x (4 MiB + 2 MiB) per NVLS head, one head
+    per GPU of the group in the NVLink domain, groups of more than two GPUs only: 1.5 GiB for an
+    8-GPU group (NVIDIA/nccl #864: ~1.6 GB for one all-reduce communicator on H100); none on
+    A100 (no multicast) and none for a 2-GPU tensor-parallel group."""
+    from sim.runtime import device_extra_bytes, group_local_ranks
+    from sim.specs import Strategy
+
+    model = get_model("llama3-8b")
+    tp8 = Strategy(tp=8, gbs=1)
+    off = device_extra_bytes(tp8, model)
+    on = device_extra_bytes(tp8, model, nvls=True, domain_gpus=8)
+    assert on - off == pytest.approx(16 * 2 * 6 * 2**20 * 8)
+    tp2 = Strategy(tp=2, dp=4, gbs=4, zero=1)  # tp: 2 GPUs (none); dp: 4 GPUs at stride 2 (4 heads)
+    assert (device_extra_bytes(tp2, model, nvls=True, domain_gpus=8) - device_extra_bytes(tp2, model)
+            == pytest.approx(16 * 2 * 6 * 2**20 * 4))
+    assert group_local_ranks(((8, 1), (4, 8)), 8) == 8 and group_local_ranks(((2, 8),), 8) == 1
+    h100 = plan_memory(_plan("llama3-8b", 8, "tp=8,mbs=1,gbs=8,seq=4096,sp=1", gpu="h100-80gb"))
+    a100 = plan_memory(_plan("llama3-8b", 8, "tp=8,mbs=1,gbs=8,seq=4096,sp=1", gpu="a100-80gb"))
+    assert h100.device_bytes - h100.reserved_bytes > a100.device_bytes - a100.reserved_bytes + 1.5 * 2**30
+
+
+def test_event_engine_prices_fsdp_with_pipelining_once_per_step_like_the_analytic_engine():
+    """torchtitan FSDP2 with pp: both engines charge one exposed gather + reduce-scatter per step
+    (fsdp_step_sync_s) and no per-micro-batch ZeRO-3 traffic."""
+    from sim.compute import default_efficiency
+    from sim.costs import default_network, step_costs
+    from sim.event.engine import Engine
+    from sim.event.resources import LinkTable
+    from sim.event.scenario import Scenario
+    from sim.simulate import simulate
+
+    plan = _plan("llama3-8b", 16, "pp=2,dp=8,mbs=1,gbs=64,seq=8192,zero=3,recompute=full", "torchtitan")
+    an, ev = simulate(plan, engine="analytic"), simulate(plan, engine="event")
+    assert ev.step_time_s == pytest.approx(an.step_time_s, rel=0.03)
+    net, eff = default_network(plan.cluster), default_efficiency()
+    eng = Engine(Scenario(plan, step_costs(plan, net, eff), net), LinkTable(net),
+                 overlap_slowdown=eff.overlap_compute_slowdown)
+    eng.run()
+    log = eng.log + eng.comm_log()
+    assert not [e for e in log if "all-gather" in e.name or "reduce-scatter F" in e.name]
+    assert sum("once per step" in e.name for e in log) == len(eng.sc.units)

@@ -189,7 +189,8 @@ class Engine:
         layers, agg = sc.pieces[(i, c, ph)]
         grads = ph == "W" or (ph == "B" and not sc.zb)
         final = grads and mb == sc.m - 1
-        zero3 = sc.zero == 3 and self._dp[i] is not None
+        # FSDP with pipelining gathers and reduce-scatters once per step (_finish), nothing here
+        zero3 = sc.zero == 3 and self._dp[i] is not None and not sc.pipelined_fsdp
         pieces = layers if (final or zero3) else (agg,)
         op = f"{ph}{mb}" + (f".{c}" if sc.v > 1 else "")
         st_cost = sc.costs.stages[i]
@@ -212,7 +213,9 @@ class Engine:
                     yield env.timeout(sync)
                     log.append(Entry(u.index, "compute", f"host gathers {op} {pc.name}", "dp", t, env.now, True, op))
             yield from self._piece(u, op, pc, len(pieces) > 1)
-            if pc.makes_grads and pc.param_frac > 0 and self._dp[i] is not None:
+            if sc.pipelined_fsdp:
+                pass
+            elif pc.makes_grads and pc.param_frac > 0 and self._dp[i] is not None:
                 dp = sc.dp[i]
                 if zero3:
                     state["rs"] = self.dp_stream[i].issue(f"reduce-scatter {op} {pc.name}", self._dp[i],
@@ -371,6 +374,10 @@ class Engine:
             t = env.now
             yield env.timeout(st.offload_param_s)
             log.append(Entry(u.index, "host", "weights to GPU", "offload", t, env.now, True))
+        if st.fsdp_step_sync_s > 0:  # FSDP with pipelining: one gather + reduce-scatter per step, exposed
+            t = env.now
+            yield env.timeout(st.fsdp_step_sync_s)
+            log.append(Entry(u.index, "compute", "FSDP gather + reduce-scatter once per step", "dp", t, env.now, True))
         end = env.now
         dp = sc.dp[i]
         if sc.param_gather and self._dp[i] is not None and dp.gather_bytes + dp.gather_fixed_s > 0:
