@@ -192,8 +192,9 @@ class FastModel:
     # ------------------------------------------------------------------ cached pieces
 
     def plan(self, strategy: Strategy) -> Plan:
-        """The ``Plan`` of ``strategy`` with this model's settings (what ``simulate`` would get)."""
-        return Plan(model=self.model, cluster=self.cluster, strategy=strategy, **self.plan_kwargs)
+        """The ``Plan`` of ``strategy`` with this model's settings (what ``simulate`` would get),
+        checked (``Plan.checked``: ``InfeasibleError`` when no framework could run it)."""
+        return Plan(model=self.model, cluster=self.cluster, strategy=strategy, **self.plan_kwargs).checked()
 
     def representative(self, layout: Layout, *, mbs: int = 1, sp: bool = False, recompute: str = "none",
                        zero: int = 0, vp: int = 1, schedule: str = "1f1b") -> Strategy:

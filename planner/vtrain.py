@@ -54,6 +54,6 @@ def load_vtrain(which: str) -> tuple[VtrainRow, ...]:
                                 dp=int(r["data parallelism"]), mbs=int(r["micro batch"]), gbs=int(r["global batch"]),
                                 seq_len=int(r["sequence length"]), recompute="full", precision="fp16",
                                 dp_overlap=fw.dp_overlap)
-            plan = Plan(**apply_framework({"model": model, "cluster": cluster, "strategy": strategy}, fw))
+            plan = Plan(**apply_framework({"model": model, "cluster": cluster, "strategy": strategy}, fw)).checked()
             out.append(VtrainRow(plan, float(r["iteration time (ms)"]) / 1e3))
     return tuple(out)

@@ -46,7 +46,7 @@ def plan_of(model: str, gpu: str, n: int, strategy: str) -> Plan:
     g = get_gpu(gpu)
     c = Cluster(gpu=g, num_gpus=n, nic=get_nic(g.default_nic), gpus_per_node=g.gpus_per_node,
                 nvlink_domain=max(g.nvlink_domain_size, g.gpus_per_node), nics_per_node=g.nics_per_node)
-    return Plan(model=load_model(model), cluster=c, strategy=parse_strategy(strategy, num_gpus=n))
+    return Plan(model=load_model(model), cluster=c, strategy=parse_strategy(strategy, num_gpus=n)).checked()
 
 
 def main() -> int:

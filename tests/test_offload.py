@@ -36,7 +36,7 @@ def small_gpu_cluster(n: int = 4):
 
 
 def plan(model, cl, text: str) -> Plan:
-    return Plan(model=model, cluster=cl, strategy=parse_strategy(text, num_gpus=cl.num_gpus))
+    return Plan(model=model, cluster=cl, strategy=parse_strategy(text, num_gpus=cl.num_gpus)).checked()
 
 
 # --------------------------------------------------------------------------- the key

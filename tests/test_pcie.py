@@ -306,7 +306,7 @@ def test_dataparallel_gil_factor_only_adds_time():
 def test_dataparallel_bad_input(strategy, n, error):
     with pytest.raises(error):
         c = cluster_from_catalog("rtx6000ada-48gb", n, gpus_per_node=4)
-        Plan(model=catalog.get_model("llama2-7b"), cluster=c, strategy=parse_strategy(strategy, num_gpus=n))
+        Plan(model=catalog.get_model("llama2-7b"), cluster=c, strategy=parse_strategy(strategy, num_gpus=n)).checked()
 
 
 def test_cli_dataparallel_prints_the_ddp_gain(capsys):

@@ -19,7 +19,7 @@ from tests.conftest import cluster
 
 def _plan(model: str, gpu: str, n: int, strategy: str, seq: int = 4096, **kw) -> Plan:
     return Plan(model=load_model(model), cluster=cluster(gpu, n), strategy=parse_strategy(strategy, num_gpus=n,
-                                                                                          seq_len=seq), **kw)
+                                                                                          seq_len=seq), **kw).checked()
 
 
 # ------------------------------------------------------------------ HSDP

@@ -103,7 +103,7 @@ def build_plan(model_id: str, layers: int, num_gpus: int, strategy: str, *, fram
     s = parse_strategy(strategy, num_gpus=num_gpus)
     kw = apply_framework({"model": model, "cluster": cluster, "strategy": s}, get_framework(framework))
     kw["moe_imbalance"] = moe_imbalance
-    return Plan(**kw)
+    return Plan(**kw).checked()
 
 
 def compare(plan: Plan, *, name: str = "") -> dict[str, object]:
