@@ -58,8 +58,8 @@ def simulate_analytic(plan: Plan, *, net: Network | None = None, eff: KernelEffi
     ex_cp = m * bott.exposed_cp_s
     ex_ep = m * bott.exposed_ep_s
     ex_pp = m * v * bott.p2p_s * (times[b_idx].fwd_sends + times[b_idx].bwd_sends)
-    ex_dp = dp_exposed + m * bott.exposed_zero3_s
-    ex_off = float(out.offload_exposed_s[k_end]) + m * bott.exposed_offload_s
+    ex_dp = dp_exposed + m * bott.pieces.exposed_zero3_s
+    ex_off = float(out.offload_exposed_s[k_end]) + m * bott.pieces.exposed_offload_s
     exposed = ex_tp + ex_cp + ex_ep + ex_pp + ex_dp + ex_off
     breakdown = Breakdown(compute_s=comp, exposed_comm_s=exposed, bubble_s=bubble, optimizer_s=opt,
                           exposed_tp_s=ex_tp, exposed_cp_s=ex_cp, exposed_ep_s=ex_ep,

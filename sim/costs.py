@@ -68,7 +68,7 @@ class LayerCost:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StageCost:
     """One pipeline stage (all its chunks), per micro-batch, plus per-step DP/optimizer: its
-    layers' costs and its ``sim.step.StagePieces`` (the fields from ``zero3_exposed_fwd_s`` on)."""
+    layers' costs and its ``sim.step.StagePieces``."""
 
     stage: int
     layers: tuple[int, ...]
@@ -78,41 +78,10 @@ class StageCost:
     extra_model_flops: float
     p2p_s: float  # one activation (or gradient) transfer between adjacent stages
     params: float
-    zero3_exposed_fwd_s: float = 0.0
-    zero3_exposed_bwd_s: float = 0.0
-    dp_grad_sync_s: float = 0.0  # full duration per step (zero 0-2) or per micro-batch (zero 3)
-    dp_param_gather_s: float = 0.0  # per step, after the optimizer (zero 1-2)
-    optimizer_s: float = 0.0
-    overlap_slowdown_fwd_s: float = 0.0
-    overlap_slowdown_bwd_s: float = 0.0
-    grad_accum_s: float = 0.0
-    fsdp_copy_fwd_s: float = 0.0
-    fsdp_copy_bwd_s: float = 0.0
-    fp8_weight_cast_s: float = 0.0
-    dp_replica_sync_s: float = 0.0
-    offload_fwd_s: float = 0.0  # exposed host-link copies per micro-batch (sim.offload)
-    offload_bwd_s: float = 0.0
-    offload_grad_s: float = 0.0  # per step
-    offload_param_s: float = 0.0
-    fsdp_step_sync_s: float = 0.0  # FSDP with pipelining: gather + reduce-scatter once per step, exposed
-    zero3_sync_s: float = 0.0  # per pass: ZeRO-3 gathers tensor by tensor (part of zero3_exposed_*)
-    host_sync_fwd_s: float = 0.0  # per micro-batch and chunk pass: host synchronisations (Plan.host_syncs)
-    host_sync_bwd_s: float = 0.0
+    pieces: StagePieces  # the per-stage pieces of ``sim.step.stage_pieces`` (floats)
     # with a pipeline layout: the decoder layers of each model chunk, in order (``layers`` is
     # their concatenation); None: the layers split evenly over the chunks
     chunk_sizes: tuple[int, ...] | None = None
-
-    @property
-    def pieces(self) -> StagePieces:
-        return StagePieces(**{k: getattr(self, k) for k in StagePieces.__slots__})
-
-    @property
-    def param_work_fwd_s(self) -> float:
-        return self.pieces.param_work_fwd_s
-
-    @property
-    def param_work_bwd_s(self) -> float:
-        return self.pieces.param_work_bwd_s
 
     def chunk_sums(self, pp: int) -> tuple[ChunkSums, ...] | None:
         """Each model chunk's sums (``sim.step.ChunkSums``) under a pipeline layout: its layers,
@@ -173,15 +142,6 @@ class StageCost:
     @property
     def exposed_ep_s(self) -> float:
         return sum(c.exposed_ep_fwd_s + c.exposed_ep_bwd_s for c in self.layer_costs)
-
-    @property
-    def exposed_zero3_s(self) -> float:
-        return self.zero3_exposed_fwd_s + self.zero3_exposed_bwd_s
-
-    @property
-    def exposed_offload_s(self) -> float:
-        """Exposed host-link copies of one micro-batch's forward and backward."""
-        return self.offload_fwd_s + self.offload_bwd_s
 
     @property
     def model_flops_per_microbatch(self) -> float:
@@ -479,13 +439,13 @@ def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | N
             pieces = stage_pieces_for(plan, net, eff, sh.params, len(layers), sum(c.fwd_s for c in costs) + extra_f,
                                       sum(c.bwd_s + c.recompute_s for c in costs) + extra_b,
                                       act_bytes=float(stage_activation_bytes(sh, *act)),
-                                      tensors=stage_parameter_tensors(model, sh))
+                                      tensors=stage_parameter_tensors(model, sh)).as_floats()
             pieces_of[sh.index] = pieces
         stages.append(StageCost(
             stage=i, layers=tuple(layers), layer_costs=costs, extra_fwd_s=extra_f, extra_bwd_s=extra_b,
             extra_model_flops=ends.head_flops if last else 0.0, p2p_s=p2p_s, params=sh.params.total,
             chunk_sizes=tuple(len(c) for c in chunks_of[i]) if chunks_of is not None else None,
-            **{k: float(getattr(pieces, k)) for k in StagePieces.__slots__}))
+            pieces=pieces))
     return StepCosts(stages=tuple(stages), p2p_bytes=nbytes)
 
 

@@ -47,8 +47,8 @@ warm-up ramp of bucket sizes and assumes balanced experts; see docs/accuracy.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence, Union
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Sequence, Union
 
 import numpy as np
 
@@ -160,37 +160,54 @@ class StepTimes:
     offload_exposed_s: tuple[Num, ...] = ()  # its exposed host-link copies after the last backward
 
 
+# How a piece scales when a stage gains or loses parameters (``StagePieces.rescaled``): every
+# field names one.  ``params``: its bytes (or tensors) are the stage's parameters (collectives,
+# optimizer, accumulation, copies, casts, offload; the latency terms, microseconds, ride along);
+# ``fixed``: per micro-batch and chunk pass, whatever the stage holds (host synchronisations).
+SCALES = ("params", "fixed")
+
+
+def _piece(scales: str, *, required: bool = False) -> Any:
+    assert scales in SCALES
+    if required:
+        return field(metadata={"scales": scales})
+    return field(default=0.0, metadata={"scales": scales})
+
+
 @dataclass(frozen=True, slots=True)
 class StagePieces:
     """Per-stage pieces of one step that depend on the stage's parameters and the ZeRO stage
-    (seconds; floats or arrays, as their inputs): see ``stage_pieces``."""
+    (seconds; floats or arrays, as their inputs): see ``stage_pieces``.  Every field states how
+    it scales with the stage's parameters (``SCALES``, used by ``rescaled``)."""
 
-    dp_grad_sync_s: Num  # full duration: per step (ZeRO 0-2) or per micro-batch (ZeRO-3)
-    dp_param_gather_s: Num  # per step, after the optimizer (ZeRO-1/2)
-    zero3_exposed_fwd_s: Num  # per micro-batch
-    zero3_exposed_bwd_s: Num
-    overlap_slowdown_fwd_s: Num  # compute slowed by the hidden FSDP all-gathers / reduce-scatters
-    overlap_slowdown_bwd_s: Num
-    optimizer_s: Num
-    grad_accum_s: Num  # per micro-batch
-    fsdp_copy_fwd_s: Num  # per micro-batch
-    fsdp_copy_bwd_s: Num
-    fp8_weight_cast_s: Num = 0.0  # per micro-batch (averaged when cast once per step)
-    dp_replica_sync_s: Num = 0.0  # HSDP: all-reduce of the gradient shard over the replicas, per step
-    offload_fwd_s: Num = 0.0  # per micro-batch: exposed host-link copies (weights in, activations out)
-    offload_bwd_s: Num = 0.0  # (weights and activations in, gradients out)
-    offload_grad_s: Num = 0.0  # per step, full duration: gradient shard to the host (ZeRO-1/2)
-    offload_param_s: Num = 0.0  # per step, exposed: updated weight shard back to the GPU
+    dp_grad_sync_s: Num = _piece("params", required=True)  # full duration: per step (ZeRO 0-2) or per micro-batch (ZeRO-3)
+    dp_param_gather_s: Num = _piece("params", required=True)  # per step, after the optimizer (ZeRO-1/2)
+    zero3_exposed_fwd_s: Num = _piece("params", required=True)  # per micro-batch
+    zero3_exposed_bwd_s: Num = _piece("params", required=True)
+    # compute slowed by the hidden FSDP all-gathers / reduce-scatters
+    overlap_slowdown_fwd_s: Num = _piece("params", required=True)
+    overlap_slowdown_bwd_s: Num = _piece("params", required=True)
+    optimizer_s: Num = _piece("params", required=True)
+    grad_accum_s: Num = _piece("params", required=True)  # per micro-batch
+    fsdp_copy_fwd_s: Num = _piece("params", required=True)  # per micro-batch
+    fsdp_copy_bwd_s: Num = _piece("params", required=True)
+    fp8_weight_cast_s: Num = _piece("params")  # per micro-batch (averaged when cast once per step)
+    dp_replica_sync_s: Num = _piece("params")  # HSDP: all-reduce of the gradient shard over the replicas, per step
+    offload_fwd_s: Num = _piece("params")  # per micro-batch: exposed host-link copies (weights in, activations out)
+    offload_bwd_s: Num = _piece("params")  # (weights and activations in, gradients out)
+    offload_grad_s: Num = _piece("params")  # per step, full duration: gradient shard to the host (ZeRO-1/2)
+    offload_param_s: Num = _piece("params")  # per step, exposed: updated weight shard back to the GPU
     # FSDP with pipelining (no reshard until the last backward): the stage's all-gather and
     # reduce-scatter once per step, exposed
-    fsdp_step_sync_s: Num = 0.0
+    fsdp_step_sync_s: Num = _piece("params")
     # part of zero3_exposed_fwd_s and of zero3_exposed_bwd_s: the fixed costs of gathering tensor by
-    # tensor, synchronously (Plan.zero3_gather per_tensor_sync), per micro-batch and pass
-    zero3_sync_s: Num = 0.0
+    # tensor, synchronously (Plan.zero3_gather per_tensor_sync), per micro-batch and pass; the
+    # stage's tensors taken as proportional to its parameters (as zero3_exposed_*, which holds it)
+    zero3_sync_s: Num = _piece("params")
     # host synchronisations (Plan.host_syncs): per micro-batch and model chunk, the GPU idles
     # one host dispatch per sync; the per-step ones are in optimizer_s
-    host_sync_fwd_s: Num = 0.0
-    host_sync_bwd_s: Num = 0.0
+    host_sync_fwd_s: Num = _piece("fixed")
+    host_sync_bwd_s: Num = _piece("fixed")
 
     @property
     def param_work_fwd_s(self) -> Num:
@@ -203,6 +220,25 @@ class StagePieces:
     def param_work_bwd_s(self) -> Num:
         """As ``param_work_fwd_s`` for the backward, plus the gradient accumulation pass."""
         return self.overlap_slowdown_bwd_s + self.grad_accum_s + self.fsdp_copy_bwd_s
+
+    @property
+    def exposed_zero3_s(self) -> Num:
+        return self.zero3_exposed_fwd_s + self.zero3_exposed_bwd_s
+
+    @property
+    def exposed_offload_s(self) -> Num:
+        """Exposed host-link copies of one micro-batch's forward and backward."""
+        return self.offload_fwd_s + self.offload_bwd_s
+
+    def rescaled(self, params_ratio: float) -> "StagePieces":
+        """These pieces for a stage with ``params_ratio`` times the parameters (layers moved
+        between stages, ``sim.event.whatif``): each field as its ``SCALES`` entry says."""
+        ratio = {"params": params_ratio, "fixed": 1.0}
+        return StagePieces(**{f.name: getattr(self, f.name) * ratio[f.metadata["scales"]] for f in fields(self)})
+
+    def as_floats(self) -> "StagePieces":
+        """The same pieces as Python floats (one plan's stage, from 0-d arrays)."""
+        return StagePieces(**{f.name: float(getattr(self, f.name)) for f in fields(self)})
 
 
 @dataclass(frozen=True, slots=True)

@@ -96,7 +96,8 @@ class CommReductionReport:
 
 
 def _with_dp(costs: StepCosts, scale: float) -> StepCosts:
-    stages = tuple(replace(st, dp_grad_sync_s=st.dp_grad_sync_s * scale) for st in costs.stages)
+    stages = tuple(replace(st, pieces=replace(st.pieces, dp_grad_sync_s=st.pieces.dp_grad_sync_s * scale))
+                   for st in costs.stages)
     return replace(costs, stages=stages)
 
 
@@ -148,7 +149,7 @@ def comm_reduction(plan: Plan, *, mode: str, sync_every: int | None = None, rati
         if s.dp * s.cp < 2:
             raise InputError("strategy.dp", s.dp, "local SGD needs data parallelism (dp > 1)")
         inner = simulate_analytic(plan, net=net, costs=_with_dp(costs, 0.0))
-        outer = max(st.dp_grad_sync_s for st in costs.stages)
+        outer = max(st.pieces.dp_grad_sync_s for st in costs.stages)
         step = inner.step_time_s + outer / sync_every
         params = {"sync_every": float(sync_every), "outer_sync_s": outer, "inner_step_time_s": inner.step_time_s}
         factor = 1.0 / sync_every
