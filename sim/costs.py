@@ -25,7 +25,8 @@ from sim.runtime import CommRuntime, default_comm_runtime
 from sim.specs import Cluster, Model, Strategy
 from sim.stages import (StageParams, chunk_signature, layer_params, stage_chunks, stage_layers,
                         stage_parameter_tensors, stage_shapes)
-from sim.step import ChunkSums, DpCollectives, StagePieces, StageTimes, local_params, stage_pieces, stage_times
+from sim.step import (ChunkSums, DpCollectives, Num, PieceSettings, StagePieces, StageTimes, local_params, stage_pieces,
+                      stage_times)
 
 
 def default_network(cluster: Cluster) -> Network:
@@ -338,6 +339,22 @@ def pieces_hbm_bytes_per_s(cluster: Cluster, eff: KernelEfficiency) -> float:
     return g.hbm_bytes_per_s * g.hbm_efficiency / eff.slowest_rank_factor(cluster.num_gpus)
 
 
+def piece_settings(plan: Plan, eff: KernelEfficiency, *, precision: str, pp: int, num_microbatches: Num,
+                   dp_overlap: bool, fp8_recipe: str) -> PieceSettings:
+    """The plan's inputs of ``sim.step.stage_pieces`` (``PieceSettings``): ``simulate`` passes
+    its strategy's values (floats), the search a layout's and an array of micro-batch counts."""
+    rt = default_comm_runtime()
+    return PieceSettings(
+        dp_overlap=dp_overlap, hbm_bytes_per_s=pieces_hbm_bytes_per_s(plan.cluster, eff), rt=rt, eff=eff,
+        accum_bytes_per_param=rt.grad_accumulation_bytes(plan.grad_accumulation, num_microbatches),
+        fp16=precision == "fp16", fsdp_copies=plan.fsdp_copies, optimizer_impl=plan.optimizer_impl,
+        weight_cast_bytes_per_param=fp8_weight_cast_bytes_per_param(eff, precision, fp8_recipe,
+                                                                    plan.fp8_weight_cache, num_microbatches),
+        pipelined_fsdp=pp > 1 and plan.state_layout == "torch_amp",
+        bf16_optimizer=plan.deepspeed_bf16_optimizer and precision == "bf16",
+        per_tensor_gather=plan.zero3_gather == "per_tensor_sync", host_syncs=host_sync_counts(plan.host_syncs, pp))
+
+
 def stage_pieces_for(plan: Plan, net: Network, eff: KernelEfficiency, params: StageParams, num_layers: int,
                      layer_fwd_s: float, layer_bwd_s: float, act_bytes: float = 0.0, tensors: int = 0) -> StagePieces:
     """``stage_pieces`` of one stage of ``plan`` (floats); ``act_bytes``: the stage's saved
@@ -345,22 +362,14 @@ def stage_pieces_for(plan: Plan, net: Network, eff: KernelEfficiency, params: St
     tensors (``sim.stages.stage_parameter_tensors``), gathered one by one under
     ``Plan.zero3_gather`` ``per_tensor_sync``."""
     s = plan.strategy
-    rt = default_comm_runtime()
-    return stage_pieces(coll=dp_collectives(net, s, params, rt, eff), zero=s.zero,
-                        dp_size=s.zero_shard, expert_dp=s.expert_dp, params=params, num_layers=num_layers, layer_fwd_s=layer_fwd_s,
-                        layer_bwd_s=layer_bwd_s, dp_overlap=s.dp_overlap,
-                        hbm_bytes_per_s=pieces_hbm_bytes_per_s(plan.cluster, eff), rt=rt, eff=eff,
-                        accum_bytes_per_param=rt.grad_accumulation_bytes(plan.grad_accumulation, s.num_microbatches),
-                        fp16=s.precision == "fp16", fsdp_copies=plan.fsdp_copies, optimizer_impl=plan.optimizer_impl,
-                        weight_cast_bytes_per_param=fp8_weight_cast_bytes_per_param(
-                            eff, s.precision, s.fp8_recipe, plan.fp8_weight_cache, s.num_microbatches),
+    settings = piece_settings(plan, eff, precision=s.precision, pp=s.pp, num_microbatches=s.num_microbatches,
+                              dp_overlap=s.dp_overlap, fp8_recipe=s.fp8_recipe)
+    return stage_pieces(coll=dp_collectives(net, s, params, settings.rt, eff), zero=s.zero, dp_size=s.zero_shard,
+                        expert_dp=s.expert_dp, params=params, num_layers=num_layers, layer_fwd_s=layer_fwd_s,
+                        layer_bwd_s=layer_bwd_s, settings=settings, tensors=tensors,
                         offload_optimizer=s.offload_optimizer, offload_params=s.offload_params,
                         offload_activations=s.offload_activations, act_bytes=act_bytes,
-                        rates=strategy_rates(plan.cluster, s),
-                        pipelined_fsdp=s.pp > 1 and plan.state_layout == "torch_amp",
-                        bf16_optimizer=plan.deepspeed_bf16_optimizer and s.precision == "bf16",
-                        zero3_tensors=tensors if plan.zero3_gather == "per_tensor_sync" else 0,
-                        host_syncs=host_sync_counts(plan.host_syncs, s.pp))
+                        rates=strategy_rates(plan.cluster, s))
 
 
 def moe_dispatch_s(plan: Plan, net: Network, eff: KernelEfficiency, nbytes: float) -> float:
