@@ -6,7 +6,8 @@ import argparse
 import math
 
 from sim.calibration import load_calibration
-from sim.catalog import cluster_from_catalog, get_gpu
+from sim.catalog import get_gpu
+from sim.clusters import cluster_from_catalog
 from sim.errors import InputError
 from sim.modelio import load_model
 from sim.offload import with_host
@@ -71,7 +72,7 @@ def _gpu_and_nic_from_args(args: argparse.Namespace):
 
 
 def cluster_from_args(args: argparse.Namespace) -> Cluster:
-    """The cluster the cluster flags describe (``sim.catalog.cluster_from_catalog`` defaults);
+    """The cluster the cluster flags describe (``sim.clusters.cluster_from_catalog`` defaults);
     with ``--calibration`` the profile's device and, unless ``--nic`` is given, its measured
     NIC (``sim.run.resolve`` puts the rest of the profile on the plan: the device each rank
     sees, measured links and host rates)."""

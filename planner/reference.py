@@ -38,7 +38,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from sim.catalog import catalog_document, cluster_from_catalog, get_gpu
+from sim.catalog import catalog_document, get_gpu
+from sim.clusters import cluster_from_catalog
 from sim.errors import InputError
 from sim.framework import Framework, get_framework
 from sim.ops import model_flops_per_step

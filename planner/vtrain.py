@@ -21,7 +21,8 @@ import csv
 import functools
 from dataclasses import dataclass
 
-from sim.catalog import catalog_dir, cluster_from_catalog, get_gpu, get_nic
+from sim.catalog import catalog_dir, get_gpu, get_nic
+from sim.clusters import cluster_from_catalog
 from sim.framework import apply_framework, get_framework
 from sim.plan import Plan
 from sim.specs import Model, Strategy

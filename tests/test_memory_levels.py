@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from sim.catalog import cluster_from_catalog, get_model
+from sim.catalog import get_model
+from sim.clusters import cluster_from_catalog
 from sim.errors import InputError
 from sim.framework import apply_framework, get_framework
 from sim.memory import plan_memory, recompute_split

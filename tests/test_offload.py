@@ -15,7 +15,8 @@ import pytest
 from planner.recommend import recommend
 from planner.search import SearchSpace, search
 from sim.analytic import simulate_analytic
-from sim.catalog import cluster_from_catalog, get_gpu, get_model
+from sim.catalog import get_gpu, get_model
+from sim.clusters import cluster_from_catalog
 from sim.costs import offload_report
 from sim.errors import InfeasibleError, InputError
 from sim.memory import plan_memory

@@ -16,7 +16,8 @@ import pytest
 
 from planner.cli import main
 from sim import catalog
-from sim.catalog import cluster_from_catalog, get_cpu, get_gpu, get_host_part, get_link
+from sim.catalog import get_cpu, get_gpu, get_host_part, get_link
+from sim.clusters import cluster_from_catalog
 from sim.costs import default_network
 from sim.errors import InfeasibleError, InputError
 from sim.plan import Plan, parse_strategy

@@ -15,7 +15,8 @@ import pytest
 from planner.fit_kernels import fit_ring_attention, fit_sustained_clock
 from planner.published import summary
 from sim.analytic import simulate_analytic
-from sim.catalog import cluster_from_catalog, get_gpu, get_nic
+from sim.catalog import get_gpu, get_nic
+from sim.clusters import cluster_from_catalog
 from sim.compute import default_efficiency, matmul_efficiency, network_kwargs
 from sim.costs import layer_cost, plan_layer_ops, step_costs
 from sim.event import simulate_event

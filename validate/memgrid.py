@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import time
 
-from sim.catalog import cluster_from_catalog, get_model
+from sim.catalog import get_model
+from sim.clusters import cluster_from_catalog
 from sim.framework import apply_framework, get_framework
 from sim.memory import plan_memory
 from sim.plan import Plan, parse_strategy
