@@ -9,7 +9,7 @@ from sim.calibration import load_calibration
 from sim.catalog import get_gpu
 from sim.clusters import cluster_from_catalog
 from sim.errors import InputError
-from sim.modelio import load_model
+from sim.models import load_model
 from sim.offload import with_host
 from sim.specs import PLACEMENTS, TOPOLOGIES, Cluster, Model
 

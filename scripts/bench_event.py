@@ -24,7 +24,7 @@ from sim.catalog import get_gpu, get_nic  # noqa: E402
 from sim.network import Network  # noqa: E402
 from sim.costs import step_costs  # noqa: E402
 from sim.event.engine import simulate_event  # noqa: E402
-from sim.modelio import load_model  # noqa: E402
+from sim.models import load_model  # noqa: E402
 from sim.plan import Plan, parse_strategy  # noqa: E402
 from sim.specs import Cluster  # noqa: E402
 

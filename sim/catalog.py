@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from sim.errors import InputError
+from sim.modelio import model_from_dict, read_structured_file
 from sim.records import Record
 from sim.hostspecs import (HOST_PART_KINDS, P2P_MODES, HostCpu, NvmeDrive, PcieMeasurement, PcieSwitchPart,
                            ServerDesign, SwitchSlot)
@@ -118,7 +119,6 @@ def _stamp(path: str) -> tuple[int, int]:
 @functools.cache
 def _records(path: str, stamp: tuple[int, int], require_id: bool,
              require_source: bool) -> tuple[dict[str, Any], ...]:
-    from sim.modelio import read_structured_file
 
     doc = read_structured_file(path, field="catalog")
     if isinstance(doc, Mapping):
@@ -183,7 +183,6 @@ def catalog_document(name: str) -> Mapping[str, Any]:
 
 @functools.cache
 def _document(path: str, stamp: tuple[int, int]) -> Mapping[str, Any]:
-    from sim.modelio import read_structured_file
 
     doc = read_structured_file(path, field="catalog")
     if not isinstance(doc, Mapping):
@@ -284,7 +283,6 @@ def _link_index(folder: str, *_stamps: tuple[int, int]) -> _Index:
 
 @functools.cache
 def _model_index(folder: str, *_stamps: tuple[int, int]) -> _Index:
-    from sim.modelio import model_from_dict
 
     return _index((r["id"], tuple(r.get("aliases") or ()),
                    model_from_dict(r, where=f"models.yaml:{r['id']}"))
@@ -327,7 +325,7 @@ def get_nic(id: str) -> Link:
 
 
 def get_model(id: str) -> Model:
-    """A catalog model by id or alias (``load_model`` also accepts files)."""
+    """A catalog model by id or alias (``sim.models.load_model`` also accepts files)."""
     return _lookup(_models(str(catalog_dir())), "model", "model", id)
 
 

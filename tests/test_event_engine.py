@@ -21,7 +21,7 @@ from sim.event.resources import FairShare, LinkTable
 from sim.event.scenario import Scenario
 from sim.event.whatif import (SlowLink, Straggler, WhatIf, apply_layers_per_stage, parse_layers_per_stage,
                               parse_slow_link, parse_straggler)
-from sim.modelio import load_model
+from sim.models import load_model
 from sim.plan import Plan, parse_strategy
 from sim.placement import all_groups
 from sim.specs import Cluster

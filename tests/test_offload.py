@@ -20,7 +20,7 @@ from sim.clusters import cluster_from_catalog
 from sim.costs import offload_report
 from sim.errors import InfeasibleError, InputError
 from sim.memory import plan_memory
-from sim.modelio import load_model
+from sim.models import load_model
 from sim.offload import host_spec, offload_constants, with_host
 from sim.plan import Plan, normalize_offload, parse_strategy
 from sim.simulate import simulate

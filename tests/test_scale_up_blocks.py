@@ -3,7 +3,7 @@
 import pytest
 
 from sim.clusters import cluster_from_catalog
-from sim.modelio import load_model
+from sim.models import load_model
 from sim.plan import Plan, parse_strategy
 from sim.simulate import simulate
 

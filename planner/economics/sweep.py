@@ -25,7 +25,7 @@ from typing import Sequence
 from sim.catalog import get_gpu, get_nic
 from sim.clusters import cluster_from_catalog
 from sim.errors import InfeasibleError, InputError
-from sim.modelio import load_model
+from sim.models import load_model
 from sim.specs import TOPOLOGIES, Cluster
 
 from planner.economics.strategy import choose_plan
