@@ -10,10 +10,10 @@ from sim.conventions import conventions, default_global_batch
 from sim.errors import InputError
 from sim.plan import MOE_DISPATCHERS
 from sim.specs import OFFLOAD_DEVICES, RECOMPUTES, SCHEDULES, TRAIN_PRECISIONS
+from sim.units import GIB
 
 from planner.recommend import DEFAULT_RERANK_PASSES
 
-GIB = 2**30
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -12,6 +12,7 @@ from sim.errors import InputError
 from sim.models import load_model
 from sim.offload import with_host
 from sim.specs import PLACEMENTS, TOPOLOGIES, Cluster, Model
+from sim.units import GIB
 
 
 def add_model_args(p: argparse.ArgumentParser, *, required: bool = True, recipe: bool = False) -> None:
@@ -86,7 +87,7 @@ def cluster_from_args(args: argparse.Namespace) -> Cluster:
     if dram is not None:
         if not math.isfinite(dram) or dram <= 0 or dram > 1 << 24:
             raise InputError("host-dram-gib", dram, "must be a positive number of GiB")
-        cl = with_host(cl, host_dram_bytes=dram * 2**30)
+        cl = with_host(cl, host_dram_bytes=dram * GIB)
     return cl
 
 

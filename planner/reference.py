@@ -44,6 +44,7 @@ from sim.errors import InputError
 from sim.framework import Framework, get_framework
 from sim.ops import model_flops_per_step
 from sim.specs import Cluster, Model, MoeSpec, Strategy
+from sim.units import GIB
 
 FILES: tuple[tuple[str, str], ...] = (("published", "reference/published_runs.yaml"),
                                       ("dev", "reference/dev_runs.yaml"))
@@ -365,7 +366,6 @@ def _interleaving_stated_for_others(row: dict) -> bool:
 
 # --------------------------------------------------------------------------- what was published
 
-GIB = float(1 << 30)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -20,6 +20,7 @@ from sim.placement import all_groups
 from sim.plan import Plan
 from sim.result import Breakdown, StepResult, step_result
 from sim.step import StageTimes, compose
+from sim.units import GIB
 
 
 def simulate_analytic(plan: Plan, *, net: Network | None = None, eff: KernelEfficiency | None = None,
@@ -109,7 +110,7 @@ def plan_warnings(plan: Plan, mem: MemoryBreakdown, bubble_fraction: float) -> l
         out.append("does not fit in GPU memory: try recompute=selective/full, zero=1-3, offload=optimizer|params "
                    "(host memory), a larger tp/pp or a smaller mbs")
     if not mem.fits_host:
-        gib = 2**30
+        gib = GIB
         if mem.host_bytes > mem.host_capacity_bytes:
             out.append(f"offloaded bytes need {mem.host_bytes / gib:.1f} GiB of host memory per node, more than its "
                        f"{mem.host_capacity_bytes / gib:.1f} GiB: offload less, shard over more GPUs, or nvme")

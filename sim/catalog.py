@@ -34,6 +34,7 @@ from sim.records import Record
 from sim.hostspecs import (HOST_PART_KINDS, P2P_MODES, HostCpu, NvmeDrive, PcieMeasurement, PcieSwitchPart,
                            ServerDesign, SwitchSlot)
 from sim.specs import FORM_FACTORS, PRECISIONS, Gpu, Link, Model
+from sim.units import GIB
 
 ENV_VAR = "PLANNER_CATALOG_DIR"
 """Environment variable that points the loader at another catalogs/ folder."""
@@ -42,7 +43,6 @@ LINK_KINDS: tuple[str, ...] = ("nic", "scale-up", "pcie", "switch")
 
 _TERA = 1e12
 _GIGA = 1e9
-_GIB = float(1 << 30)
 
 
 def catalog_dir() -> Path:
@@ -423,7 +423,7 @@ def _gpu_from_record(rec: Mapping[str, Any], path: Path, links: _Index) -> Gpu:
         id=r.text("id"),
         name=r.text("name"),
         dense_flops_per_s=FrozenDict({p: v * _TERA for p, v in peaks.items()}),
-        hbm_bytes=r.req("hbm_gib", positive=True) * _GIB,
+        hbm_bytes=r.req("hbm_gib", positive=True) * GIB,
         hbm_bytes_per_s=r.req("hbm_tb_per_s", positive=True) * _TERA,
         nvlink_bytes_per_s_per_direction=nvlink_bw,
         nvlink_domain_size=r.integer("nvlink_domain_size"),
@@ -683,7 +683,7 @@ def _server_design_from_record(rec: Mapping[str, Any], path: Path) -> ServerDesi
                         gpu_link_generation=gen, gpu_link_lanes=link.integer("lanes"), nic_count=nic_count,
                         nic_ports=ports or None,
                         nic_link=nic_link, nics_on_root_ports=nic_roots, nvlink_pairs=pairs,
-                        host_dram_bytes=None if dram is None else dram * _GIB,
+                        host_dram_bytes=None if dram is None else dram * GIB,
                         nvme_count=r.integer("nvme_count", minimum=0, optional=True),
                         power_w=r.number("power_w", optional=True, positive=True), default_for=tuple(default_for),
                         aliases=tuple(a.strip() for a in rec.get("aliases") or ()),

@@ -45,6 +45,7 @@ from sim.parameter_server import parameter_server_report
 from sim.plan import Plan
 from sim.psspecs import ParameterServers
 from sim.result import StepResult
+from sim.units import GIB
 
 MODES: tuple[str, ...] = ("local-sgd", "compress", "async-pipeline", "parameter-server")
 PS_FRAMEWORK = "tf-parameter-server"
@@ -173,7 +174,7 @@ def comm_reduction(plan: Plan, *, mode: str, sync_every: int | None = None, rati
         params = {"removed_bubble_s": base.breakdown.bubble_s}
         factor = 1.0
         warnings.append("one stashed weight version per stage adds the stage's weight bytes to its memory "
-                        f"(+{base.memory.weights_bytes / 2**30:.1f} GiB on the most loaded GPU, not in the peak)")
+                        f"(+{base.memory.weights_bytes / GIB:.1f} GiB on the most loaded GPU, not in the peak)")
     return CommReductionReport(mode=mode, baseline=base, step_time_s=step, tokens_per_s=s.tokens_per_step / step,
                                dp_bytes_factor=factor, parameters=params, caveat=CAVEATS[mode],
                                warnings=tuple(warnings))
