@@ -11,7 +11,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-GIB = float(1 << 30)
+from sim.units import GIB
+
 
 # Step-time parts in the order a reader expects them (compute first, idle last).
 BREAKDOWN_PARTS: tuple[tuple[str, str, str], ...] = (

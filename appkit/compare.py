@@ -11,9 +11,9 @@ from typing import Any, Mapping, Sequence
 
 from appkit.charts import BREAKDOWN_PARTS, breakdown_parts
 from appkit.present import precision_text, strategy_of
+from sim.units import GIB
 
 MAX_DESIGNS = 3
-GIB = float(1 << 30)
 
 # metric -> "min" or "max": which direction is better
 BETTER: dict[str, str] = {

@@ -15,7 +15,7 @@ from pathlib import PurePath
 
 import yaml
 
-from sim.catalog import cluster_from_catalog
+from sim.clusters import cluster_from_catalog
 from sim.conventions import conventions
 from sim.errors import InfeasibleError, InputError
 from sim.modelio import MAX_FILE_BYTES, model_from_dict
@@ -124,7 +124,7 @@ def _int_field(name: str, value: object, *, limit: int = 1 << 30) -> None:
 
 
 def cluster_of(design: Design) -> Cluster:
-    """The ``Cluster`` of a design, with the CLI's defaults (``sim.catalog.cluster_from_catalog``)."""
+    """The ``Cluster`` of a design, with the CLI's defaults (``sim.clusters.cluster_from_catalog``)."""
     return cluster_from_catalog(design.gpu, design.num_gpus, gpus_per_node=design.gpus_per_node,
                                 nvlink_domain=design.nvlink_domain, nic=design.nic,
                                 nics_per_node=design.nics_per_node, topology=design.topology,

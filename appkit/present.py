@@ -16,8 +16,8 @@ from planner.explain import bound_line
 from sim.errors import InputError
 from sim.plan import parse_strategy
 from sim.specs import Cluster, Strategy
+from sim.units import GIB
 
-GIB = float(1 << 30)
 
 
 def rank_label(plan: Mapping[str, Any]) -> str:

@@ -23,6 +23,7 @@ from appkit.links import decode_upload, encode_upload
 from sim.conventions import conventions
 from sim.errors import InputError
 from sim.specs import TOPOLOGIES
+from sim.units import GIB
 
 AUTO = "auto"
 BIND = "query-params"
@@ -114,7 +115,7 @@ def sidebar(cat: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[s
     slots["gpu"] = sb.empty()
     gpu = cat["gpus"][raw["gpu"]]
     pcie = gpu.form_factor == "pcie"
-    sb.caption(f"{gpu.name}: {gpu.hbm_bytes / 2**30:,.0f} GiB, {gpu.dense_flops_per_s['bf16'] / 1e12:,.0f} dense bf16 "
+    sb.caption(f"{gpu.name}: {gpu.hbm_bytes / GIB:,.0f} GiB, {gpu.dense_flops_per_s['bf16'] / 1e12:,.0f} dense bf16 "
                f"TFLOP/s{', fp8' if 'fp8' in gpu.dense_flops_per_s else ''}; {gpu.form_factor.upper()}")
     raw["num_gpus"] = sb.number_input("Number of GPUs", min_value=1, max_value=1 << 22, value=DEFAULT_NUM_GPUS,
                                       step=8, key="num_gpus", bind=BIND)

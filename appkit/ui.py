@@ -66,7 +66,7 @@ def check(design: Design) -> Cluster:
     strategy parses and fits the model and the GPU count.  Raises ``InputError``."""
     cluster = cluster_of(design)
     if design.strategy is not None:
-        Plan(model=design.model, cluster=cluster, strategy=fixed_strategy(design, cluster))
+        Plan(model=design.model, cluster=cluster, strategy=fixed_strategy(design, cluster)).checked()
     return cluster
 
 

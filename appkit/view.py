@@ -13,8 +13,8 @@ from appkit.design import Design
 from appkit.evaluate import economics_of
 from sim.catalog import list_gpus, list_links, list_models, list_server_designs
 from sim.framework import list_frameworks
+from sim.units import GIB
 
-GIB = float(1 << 30)
 
 
 @st.cache_resource(show_spinner=False)

@@ -10,6 +10,7 @@ from sim.errors import InputError
 from sim.jsonout import print_json
 from sim.outpaths import check_file
 from sim.plan import MOE_DISPATCHERS, SELECTIVE_POLICIES
+from sim.units import GIB
 
 from planner import cmd_check, cmd_economics, cmd_import, cmd_recommend, cmd_validate, progress
 from planner.argcheck import check_model_flags, check_not_empty, typed_message
@@ -34,7 +35,7 @@ def one_line(text: str) -> str:
 
 
 def _fmt_bytes(n: float) -> str:
-    return f"{n / 2**30:.1f} GiB"
+    return f"{n / GIB:.1f} GiB"
 
 
 def _fmt_s(t: float) -> str:
@@ -86,8 +87,8 @@ def print_step_summary(out: dict, *, model: str, gpu: str, num_gpus: int) -> Non
         lines.append(f"offload            {off['mode']} to {off['device']}: host memory {_fmt_bytes(out['host_memory_bytes'])} "
                      f"of {_fmt_bytes(out['host_memory_capacity_bytes'])} per node"
                      + (f", NVMe {_fmt_bytes(mem['nvme_bytes'])}" if mem.get("nvme_bytes") else ""))
-        lines.append(f"   per GPU per step: {off['h2d_bytes_per_step'] / 2**30:.1f} GiB to the GPU ({_fmt_s(off['h2d_s'])}), "
-                     f"{off['d2h_bytes_per_step'] / 2**30:.1f} GiB to the host ({_fmt_s(off['d2h_s'])}) "
+        lines.append(f"   per GPU per step: {off['h2d_bytes_per_step'] / GIB:.1f} GiB to the GPU ({_fmt_s(off['h2d_s'])}), "
+                     f"{off['d2h_bytes_per_step'] / GIB:.1f} GiB to the host ({_fmt_s(off['d2h_s'])}) "
                      f"at {off['host_link_bytes_per_s'] / 1e9:.1f} GB/s each way")
     lines.append("where the time goes:")
     total = out["step_time_s"]

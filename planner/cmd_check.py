@@ -12,6 +12,7 @@ import argparse
 import math
 
 from sim.jsonout import print_json
+from sim.units import GIB
 
 from planner.argcheck import id_list
 
@@ -67,7 +68,7 @@ def cmd_check_published(args: argparse.Namespace) -> int:
         d = r.as_dict()
         mem = ""
         if d["published_memory_bytes"] is not None:
-            mem = f"{d['published_memory_bytes'] / 2**30:.1f}/{d['predicted_memory_bytes'] / 2**30:.1f}"
+            mem = f"{d['published_memory_bytes'] / GIB:.1f}/{d['predicted_memory_bytes'] / GIB:.1f}"
         pub = "OOM" if d["published_out_of_memory"] else f"{d['published_step_time_s']:9.3f}"
         print(f"{d['id'][:58]:<58} {pub:>9} {d['predicted_step_time_s']:9.3f} "
               f"{_pct(d['step_time_error']):>7}  {_util(d):>18}  {mem:>17} {_pct(d['memory_error']):>7}")

@@ -53,7 +53,7 @@ class Imported:
 def load(path: str, *, model_arg: str | None, num_gpus: int | None, seq_len: int | None) -> Imported:
     """Read ``path``; the strategy when the model and the GPU count are known."""
     from planner.recipes import read_recipe, resolve
-    from sim.modelio import load_model
+    from sim.models import load_model
 
     model = load_model(model_arg) if model_arg is not None else None
     recipe = read_recipe(path, model=model)

@@ -11,11 +11,11 @@ from sim.jsonout import print_json
 from sim.outpaths import check_folder
 from sim.plan import MOE_DISPATCHERS
 from sim.specs import OFFLOAD_DEVICES, RECOMPUTES, SCHEDULES, TRAIN_PRECISIONS
+from sim.units import GIB
 
 from planner.argcheck import check_model_flags
 from planner.recommend import DEFAULT_RERANK_PASSES
 
-GIB = 2**30
 
 
 def register(sub: argparse._SubParsersAction) -> None:

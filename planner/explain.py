@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING
 
 from sim.errors import InputError
 from sim.specs import SCHEDULES, Strategy
+from sim.units import GIB
 
 if TYPE_CHECKING:
     from planner.recommend import Recommendation
 
-GIB = 2**30
 PARTS = ("compute_s", "exposed_tp_s", "exposed_cp_s", "exposed_ep_s", "exposed_pp_s", "exposed_dp_s",
          "exposed_offload_s", "bubble_s", "optimizer_s", "overhead_s")
 LABELS = {"compute_s": "compute", "exposed_tp_s": "exposed TP comm", "exposed_cp_s": "exposed CP comm",

@@ -32,17 +32,17 @@ from typing import Mapping
 
 import numpy as np
 
-from sim.compute import KernelEfficiency, default_efficiency, fp8_weight_cast_bytes_per_param, nvls_gain
-from sim.costs import (LayerCost, default_network, dp_collectives, end_costs, plan_layer_ops,
-                       host_sync_counts, layer_cost, p2p_bytes, p2p_time_s, pieces_hbm_bytes_per_s)
+from sim.compute import KernelEfficiency, default_efficiency, nvls_gain
+from sim.costs import (LayerCost, default_network, dp_collectives, end_costs, plan_layer_ops, layer_cost, p2p_bytes,
+                       p2p_time_s, piece_settings)
 from sim.memory import (head_activation_bytes, inflight, layer_activations, layer_backward_bytes,
                         recompute_time_fraction, split_of, stage_activation_bytes, stage_memory,
-                        fp8_weight_cache_of)
+                        fp8_weight_cache_of, gpus_sharing_a_host, within_host)
 from sim.network import Network
 from sim.offload import OffloadRates, host_spec, offload_constants, offload_rates
 from sim.plan import Plan
 from sim.runtime import default_comm_runtime, default_runtime, device_extra_bytes, state_layout
-from sim.specs import Cluster, Model, Strategy
+from sim.specs import Cluster, Model, Strategy, expert_dp_size, offload_flags
 from sim.stages import StageShape, layer_params, stage_index_shapes, stage_parameter_tensors, stage_shapes
 from sim.step import ChunkSums, DpCollectives, compose, stage_pieces, stage_times
 
@@ -72,7 +72,7 @@ class Layout:
 
     @property
     def expert_dp(self) -> int:
-        return max(1, (self.tp * self.cp * self.dp) // ((self.etp or self.tp) * self.ep))
+        return expert_dp_size(tp=self.tp, cp=self.cp, dp=self.dp, etp=self.etp, ep=self.ep)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -192,8 +192,9 @@ class FastModel:
     # ------------------------------------------------------------------ cached pieces
 
     def plan(self, strategy: Strategy) -> Plan:
-        """The ``Plan`` of ``strategy`` with this model's settings (what ``simulate`` would get)."""
-        return Plan(model=self.model, cluster=self.cluster, strategy=strategy, **self.plan_kwargs)
+        """The ``Plan`` of ``strategy`` with this model's settings (what ``simulate`` would get),
+        checked (``Plan.checked``: ``InfeasibleError`` when no framework could run it)."""
+        return Plan(model=self.model, cluster=self.cluster, strategy=strategy, **self.plan_kwargs).checked()
 
     def representative(self, layout: Layout, *, mbs: int = 1, sp: bool = False, recompute: str = "none",
                        zero: int = 0, vp: int = 1, schedule: str = "1f1b") -> Strategy:
@@ -329,10 +330,10 @@ class FastModel:
         fits_gpu = valid & (peak <= self.memory_limit_bytes)
         fits, dominated, host_node = fits_gpu, None, None
         if any_offload:  # sim.memory.memory_breakdown: the node holds its GPUs' offloaded bytes
-            per_node = min(cl.gpus_per_node, cl.num_gpus)
+            per_node = gpus_sharing_a_host(cl)
             host_node = np.broadcast_to(host * per_node, shape5)
-            fits = fits_gpu & np.broadcast_to((host * per_node <= hs.host_dram_bytes)
-                                              & (nvme * per_node <= hs.nvme_bytes), shape5)
+            fits = fits_gpu & np.broadcast_to(within_host(host * per_node, nvme * per_node, hs.host_dram_bytes,
+                                                          hs.nvme_bytes), shape5)
             dominated = np.zeros(shape5, dtype=bool)
             for z, twin in enumerate(twins):
                 if twin is not None:
@@ -361,11 +362,8 @@ class FastModel:
 
         p2p = np.array([[self._p2p_s(layout, mbs, sp) for sp in grid.sp] for mbs in grid.mbs],
                        dtype=float).reshape(M, S, 1, 1, 1)
-        hbm = pieces_hbm_bytes_per_s(cl, self.eff)
-        accum = np.array([self.comm.grad_accumulation_bytes(probe.grad_accumulation, mm) for mm in m_list],
-                         dtype=float).reshape(M, 1, 1, 1, 1)
-        cast = fp8_weight_cast_bytes_per_param(self.eff, layout.precision, probe.strategy.fp8_recipe,
-                                               probe.fp8_weight_cache, np.asarray(m_list, dtype=float).reshape(M, 1, 1, 1, 1))
+        settings = piece_settings(probe, self.eff, precision=layout.precision, pp=p, num_microbatches=m,
+                                  dp_overlap=self.dp_overlap, fp8_recipe=probe.strategy.fp8_recipe)
         rep = self.representative(layout)
         per_layer = {False: layer_params(model, rep, moe=False).total,
                      True: layer_params(model, rep, moe=True).total if model.moe is not None else 0.0}
@@ -400,20 +398,13 @@ class FastModel:
             lr = lr * self._rc_fraction(grid, sh.num_layers)
             ef, eb = end(sh, "fwd"), end(sh, "bwd")
             pieces = stage_pieces(coll=self._dp_collectives(layout, sh), zero=zero, dp_size=dpcp,
-                                  expert_dp=layout.expert_dp,
-                                  params=sh.params, num_layers=sh.num_layers, layer_fwd_s=lf + ef,
-                                  layer_bwd_s=lb + lr + eb, dp_overlap=self.dp_overlap, hbm_bytes_per_s=hbm,
-                                  rt=self.comm, eff=self.eff, accum_bytes_per_param=accum,
-                                  fp16=layout.precision == "fp16", fsdp_copies=probe.fsdp_copies,
-                                  optimizer_impl=probe.optimizer_impl,
-                                  weight_cast_bytes_per_param=cast, offload_optimizer=off_opt,
+                                  expert_dp=layout.expert_dp, params=sh.params, num_layers=sh.num_layers,
+                                  layer_fwd_s=lf + ef, layer_bwd_s=lb + lr + eb, settings=settings,
+                                  tensors=stage_parameter_tensors(model, sh) if settings.per_tensor_gather else 0,
+                                  offload_optimizer=off_opt,
                                   offload_params=off_par, offload_activations=off_act,
                                   act_bytes=stage_activation_bytes(sh, dense_act, moe_act) if timed_offload else 0.0,
-                                  rates=rates, pipelined_fsdp=p > 1 and probe.state_layout == "torch_amp",
-                                  bf16_optimizer=probe.deepspeed_bf16_optimizer and layout.precision == "bf16",
-                                  zero3_tensors=(stage_parameter_tensors(model, sh)
-                                                 if probe.zero3_gather == "per_tensor_sync" else 0),
-                                  host_syncs=host_sync_counts(probe.host_syncs, layout.pp))
+                                  rates=rates)
             stages.append(stage_times(layer_fwd_s=lf, layer_bwd_s=lb, recompute_s=lr,
                                       layer_exposed_fwd_s=layer_sum(sh, "exposed_fwd_s"),
                                       layer_exposed_bwd_s=layer_sum(sh, "exposed_bwd_s"), extra_fwd_s=ef,
@@ -465,9 +456,9 @@ class FastModel:
             def zvec(values: list) -> np.ndarray:
                 return np.array(values).reshape(1, 1, 1, Z, 1)
 
-            got = (zvec(list(grid.zero)).astype(int), zvec([o.split("+")[0] in ("optimizer", "params") for o, _ in modes]),
-                   zvec([o.split("+")[0] == "params" for o, _ in modes]), zvec([o.endswith("activations") for o, _ in modes]),
-                   zvec([d == "nvme" for _, d in modes]), modes,
+            flags = [offload_flags(o) for o, _ in modes]
+            got = (zvec(list(grid.zero)).astype(int), zvec([f[0] for f in flags]), zvec([f[1] for f in flags]),
+                   zvec([f[2] for f in flags]), zvec([d == "nvme" for _, d in modes]), modes,
                    _twins(grid, dpcp) if any(o != "none" for o, _ in modes) else None)
             self._zaxis[key] = got
         return got

@@ -6,11 +6,13 @@ import argparse
 import math
 
 from sim.calibration import load_calibration
-from sim.catalog import cluster_from_catalog, get_gpu
+from sim.catalog import get_gpu
+from sim.clusters import cluster_from_catalog
 from sim.errors import InputError
-from sim.modelio import load_model
+from sim.models import load_model
 from sim.offload import with_host
 from sim.specs import PLACEMENTS, TOPOLOGIES, Cluster, Model
+from sim.units import GIB
 
 
 def add_model_args(p: argparse.ArgumentParser, *, required: bool = True, recipe: bool = False) -> None:
@@ -71,7 +73,7 @@ def _gpu_and_nic_from_args(args: argparse.Namespace):
 
 
 def cluster_from_args(args: argparse.Namespace) -> Cluster:
-    """The cluster the cluster flags describe (``sim.catalog.cluster_from_catalog`` defaults);
+    """The cluster the cluster flags describe (``sim.clusters.cluster_from_catalog`` defaults);
     with ``--calibration`` the profile's device and, unless ``--nic`` is given, its measured
     NIC (``sim.run.resolve`` puts the rest of the profile on the plan: the device each rank
     sees, measured links and host rates)."""
@@ -85,7 +87,7 @@ def cluster_from_args(args: argparse.Namespace) -> Cluster:
     if dram is not None:
         if not math.isfinite(dram) or dram <= 0 or dram > 1 << 24:
             raise InputError("host-dram-gib", dram, "must be a positive number of GiB")
-        cl = with_host(cl, host_dram_bytes=dram * 2**30)
+        cl = with_host(cl, host_dram_bytes=dram * GIB)
     return cl
 
 

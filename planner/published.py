@@ -167,7 +167,7 @@ def compare_run(ref: RefRun | dict, *, engine: str = "analytic", fitted: Mapping
         try:
             kw = apply_framework({"model": model, "cluster": cluster, "strategy": Strategy(**cand)}, fw)
             kw.update(mapped.plan)
-            plan = Plan(**kw)
+            plan = Plan(**kw).checked()
         except InputError as exc:
             last_error = exc
             continue

@@ -714,7 +714,7 @@ def _with_rank_orders(ranked: list[RankedPlan], objective: ObjectiveSpec, tokens
                 if key in seen:
                     continue  # the same placement (dimensions of size 1 do not move ranks)
                 seen.add(key)
-                plan = replace(p.plan, strategy=alt)
+                plan = replace(p.plan, strategy=alt).checked()
                 res = simulate_analytic(plan)
             except InputError:
                 continue

@@ -38,11 +38,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from sim.catalog import catalog_document, cluster_from_catalog, get_gpu
+from sim.catalog import catalog_document, get_gpu
+from sim.clusters import cluster_from_catalog
 from sim.errors import InputError
 from sim.framework import Framework, get_framework
 from sim.ops import model_flops_per_step
 from sim.specs import Cluster, Model, MoeSpec, Strategy
+from sim.units import GIB
 
 from planner.refcheck import check_row
 
@@ -368,7 +370,6 @@ def _interleaving_stated_for_others(row: dict) -> bool:
 
 # --------------------------------------------------------------------------- what was published
 
-GIB = float(1 << 30)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

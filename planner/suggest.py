@@ -19,6 +19,7 @@ from sim.errors import InputError
 from sim.framework import get_framework
 from sim.offload import host_spec, with_host
 from sim.specs import Cluster, Model
+from sim.units import GIB
 
 from planner.recommend import Settings, _tie_key, cluster_with_gpus, estimate_band, exports, framework_space
 from planner.search import SearchResult, SearchSpace, search
@@ -59,9 +60,9 @@ def suggest_fixes(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, spa
     if host_need_bytes:  # offloaded plans fit the GPU but not the node's host memory
         have = host_spec(cluster).host_dram_bytes
         for k in (1.0, 2.0):
-            gib = 64 * math.ceil(max(host_need_bytes * k, have * 2) / 2**30 / 64)
+            gib = 64 * math.ceil(max(host_need_bytes * k, have * 2) / GIB / 64)
             tries.append(("host_memory", f"more host memory per node: {gib:,} GiB (--host-dram-gib {gib})",
-                          {"cluster": lambda gib=gib: with_host(cluster, host_dram_bytes=gib * 2**30)}))
+                          {"cluster": lambda gib=gib: with_host(cluster, host_dram_bytes=gib * GIB)}))
     if 3 not in space.zero:
         tries.append(("zero", "allow ZeRO-3 / FSDP (shard weights, gradients and optimizer states)",
                       {"space": space.replace(zero=(0, 1, 2, 3))}))
@@ -95,7 +96,7 @@ def suggest_fixes(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, spa
     bigger = sorted((g for g in list_gpus() if g.hbm_bytes > cluster.gpu.hbm_bytes
                      and g.form_factor == cluster.gpu.form_factor), key=lambda g: g.hbm_bytes)
     for g in bigger[:2]:
-        tries.append(("gpu", f"a GPU with more memory: {g.id} ({g.hbm_bytes / 2**30:.0f} GiB)",
+        tries.append(("gpu", f"a GPU with more memory: {g.id} ({g.hbm_bytes / GIB:.0f} GiB)",
                       {"cluster": lambda g=g: replace(cluster, gpu=g)}))
 
     fraction = 1.0 if memory_limit_bytes is None else memory_limit_bytes / cluster.gpu.hbm_bytes

@@ -21,7 +21,8 @@ import csv
 import functools
 from dataclasses import dataclass
 
-from sim.catalog import catalog_dir, cluster_from_catalog, get_gpu, get_nic
+from sim.catalog import catalog_dir, get_gpu, get_nic
+from sim.clusters import cluster_from_catalog
 from sim.framework import apply_framework, get_framework
 from sim.plan import Plan
 from sim.specs import Model, Strategy
@@ -54,6 +55,6 @@ def load_vtrain(which: str) -> tuple[VtrainRow, ...]:
                                 dp=int(r["data parallelism"]), mbs=int(r["micro batch"]), gbs=int(r["global batch"]),
                                 seq_len=int(r["sequence length"]), recompute="full", precision="fp16",
                                 dp_overlap=fw.dp_overlap)
-            plan = Plan(**apply_framework({"model": model, "cluster": cluster, "strategy": strategy}, fw))
+            plan = Plan(**apply_framework({"model": model, "cluster": cluster, "strategy": strategy}, fw)).checked()
             out.append(VtrainRow(plan, float(r["iteration time (ms)"]) / 1e3))
     return tuple(out)

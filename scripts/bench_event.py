@@ -24,7 +24,7 @@ from sim.catalog import get_gpu, get_nic  # noqa: E402
 from sim.network import Network  # noqa: E402
 from sim.costs import step_costs  # noqa: E402
 from sim.event.engine import simulate_event  # noqa: E402
-from sim.modelio import load_model  # noqa: E402
+from sim.models import load_model  # noqa: E402
 from sim.plan import Plan, parse_strategy  # noqa: E402
 from sim.specs import Cluster  # noqa: E402
 
@@ -46,7 +46,7 @@ def plan_of(model: str, gpu: str, n: int, strategy: str) -> Plan:
     g = get_gpu(gpu)
     c = Cluster(gpu=g, num_gpus=n, nic=get_nic(g.default_nic), gpus_per_node=g.gpus_per_node,
                 nvlink_domain=max(g.nvlink_domain_size, g.gpus_per_node), nics_per_node=g.nics_per_node)
-    return Plan(model=load_model(model), cluster=c, strategy=parse_strategy(strategy, num_gpus=n))
+    return Plan(model=load_model(model), cluster=c, strategy=parse_strategy(strategy, num_gpus=n)).checked()
 
 
 def main() -> int:

@@ -23,7 +23,8 @@ import numpy as np
 from planner.recommend import recommend
 from planner.search import SearchSpace, search
 from sim.analytic import simulate_analytic
-from sim.catalog import cluster_from_catalog, get_model
+from sim.catalog import get_model
+from sim.clusters import cluster_from_catalog
 from sim.specs import Cluster
 
 CASES = [

@@ -27,7 +27,7 @@ from planner.economics.scheduler import POLICIES, ClusterSpec, simulate_schedule
 from planner.economics.sweep import SweepOptions, design_grid, run_sweep  # noqa: E402
 from planner.economics.traces import generate_jobs  # noqa: E402
 from sim.catalog import get_gpu, get_nic  # noqa: E402
-from sim.modelio import load_model  # noqa: E402
+from sim.models import load_model  # noqa: E402
 from sim.specs import Cluster  # noqa: E402
 
 

@@ -21,6 +21,7 @@ from sim.placement import all_groups
 from sim.plan import Plan
 from sim.result import Breakdown, StepResult, step_result
 from sim.step import StageTimes, compose
+from sim.units import GIB
 
 
 def simulate_analytic(plan: Plan, *, net: Network | None = None, eff: KernelEfficiency | None = None,
@@ -59,8 +60,8 @@ def simulate_analytic(plan: Plan, *, net: Network | None = None, eff: KernelEffi
     ex_cp = m * bott.exposed_cp_s
     ex_ep = m * bott.exposed_ep_s
     ex_pp = m * v * bott.p2p_s * (times[b_idx].fwd_sends + times[b_idx].bwd_sends)
-    ex_dp = dp_exposed + m * bott.exposed_zero3_s
-    ex_off = float(out.offload_exposed_s[k_end]) + m * bott.exposed_offload_s
+    ex_dp = dp_exposed + m * bott.pieces.exposed_zero3_s
+    ex_off = float(out.offload_exposed_s[k_end]) + m * bott.pieces.exposed_offload_s
     exposed = ex_tp + ex_cp + ex_ep + ex_pp + ex_dp + ex_off
     breakdown = Breakdown(compute_s=comp, exposed_comm_s=exposed, bubble_s=bubble, optimizer_s=opt,
                           exposed_tp_s=ex_tp, exposed_cp_s=ex_cp, exposed_ep_s=ex_ep,
@@ -110,7 +111,7 @@ def plan_warnings(plan: Plan, mem: MemoryBreakdown, bubble_fraction: float) -> l
         out.append("does not fit in GPU memory: try recompute=selective/full, zero=1-3, offload=optimizer|params "
                    "(host memory), a larger tp/pp or a smaller mbs")
     if not mem.fits_host:
-        gib = 2**30
+        gib = GIB
         if mem.host_bytes > mem.host_capacity_bytes:
             out.append(f"offloaded bytes need {mem.host_bytes / gib:.1f} GiB of host memory per node, more than its "
                        f"{mem.host_capacity_bytes / gib:.1f} GiB: offload less, shard over more GPUs, or nvme")

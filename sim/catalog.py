@@ -11,10 +11,11 @@ Every catalog file is read here: ``load_yaml_records`` for ``{schema_version, re
 converted by the one record validator, ``sim.records.Record``.
 
 Public API: ``catalog_dir``, ``get_gpu``, ``get_link``, ``get_nic``, ``get_model``,
-``has_model``, ``list_gpus``, ``list_links``, ``list_models``, ``cluster_from_catalog``, ``catalog_records``,
+``has_model``, ``list_gpus``, ``list_links``, ``list_models``, ``catalog_records``,
 ``catalog_document``, ``load_yaml_records``, ``clear_cache``; the host side of PCIe servers
 (``hosts.yaml``, ``servers.yaml``): ``get_host_part``, ``get_cpu``, ``list_host_parts``,
-``get_server_design``, ``list_server_designs``, ``default_server_design``.
+``get_server_design``, ``list_server_designs``, ``default_server_design``.  A cluster of
+catalog parts with the entry points' defaults is ``sim.clusters.cluster_from_catalog``.
 """
 
 from __future__ import annotations
@@ -28,10 +29,12 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from sim.errors import InputError
+from sim.modelio import model_from_dict, read_structured_file
 from sim.records import Record
 from sim.hostspecs import (HOST_PART_KINDS, P2P_MODES, HostCpu, NvmeDrive, PcieMeasurement, PcieSwitchPart,
                            ServerDesign, SwitchSlot)
-from sim.specs import FORM_FACTORS, PRECISIONS, TOPOLOGIES, Cluster, Gpu, Link, Model
+from sim.specs import FORM_FACTORS, PRECISIONS, Gpu, Link, Model
+from sim.units import GIB
 
 ENV_VAR = "PLANNER_CATALOG_DIR"
 """Environment variable that points the loader at another catalogs/ folder."""
@@ -40,7 +43,6 @@ LINK_KINDS: tuple[str, ...] = ("nic", "scale-up", "pcie", "switch")
 
 _TERA = 1e12
 _GIGA = 1e9
-_GIB = float(1 << 30)
 
 
 def catalog_dir() -> Path:
@@ -117,7 +119,6 @@ def _stamp(path: str) -> tuple[int, int]:
 @functools.cache
 def _records(path: str, stamp: tuple[int, int], require_id: bool,
              require_source: bool) -> tuple[dict[str, Any], ...]:
-    from sim.modelio import read_structured_file
 
     doc = read_structured_file(path, field="catalog")
     if isinstance(doc, Mapping):
@@ -182,7 +183,6 @@ def catalog_document(name: str) -> Mapping[str, Any]:
 
 @functools.cache
 def _document(path: str, stamp: tuple[int, int]) -> Mapping[str, Any]:
-    from sim.modelio import read_structured_file
 
     doc = read_structured_file(path, field="catalog")
     if not isinstance(doc, Mapping):
@@ -283,7 +283,6 @@ def _link_index(folder: str, *_stamps: tuple[int, int]) -> _Index:
 
 @functools.cache
 def _model_index(folder: str, *_stamps: tuple[int, int]) -> _Index:
-    from sim.modelio import model_from_dict
 
     return _index((r["id"], tuple(r.get("aliases") or ()),
                    model_from_dict(r, where=f"models.yaml:{r['id']}"))
@@ -315,86 +314,6 @@ def get_link(id: str) -> Link:
     return _lookup(_links(str(catalog_dir())), "link", "link", id)
 
 
-def cluster_from_catalog(gpu: str | Gpu, num_gpus: int, *, gpus_per_node: int | None = None,
-                         nvlink_domain: int | None = None, nic: str | Link | None = None,
-                         nics_per_node: int | None = None, topology: str = "fat-tree",
-                         oversubscription: float = 1.0, tree_levels: int = 2, placement: str = "block",
-                         server: str | None = None, sockets: int | None = None, pcie_switches: int | None = None,
-                         cpu: str | None = None, p2p: str | None = None,
-                         nvlink_bridge: int | None = None) -> Cluster:
-    """A ``Cluster`` of catalog parts, with the defaults every entry point (CLI, app, published
-    runs, tests) uses:
-
-    * ``gpus_per_node``, ``nics_per_node``, ``nic``: the GPU's usual server (``gpus.yaml``); with
-      ``gpus_per_node`` given, its NICs per GPU (8 A100s with 8 NICs: 4 GPUs get 4);
-    * ``nvlink_domain``: ``gpus_per_node`` when that is given, else the larger of the GPU's
-      usual domain and its node (a GB200 rack: 72);
-    * fewer GPUs than a node: the node (and, unless given, the domain) shrinks to them.
-
-    PCIe cards (``form_factor: pcie``) get the inside of their server (``sim.server``): the
-    design ``server`` names (``servers.yaml``; its slots set the node size), one described by
-    ``sockets`` / ``pcie_switches`` / ``cpu``, or the default design for the node size;
-    ``p2p`` and ``nvlink_bridge`` override the card's; the NIC defaults to the design's.  The
-    node is then the scale-up domain (``nvlink_domain`` is refused).  Server flags with an
-    SXM/OAM part are bad input.
-    """
-    g = gpu if isinstance(gpu, Gpu) else get_gpu(gpu)
-    server_flags = dict(server=server, sockets=sockets, pcie_switches=pcie_switches, cpu=cpu, p2p=p2p,
-                        nvlink_bridge=nvlink_bridge)
-    if g.form_factor == "pcie" or any(v is not None for v in server_flags.values()):
-        return _pcie_cluster(g, num_gpus, gpus_per_node=gpus_per_node, nvlink_domain=nvlink_domain, nic=nic,
-                             nics_per_node=nics_per_node, topology=topology, oversubscription=oversubscription,
-                             tree_levels=tree_levels, placement=placement, **server_flags)
-    gpn = gpus_per_node if gpus_per_node is not None else g.gpus_per_node
-    if nvlink_domain is not None:
-        domain = nvlink_domain
-    elif gpus_per_node is not None:
-        domain = gpn
-    else:
-        domain = max(g.nvlink_domain_size, gpn)
-    if isinstance(num_gpus, int) and not isinstance(num_gpus, bool) and 1 <= num_gpus < gpn:
-        gpn = num_gpus  # a partial node
-        domain = min(domain, gpn) if nvlink_domain is None else domain
-    link = nic if isinstance(nic, Link) else get_nic(nic if nic is not None else g.default_nic)
-    topo = str(topology).lower()
-    if topo not in TOPOLOGIES:
-        raise InputError("topology", topology, f"must be one of {', '.join(TOPOLOGIES)}")
-    if nics_per_node is None:  # the usual server's NICs per GPU, for the node size asked
-        sized = isinstance(gpus_per_node, int) and not isinstance(gpus_per_node, bool) and 1 <= gpus_per_node <= 1024
-        nics_per_node = max(1, -(-g.nics_per_node * gpus_per_node // g.gpus_per_node)) if sized else g.nics_per_node
-    return Cluster(gpu=g, num_gpus=num_gpus, nic=link, gpus_per_node=gpn, nvlink_domain=domain,
-                   nics_per_node=nics_per_node,
-                   topology=topo, oversubscription=oversubscription, tree_levels=tree_levels,
-                   placement=str(placement).lower())
-
-
-def _pcie_cluster(g: Gpu, num_gpus: int, *, gpus_per_node: int | None, nvlink_domain: int | None,
-                  nic: str | Link | None, nics_per_node: int | None, topology: str, oversubscription: float,
-                  tree_levels: int, placement: str, **server_flags: Any) -> Cluster:
-    from sim.server import resolve_server  # sim.server builds on this module's lookups
-
-    if g.form_factor != "pcie":
-        resolve_server(g, 1, **server_flags)  # raises: server flags describe PCIe cards
-    if nvlink_domain is not None:
-        raise InputError("nvlink-domain", nvlink_domain, f"{g.id} is a PCIe card: its node's fabric is the server's "
-                         "PCIe topology (--server, --sockets, --pcie-switches, --nvlink-bridge)")
-    design = server_flags.get("server")
-    gpn = gpus_per_node if gpus_per_node is not None else (
-        get_server_design(design).num_gpus if design is not None else g.gpus_per_node)
-    if isinstance(gpn, bool) or not isinstance(gpn, int) or gpn < 1:
-        raise InputError("gpus_per_node", gpn, "must be an integer >= 1")
-    if isinstance(num_gpus, int) and not isinstance(num_gpus, bool) and 1 <= num_gpus < gpn:
-        gpn = num_gpus  # a partial node: the first slots of the design
-    srv, design_nic = resolve_server(g, gpn, nics_per_node=nics_per_node, **server_flags)
-    link = nic if isinstance(nic, Link) else get_nic(nic if nic is not None else design_nic or g.default_nic)
-    topo = str(topology).lower()
-    if topo not in TOPOLOGIES:
-        raise InputError("topology", topology, f"must be one of {', '.join(TOPOLOGIES)}")
-    return Cluster(gpu=g, num_gpus=num_gpus, nic=link, gpus_per_node=gpn, nvlink_domain=gpn,
-                   nics_per_node=srv.num_nics, topology=topo, oversubscription=oversubscription,
-                   tree_levels=tree_levels, placement=str(placement).lower(), server=srv)
-
-
 def get_nic(id: str) -> Link:
     """A scale-out network adapter (``kind: nic``) by id or alias."""
     index = _links(str(catalog_dir()))
@@ -406,7 +325,7 @@ def get_nic(id: str) -> Link:
 
 
 def get_model(id: str) -> Model:
-    """A catalog model by id or alias (``load_model`` also accepts files)."""
+    """A catalog model by id or alias (``sim.models.load_model`` also accepts files)."""
     return _lookup(_models(str(catalog_dir())), "model", "model", id)
 
 
@@ -505,7 +424,7 @@ def _gpu_from_record(rec: Mapping[str, Any], path: Path, links: _Index) -> Gpu:
         id=r.text("id"),
         name=r.text("name"),
         dense_flops_per_s=FrozenDict({p: v * _TERA for p, v in peaks.items()}),
-        hbm_bytes=r.req("hbm_gib", positive=True) * _GIB,
+        hbm_bytes=r.req("hbm_gib", positive=True) * GIB,
         hbm_bytes_per_s=r.req("hbm_tb_per_s", positive=True) * _TERA,
         nvlink_bytes_per_s_per_direction=nvlink_bw,
         nvlink_domain_size=r.integer("nvlink_domain_size"),
@@ -773,7 +692,7 @@ def _server_design_from_record(rec: Mapping[str, Any], path: Path) -> ServerDesi
                         gpu_link_generation=gen, gpu_link_lanes=link.integer("lanes"), nic_count=nic_count,
                         nic_ports=ports or None,
                         nic_link=nic_link, nics_on_root_ports=nic_roots, nvlink_pairs=pairs,
-                        host_dram_bytes=None if dram is None else dram * _GIB,
+                        host_dram_bytes=None if dram is None else dram * GIB,
                         nvme_count=r.integer("nvme_count", minimum=0, optional=True),
                         power_w=r.number("power_w", optional=True, positive=True), default_for=tuple(default_for),
                         aliases=tuple(a.strip() for a in rec.get("aliases") or ()),

@@ -25,7 +25,8 @@ from sim.runtime import CommRuntime, default_comm_runtime
 from sim.specs import Cluster, Model, Strategy
 from sim.stages import (StageParams, chunk_signature, layer_params, stage_chunks, stage_layers,
                         stage_parameter_tensors, stage_shapes)
-from sim.step import ChunkSums, DpCollectives, StagePieces, StageTimes, local_params, stage_pieces, stage_times
+from sim.step import (ChunkSums, DpCollectives, Num, PieceSettings, StagePieces, StageTimes, local_params, stage_pieces,
+                      stage_times)
 
 
 def default_network(cluster: Cluster) -> Network:
@@ -68,7 +69,7 @@ class LayerCost:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StageCost:
     """One pipeline stage (all its chunks), per micro-batch, plus per-step DP/optimizer: its
-    layers' costs and its ``sim.step.StagePieces`` (the fields from ``zero3_exposed_fwd_s`` on)."""
+    layers' costs and its ``sim.step.StagePieces``."""
 
     stage: int
     layers: tuple[int, ...]
@@ -78,41 +79,10 @@ class StageCost:
     extra_model_flops: float
     p2p_s: float  # one activation (or gradient) transfer between adjacent stages
     params: float
-    zero3_exposed_fwd_s: float = 0.0
-    zero3_exposed_bwd_s: float = 0.0
-    dp_grad_sync_s: float = 0.0  # full duration per step (zero 0-2) or per micro-batch (zero 3)
-    dp_param_gather_s: float = 0.0  # per step, after the optimizer (zero 1-2)
-    optimizer_s: float = 0.0
-    overlap_slowdown_fwd_s: float = 0.0
-    overlap_slowdown_bwd_s: float = 0.0
-    grad_accum_s: float = 0.0
-    fsdp_copy_fwd_s: float = 0.0
-    fsdp_copy_bwd_s: float = 0.0
-    fp8_weight_cast_s: float = 0.0
-    dp_replica_sync_s: float = 0.0
-    offload_fwd_s: float = 0.0  # exposed host-link copies per micro-batch (sim.offload)
-    offload_bwd_s: float = 0.0
-    offload_grad_s: float = 0.0  # per step
-    offload_param_s: float = 0.0
-    fsdp_step_sync_s: float = 0.0  # FSDP with pipelining: gather + reduce-scatter once per step, exposed
-    zero3_sync_s: float = 0.0  # per pass: ZeRO-3 gathers tensor by tensor (part of zero3_exposed_*)
-    host_sync_fwd_s: float = 0.0  # per micro-batch and chunk pass: host synchronisations (Plan.host_syncs)
-    host_sync_bwd_s: float = 0.0
+    pieces: StagePieces  # the per-stage pieces of ``sim.step.stage_pieces`` (floats)
     # with a pipeline layout: the decoder layers of each model chunk, in order (``layers`` is
     # their concatenation); None: the layers split evenly over the chunks
     chunk_sizes: tuple[int, ...] | None = None
-
-    @property
-    def pieces(self) -> StagePieces:
-        return StagePieces(**{k: getattr(self, k) for k in StagePieces.__slots__})
-
-    @property
-    def param_work_fwd_s(self) -> float:
-        return self.pieces.param_work_fwd_s
-
-    @property
-    def param_work_bwd_s(self) -> float:
-        return self.pieces.param_work_bwd_s
 
     def chunk_sums(self, pp: int) -> tuple[ChunkSums, ...] | None:
         """Each model chunk's sums (``sim.step.ChunkSums``) under a pipeline layout: its layers,
@@ -173,15 +143,6 @@ class StageCost:
     @property
     def exposed_ep_s(self) -> float:
         return sum(c.exposed_ep_fwd_s + c.exposed_ep_bwd_s for c in self.layer_costs)
-
-    @property
-    def exposed_zero3_s(self) -> float:
-        return self.zero3_exposed_fwd_s + self.zero3_exposed_bwd_s
-
-    @property
-    def exposed_offload_s(self) -> float:
-        """Exposed host-link copies of one micro-batch's forward and backward."""
-        return self.offload_fwd_s + self.offload_bwd_s
 
     @property
     def model_flops_per_microbatch(self) -> float:
@@ -378,6 +339,22 @@ def pieces_hbm_bytes_per_s(cluster: Cluster, eff: KernelEfficiency) -> float:
     return g.hbm_bytes_per_s * g.hbm_efficiency / eff.slowest_rank_factor(cluster.num_gpus)
 
 
+def piece_settings(plan: Plan, eff: KernelEfficiency, *, precision: str, pp: int, num_microbatches: Num,
+                   dp_overlap: bool, fp8_recipe: str) -> PieceSettings:
+    """The plan's inputs of ``sim.step.stage_pieces`` (``PieceSettings``): ``simulate`` passes
+    its strategy's values (floats), the search a layout's and an array of micro-batch counts."""
+    rt = default_comm_runtime()
+    return PieceSettings(
+        dp_overlap=dp_overlap, hbm_bytes_per_s=pieces_hbm_bytes_per_s(plan.cluster, eff), rt=rt, eff=eff,
+        accum_bytes_per_param=rt.grad_accumulation_bytes(plan.grad_accumulation, num_microbatches),
+        fp16=precision == "fp16", fsdp_copies=plan.fsdp_copies, optimizer_impl=plan.optimizer_impl,
+        weight_cast_bytes_per_param=fp8_weight_cast_bytes_per_param(eff, precision, fp8_recipe,
+                                                                    plan.fp8_weight_cache, num_microbatches),
+        pipelined_fsdp=pp > 1 and plan.state_layout == "torch_amp",
+        bf16_optimizer=plan.deepspeed_bf16_optimizer and precision == "bf16",
+        per_tensor_gather=plan.zero3_gather == "per_tensor_sync", host_syncs=host_sync_counts(plan.host_syncs, pp))
+
+
 def stage_pieces_for(plan: Plan, net: Network, eff: KernelEfficiency, params: StageParams, num_layers: int,
                      layer_fwd_s: float, layer_bwd_s: float, act_bytes: float = 0.0, tensors: int = 0) -> StagePieces:
     """``stage_pieces`` of one stage of ``plan`` (floats); ``act_bytes``: the stage's saved
@@ -385,22 +362,14 @@ def stage_pieces_for(plan: Plan, net: Network, eff: KernelEfficiency, params: St
     tensors (``sim.stages.stage_parameter_tensors``), gathered one by one under
     ``Plan.zero3_gather`` ``per_tensor_sync``."""
     s = plan.strategy
-    rt = default_comm_runtime()
-    return stage_pieces(coll=dp_collectives(net, s, params, rt, eff), zero=s.zero,
-                        dp_size=s.zero_shard, expert_dp=s.expert_dp, params=params, num_layers=num_layers, layer_fwd_s=layer_fwd_s,
-                        layer_bwd_s=layer_bwd_s, dp_overlap=s.dp_overlap,
-                        hbm_bytes_per_s=pieces_hbm_bytes_per_s(plan.cluster, eff), rt=rt, eff=eff,
-                        accum_bytes_per_param=rt.grad_accumulation_bytes(plan.grad_accumulation, s.num_microbatches),
-                        fp16=s.precision == "fp16", fsdp_copies=plan.fsdp_copies, optimizer_impl=plan.optimizer_impl,
-                        weight_cast_bytes_per_param=fp8_weight_cast_bytes_per_param(
-                            eff, s.precision, s.fp8_recipe, plan.fp8_weight_cache, s.num_microbatches),
+    settings = piece_settings(plan, eff, precision=s.precision, pp=s.pp, num_microbatches=s.num_microbatches,
+                              dp_overlap=s.dp_overlap, fp8_recipe=s.fp8_recipe)
+    return stage_pieces(coll=dp_collectives(net, s, params, settings.rt, eff), zero=s.zero, dp_size=s.zero_shard,
+                        expert_dp=s.expert_dp, params=params, num_layers=num_layers, layer_fwd_s=layer_fwd_s,
+                        layer_bwd_s=layer_bwd_s, settings=settings, tensors=tensors,
                         offload_optimizer=s.offload_optimizer, offload_params=s.offload_params,
                         offload_activations=s.offload_activations, act_bytes=act_bytes,
-                        rates=strategy_rates(plan.cluster, s),
-                        pipelined_fsdp=s.pp > 1 and plan.state_layout == "torch_amp",
-                        bf16_optimizer=plan.deepspeed_bf16_optimizer and s.precision == "bf16",
-                        zero3_tensors=tensors if plan.zero3_gather == "per_tensor_sync" else 0,
-                        host_syncs=host_sync_counts(plan.host_syncs, s.pp))
+                        rates=strategy_rates(plan.cluster, s))
 
 
 def moe_dispatch_s(plan: Plan, net: Network, eff: KernelEfficiency, nbytes: float) -> float:
@@ -479,13 +448,13 @@ def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | N
             pieces = stage_pieces_for(plan, net, eff, sh.params, len(layers), sum(c.fwd_s for c in costs) + extra_f,
                                       sum(c.bwd_s + c.recompute_s for c in costs) + extra_b,
                                       act_bytes=float(stage_activation_bytes(sh, *act)),
-                                      tensors=stage_parameter_tensors(model, sh))
+                                      tensors=stage_parameter_tensors(model, sh)).as_floats()
             pieces_of[sh.index] = pieces
         stages.append(StageCost(
             stage=i, layers=tuple(layers), layer_costs=costs, extra_fwd_s=extra_f, extra_bwd_s=extra_b,
             extra_model_flops=ends.head_flops if last else 0.0, p2p_s=p2p_s, params=sh.params.total,
             chunk_sizes=tuple(len(c) for c in chunks_of[i]) if chunks_of is not None else None,
-            **{k: float(getattr(pieces, k)) for k in StagePieces.__slots__}))
+            pieces=pieces))
     return StepCosts(stages=tuple(stages), p2p_bytes=nbytes)
 
 

@@ -42,13 +42,24 @@ from sim.compute import nvls_gain
 from sim.runtime import MemoryRuntime, StateLayout, default_runtime, device_extra_bytes, state_layout
 from sim.specs import Cluster, Model, Strategy
 from sim.stages import StageParams, StageShape, stage_index_shapes
-from sim.step import Num
+from sim.step import Num, local_params
 
 if TYPE_CHECKING:
     from sim.plan import Plan
 
 __all__ = ["BYTES_ACT", "activation_bytes_per_layer", "model_has_dropout", "MemoryBreakdown", "StageMemory",
            "stage_memory", "plan_memory", "fp8_weight_cache_of", "memory_breakdown", "inflight", "inflight_microbatches"]
+
+
+def gpus_sharing_a_host(cluster: Cluster) -> int:
+    """GPUs whose offloaded bytes one node's host holds."""
+    return min(cluster.gpus_per_node, cluster.num_gpus)
+
+
+def within_host(host_bytes: Num, nvme_bytes: Num, host_capacity_bytes: float, nvme_capacity_bytes: float) -> Num:
+    """Whether a node's offloaded bytes fit its host DRAM and NVMe (bools or a bool array):
+    ``MemoryBreakdown.fits_host`` and the search's host check."""
+    return (np.asarray(host_bytes) <= host_capacity_bytes) & (np.asarray(nvme_bytes) <= nvme_capacity_bytes)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -103,7 +114,7 @@ class MemoryBreakdown:
 
     @property
     def fits_host(self) -> bool:
-        return self.host_bytes <= self.host_capacity_bytes and self.nvme_bytes <= self.nvme_capacity_bytes
+        return bool(within_host(self.host_bytes, self.nvme_bytes, self.host_capacity_bytes, self.nvme_capacity_bytes))
 
     @property
     def fits(self) -> bool:
@@ -340,7 +351,7 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
     host_states = 0.0
     if np.any(off_opt):
         assert oc is not None
-        local = p.dense_params / np.where(z >= 1, shard, 1) + p.expert_params / np.where(z >= 1, expert_shard, 1)
+        local = local_params(p, z, shard, expert_shard)
         host_states = np.where(off_opt, local * oc.host_bytes_per_param, 0.0)
         o = np.where(off_opt, 0.0, o)
         g = np.where(off_opt & (z >= 2), 0.0, g)  # the gradient shard goes to the host (ZeRO-1 keeps it whole)
@@ -526,7 +537,7 @@ def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
                                domain_gpus=cluster.nvlink_domain)
     head_act = head_activation_bytes(model, s, eager=eager)
     host = host_spec(cluster)
-    per_node = min(cluster.gpus_per_node, cluster.num_gpus)
+    per_node = gpus_sharing_a_host(cluster)
     oc = offload_constants() if s.offload != "none" else None
     best: MemoryBreakdown | None = None
     host_states = host_acts = nvme = 0.0

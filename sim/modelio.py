@@ -1,6 +1,8 @@
-"""Read a ``Model`` from a catalog id, a project model file or a Hugging Face ``config.json``.
+"""Parse a ``Model`` from a project model file or a Hugging Face ``config.json`` (and the YAML/JSON
+file reader the catalog loader uses); ``sim.models.load_model`` adds catalog ids.  It imports
+nothing of the catalog, so ``sim.catalog`` builds its models with ``model_from_dict``.
 
-``load_model(spec)`` is what ``--model`` takes.  The project schema (YAML or JSON) is the one
+The project schema (YAML or JSON) is the one
 in ``catalogs/models.yaml`` and ``docs/interface.md``; unknown keys are rejected so that a typo
 (``hiden_size``) does not silently fall back to a default.  Hugging Face configs carry dozens
 of keys that do not matter here, so unknown keys are ignored there; the architecture is
@@ -80,56 +82,13 @@ _HF_MARKERS = ("model_type", "architectures", "transformers_version", "num_hidde
 # --------------------------------------------------------------------------- public API
 
 
-def load_model(spec: str | os.PathLike[str]) -> Model:
-    """Return the model named by ``spec``.
-
-    Parameters
-    ----------
-    spec
-        A catalog id or alias (``llama3-70b``, case-insensitive), a path to a YAML/JSON file in
-        the project schema, a Hugging Face ``config.json``, or a directory holding one.
-
-    Raises
-    ------
-    InputError
-        Unknown id, missing or unreadable file, malformed content (field ``model...``).
-    """
-    from sim import catalog  # catalog builds its models with model_from_dict
-
-    if isinstance(spec, os.PathLike):
-        spec = os.fspath(spec)
-    if not isinstance(spec, str):
-        raise _err("model", spec, "must be a catalog id or a file path")
-    text = spec.strip()
-    if not text:
-        raise _err("model", spec, "is empty; give a catalog id or a file path")
-    if catalog.has_model(text):
-        return catalog.get_model(text)
-    path = Path(text).expanduser()
-    try:
-        exists = path.exists()
-        is_dir = exists and path.is_dir()
-    except (OSError, ValueError):
-        exists = is_dir = False
-    if not exists:
-        known = ", ".join(model_id for model_id, _ in catalog.list_models())
-        raise _err("model", spec, f"is neither a catalog model nor an existing file; known models: {known}")
-    if is_dir:
-        if not (path / "config.json").is_file():
-            raise _err("model", spec, "is a directory without a config.json")
-        path = path / "config.json"
-    data = read_structured_file(path, field="model")
-    default_name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
-    return _from_mapping(data, where=str(path), default_name=default_name or "model")
-
-
-def model_from_dict(d: Mapping[str, Any], *, where: str = "model") -> Model:
+def model_from_dict(d: Mapping[str, Any], *, where: str = "model", default_name: str | None = None) -> Model:
     """Build a ``Model`` from a parsed project-schema or Hugging Face mapping.
 
     ``where`` (a file name, a catalog id) prefixes error messages.  The name defaults to
-    ``where``'s stem when the mapping has none.
+    ``default_name``, else ``where``'s stem, when the mapping has none.
     """
-    return _from_mapping(d, where=where, default_name=Path(str(where)).stem or "model")
+    return _from_mapping(d, where=where, default_name=default_name or Path(str(where)).stem or "model")
 
 
 def read_structured_file(path: str | os.PathLike[str], *, field: str = "file",

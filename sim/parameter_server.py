@@ -73,7 +73,7 @@ from sim.network import Network
 from sim.offload import host_spec
 from sim.ops import model_flops_per_step
 from sim.plan import Plan
-from sim.result import Breakdown, StepResult
+from sim.result import Breakdown, StepResult, step_result
 from sim.runtime import ParameterServerRuntime, parameter_server_runtime
 from sim.specs import Model
 
@@ -317,13 +317,11 @@ def simulate_parameter_server(plan: Plan, *, net: Network, eff: KernelEfficiency
     ``step_time_s`` is the time to train a global batch at the asynchronous throughput."""
     costs = step_costs(plan, net, eff)
     rep = parameter_server_report(plan, net=net, eff=eff, costs=costs)
-    s, cluster, model = plan.strategy, plan.cluster, plan.model
+    s = plan.strategy
     step = s.tokens_per_step / rep.tokens_per_s
     mem = plan_memory(plan)
     # the GPU holds the pulled fp32 variables and the fp32 gradients; the optimizer lives on the PS
     mem = replace(mem, weights_bytes=4.0 * rep.params, gradients_bytes=4.0 * rep.params, optimizer_bytes=0.0)
-    peak = cluster.gpu.peak_flops_per_s("bf16")
-    mf = model_flops_per_step(model, s)
     stage = costs.stages[0]
     recompute = sum(c.recompute_s for c in stage.layer_costs)
     recompute_flops = stage.recompute_flops_per_microbatch * s.dp
@@ -342,8 +340,5 @@ def simulate_parameter_server(plan: Plan, *, net: Network, eff: KernelEfficiency
     ]
     if not mem.fits:
         warnings.append("does not fit in GPU memory (a full fp32 replica of the variables and gradients per GPU)")
-    return StepResult(step_time_s=step, tokens_per_s=rep.tokens_per_s, mfu=mf / (step * s.dp * peak),
-                      hfu=(mf + recompute_flops) / (step * s.dp * peak), model_flops_per_step=mf,
-                      hardware_flops_per_step=mf + recompute_flops, memory=mem, breakdown=breakdown,
-                      strategy=s.to_string(), engine="analytic", num_gpus=cluster.num_gpus, peak_flops_per_s=peak,
-                      warnings=tuple(warnings), extra={"parameter_server": rep.as_dict()})
+    return step_result(plan, step_time_s=step, breakdown=breakdown, memory=mem, recompute_flops_per_step=recompute_flops,
+                       engine="analytic", warnings=warnings, extra={"parameter_server": rep.as_dict()})

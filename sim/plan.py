@@ -140,7 +140,13 @@ class Plan:
         if isinstance(self.moe_imbalance, bool) or not isinstance(self.moe_imbalance, (int, float)) \
                 or not 1.0 <= self.moe_imbalance <= 64.0:
             raise InputError("moe-imbalance", self.moe_imbalance, "must be a number in [1, 64] (busiest rank / mean)")
+
+    def checked(self) -> "Plan":
+        """This plan, after ``check_feasible`` (``InfeasibleError`` with a reason when no framework
+        could run it).  Construction checks only the fields; the resolution of a run
+        (``sim.run.resolve``), the search and the published-run mapping call this."""
         check_feasible(self.model, self.cluster, self.strategy, uneven_vp=self.uneven_vp)
+        return self
 
 
 def _parse_int(key: str, text: str) -> int:

@@ -168,8 +168,10 @@ def resolve(model: Model, cluster: Cluster, strategy: Strategy | str, choices: R
     else:
         fw, s, notes = _pick(strategy, cluster, given)
         runnable = not notes
-    plan, eff, net_kw, cal = calibrated(Plan(model=model, cluster=cluster, strategy=s, **plan_kwargs(fw, choices)),
-                                        choices.calibration)
+    plan, eff, net_kw, cal = calibrated(Plan(model=model, cluster=cluster, strategy=s,
+                                             **plan_kwargs(fw, choices)).checked(), choices.calibration)
+    if cal is not None:  # the profile's device and links: checked again (e.g. fp8 tensor cores)
+        plan = plan.checked()
     return Run(plan=plan, framework=fw, choices=replace(choices, framework=fw.id if runnable else choices.framework),
                eff=eff, net_kwargs=net_kw, calibration=cal, runnable=runnable, notes=notes)
 

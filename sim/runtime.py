@@ -18,6 +18,8 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping
 
+import numpy as np
+
 from sim.catalog import catalog_document
 from sim.records import Record
 
@@ -43,14 +45,18 @@ class CommRuntime:
     # 2021 DeepSpeed ZeRO-3: host time per rank of the group for every parameter tensor gathered
     zero3_host_per_rank_s: float = 0.0
 
-    def grad_accumulation_bytes(self, mode: str, microbatches: int) -> float:
+    def grad_accumulation_bytes(self, mode: str, microbatches):
         """Bytes per parameter per micro-batch, averaged over the step's micro-batches
         (``autograd`` has nothing to add into on the first one; ``keras`` accumulates only
-        with more than one micro-batch)."""
+        with more than one micro-batch); ``microbatches`` a number (a float back) or an array
+        (the search's micro-batch axis)."""
         b = self.grad_accumulation_bytes_per_param.get(mode, 0.0)
+        m = np.asarray(microbatches, dtype=float)
         if mode == "keras":
-            return b if microbatches > 1 else 0.0
-        return b * (microbatches - 1) / microbatches if mode == "autograd" else b
+            out = np.where(m > 1, b, 0.0)
+        else:
+            out = b * (m - 1) / m if mode == "autograd" else b + 0.0 * m
+        return float(out) if out.ndim == 0 else out
 
     def optimizer_bytes(self, impl: str, fp16: bool) -> float:
         """HBM bytes per local parameter of one optimizer step by implementation (``fused``:

@@ -641,16 +641,16 @@ class Strategy:
     @property
     def offload_optimizer(self) -> bool:
         """Optimizer states and step on the host (``offload=optimizer`` or ``params``)."""
-        return self.offload.split("+")[0] in ("optimizer", "params")
+        return offload_flags(self.offload)[0]
 
     @property
     def offload_params(self) -> bool:
         """Parameters and gradients on the host too (``offload=params``)."""
-        return self.offload.split("+")[0] == "params"
+        return offload_flags(self.offload)[1]
 
     @property
     def offload_activations(self) -> bool:
-        return self.offload.endswith("activations")
+        return offload_flags(self.offload)[2]
 
     @property
     def expert_tp(self) -> int:
@@ -661,7 +661,7 @@ class Strategy:
     def expert_dp(self) -> int:
         """Expert data parallelism: the stage's ``tp * cp * dp`` ranks over ``etp * ep``
         (at least 1; ``sim.plan.check_feasible`` requires it to divide)."""
-        return max(1, (self.tp * self.cp * self.dp) // (self.expert_tp * self.ep))
+        return expert_dp_size(tp=self.tp, cp=self.cp, dp=self.dp, etp=self.etp, ep=self.ep)
 
     @property
     def num_microbatches(self) -> int:
@@ -728,3 +728,19 @@ class Strategy:
 
 
 STRATEGY_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Strategy))
+
+
+def offload_flags(mode: str) -> tuple[bool, bool, bool]:
+    """(optimizer, parameters, activations) on the host for an offload mode (``OFFLOADS``:
+    ``optimizer`` and ``params`` put the optimizer states and step on the host, ``params`` the
+    parameters and gradients too, a ``+activations`` suffix or ``activations`` alone the saved
+    activations); ``Strategy.offload_*`` and the search's offload axis read it."""
+    head = mode.split("+")[0]
+    return head in ("optimizer", "params"), head == "params", mode.endswith("activations")
+
+
+def expert_dp_size(*, tp: int, cp: int, dp: int, etp: int | None, ep: int) -> int:
+    """Expert data parallelism: a stage's ``tp * cp * dp`` ranks over ``etp * ep`` (``etp``
+    None: ``tp``; at least 1; ``sim.plan.check_feasible`` requires it to divide; Megatron-Core
+    MoE parallel folding)."""
+    return max(1, (tp * cp * dp) // ((tp if etp is None else etp) * ep))

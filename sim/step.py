@@ -47,8 +47,8 @@ warm-up ramp of bucket sizes and assumes balanced experts; see docs/accuracy.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence, Union
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Sequence, Union
 
 import numpy as np
 
@@ -160,37 +160,54 @@ class StepTimes:
     offload_exposed_s: tuple[Num, ...] = ()  # its exposed host-link copies after the last backward
 
 
+# How a piece scales when a stage gains or loses parameters (``StagePieces.rescaled``): every
+# field names one.  ``params``: its bytes (or tensors) are the stage's parameters (collectives,
+# optimizer, accumulation, copies, casts, offload; the latency terms, microseconds, ride along);
+# ``fixed``: per micro-batch and chunk pass, whatever the stage holds (host synchronisations).
+SCALES = ("params", "fixed")
+
+
+def _piece(scales: str, *, required: bool = False) -> Any:
+    assert scales in SCALES
+    if required:
+        return field(metadata={"scales": scales})
+    return field(default=0.0, metadata={"scales": scales})
+
+
 @dataclass(frozen=True, slots=True)
 class StagePieces:
     """Per-stage pieces of one step that depend on the stage's parameters and the ZeRO stage
-    (seconds; floats or arrays, as their inputs): see ``stage_pieces``."""
+    (seconds; floats or arrays, as their inputs): see ``stage_pieces``.  Every field states how
+    it scales with the stage's parameters (``SCALES``, used by ``rescaled``)."""
 
-    dp_grad_sync_s: Num  # full duration: per step (ZeRO 0-2) or per micro-batch (ZeRO-3)
-    dp_param_gather_s: Num  # per step, after the optimizer (ZeRO-1/2)
-    zero3_exposed_fwd_s: Num  # per micro-batch
-    zero3_exposed_bwd_s: Num
-    overlap_slowdown_fwd_s: Num  # compute slowed by the hidden FSDP all-gathers / reduce-scatters
-    overlap_slowdown_bwd_s: Num
-    optimizer_s: Num
-    grad_accum_s: Num  # per micro-batch
-    fsdp_copy_fwd_s: Num  # per micro-batch
-    fsdp_copy_bwd_s: Num
-    fp8_weight_cast_s: Num = 0.0  # per micro-batch (averaged when cast once per step)
-    dp_replica_sync_s: Num = 0.0  # HSDP: all-reduce of the gradient shard over the replicas, per step
-    offload_fwd_s: Num = 0.0  # per micro-batch: exposed host-link copies (weights in, activations out)
-    offload_bwd_s: Num = 0.0  # (weights and activations in, gradients out)
-    offload_grad_s: Num = 0.0  # per step, full duration: gradient shard to the host (ZeRO-1/2)
-    offload_param_s: Num = 0.0  # per step, exposed: updated weight shard back to the GPU
+    dp_grad_sync_s: Num = _piece("params", required=True)  # full duration: per step (ZeRO 0-2) or per micro-batch (ZeRO-3)
+    dp_param_gather_s: Num = _piece("params", required=True)  # per step, after the optimizer (ZeRO-1/2)
+    zero3_exposed_fwd_s: Num = _piece("params", required=True)  # per micro-batch
+    zero3_exposed_bwd_s: Num = _piece("params", required=True)
+    # compute slowed by the hidden FSDP all-gathers / reduce-scatters
+    overlap_slowdown_fwd_s: Num = _piece("params", required=True)
+    overlap_slowdown_bwd_s: Num = _piece("params", required=True)
+    optimizer_s: Num = _piece("params", required=True)
+    grad_accum_s: Num = _piece("params", required=True)  # per micro-batch
+    fsdp_copy_fwd_s: Num = _piece("params", required=True)  # per micro-batch
+    fsdp_copy_bwd_s: Num = _piece("params", required=True)
+    fp8_weight_cast_s: Num = _piece("params")  # per micro-batch (averaged when cast once per step)
+    dp_replica_sync_s: Num = _piece("params")  # HSDP: all-reduce of the gradient shard over the replicas, per step
+    offload_fwd_s: Num = _piece("params")  # per micro-batch: exposed host-link copies (weights in, activations out)
+    offload_bwd_s: Num = _piece("params")  # (weights and activations in, gradients out)
+    offload_grad_s: Num = _piece("params")  # per step, full duration: gradient shard to the host (ZeRO-1/2)
+    offload_param_s: Num = _piece("params")  # per step, exposed: updated weight shard back to the GPU
     # FSDP with pipelining (no reshard until the last backward): the stage's all-gather and
     # reduce-scatter once per step, exposed
-    fsdp_step_sync_s: Num = 0.0
+    fsdp_step_sync_s: Num = _piece("params")
     # part of zero3_exposed_fwd_s and of zero3_exposed_bwd_s: the fixed costs of gathering tensor by
-    # tensor, synchronously (Plan.zero3_gather per_tensor_sync), per micro-batch and pass
-    zero3_sync_s: Num = 0.0
+    # tensor, synchronously (Plan.zero3_gather per_tensor_sync), per micro-batch and pass; the
+    # stage's tensors taken as proportional to its parameters (as zero3_exposed_*, which holds it)
+    zero3_sync_s: Num = _piece("params")
     # host synchronisations (Plan.host_syncs): per micro-batch and model chunk, the GPU idles
     # one host dispatch per sync; the per-step ones are in optimizer_s
-    host_sync_fwd_s: Num = 0.0
-    host_sync_bwd_s: Num = 0.0
+    host_sync_fwd_s: Num = _piece("fixed")
+    host_sync_bwd_s: Num = _piece("fixed")
 
     @property
     def param_work_fwd_s(self) -> Num:
@@ -203,6 +220,25 @@ class StagePieces:
     def param_work_bwd_s(self) -> Num:
         """As ``param_work_fwd_s`` for the backward, plus the gradient accumulation pass."""
         return self.overlap_slowdown_bwd_s + self.grad_accum_s + self.fsdp_copy_bwd_s
+
+    @property
+    def exposed_zero3_s(self) -> Num:
+        return self.zero3_exposed_fwd_s + self.zero3_exposed_bwd_s
+
+    @property
+    def exposed_offload_s(self) -> Num:
+        """Exposed host-link copies of one micro-batch's forward and backward."""
+        return self.offload_fwd_s + self.offload_bwd_s
+
+    def rescaled(self, params_ratio: float) -> "StagePieces":
+        """These pieces for a stage with ``params_ratio`` times the parameters (layers moved
+        between stages, ``sim.event.whatif``): each field as its ``SCALES`` entry says."""
+        ratio = {"params": params_ratio, "fixed": 1.0}
+        return StagePieces(**{f.name: getattr(self, f.name) * ratio[f.metadata["scales"]] for f in fields(self)})
+
+    def as_floats(self) -> "StagePieces":
+        """The same pieces as Python floats (one plan's stage, from 0-d arrays)."""
+        return StagePieces(**{f.name: float(getattr(self, f.name)) for f in fields(self)})
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,18 +264,39 @@ def local_params(params: StageParams, zero: Num, dp_size: int, expert_dp: int) -
     return params.dense_params / np.where(z >= 1, dp_size, 1) + params.expert_params / np.where(z >= 1, expert_dp, 1)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PieceSettings:
+    """The inputs of ``stage_pieces`` that come from the plan rather than from the stage: its
+    framework's settings, the cluster's HBM rate, the precision and the micro-batch count.
+    ``sim.costs.piece_settings`` builds them for one plan (floats) and for a search layout
+    (arrays over the micro-batch axis): a new framework setting is one field here, one line
+    there, and its use in ``stage_pieces``."""
+
+    dp_overlap: bool
+    hbm_bytes_per_s: float
+    rt: CommRuntime
+    eff: KernelEfficiency
+    accum_bytes_per_param: Num  # gradient accumulation outside the GEMM, per micro-batch
+    fp16: bool
+    fsdp_copies: bool
+    weight_cast_bytes_per_param: Num = 0.0  # fp8 weight casts, per micro-batch
+    optimizer_impl: str = "fused"
+    pipelined_fsdp: bool = False
+    bf16_optimizer: bool = False
+    per_tensor_gather: bool = False  # ZeRO-3 gathers tensor by tensor (Plan.zero3_gather per_tensor_sync)
+    host_syncs: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+
 def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int, params: StageParams,
-                 num_layers: int, layer_fwd_s: Num, layer_bwd_s: Num, dp_overlap: bool, hbm_bytes_per_s: float,
-                 rt: CommRuntime, eff: KernelEfficiency, accum_bytes_per_param: Num, fp16: bool,
-                 fsdp_copies: bool, weight_cast_bytes_per_param: Num = 0.0, optimizer_impl: str = "fused",
-                 offload_optimizer: Num = False,
-                 offload_params: Num = False, offload_activations: Num = False, act_bytes: Num = 0.0,
-                 rates: OffloadRates | None = None, pipelined_fsdp: Num = False, bf16_optimizer: bool = False,
-                 zero3_tensors: int = 0, host_syncs: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> StagePieces:
+                 num_layers: int, layer_fwd_s: Num, layer_bwd_s: Num, settings: PieceSettings, tensors: int = 0,
+                 offload_optimizer: Num = False, offload_params: Num = False, offload_activations: Num = False,
+                 act_bytes: Num = 0.0, rates: OffloadRates | None = None) -> StagePieces:
     """The per-stage pieces (``StagePieces``) of a stage, for one ZeRO stage or an array of them.
 
     ``layer_fwd_s`` / ``layer_bwd_s``: the stage's compute per micro-batch (layers incl.
     recomputation, plus the embedding/head), which hides FSDP's prefetched gathers.
+    ``settings``: the plan's (``PieceSettings``, whose fields the items below name);
+    ``tensors``: the stage's parameter tensors (``sim.stages.stage_parameter_tensors``).
 
     * ZeRO-0: gradient all-reduce; ZeRO-1/2: reduce-scatter, then the parameter all-gather
       (Rajbhandari et al. 2020, Sec. 5); both per step, composed in ``sim.step``.
@@ -253,8 +310,8 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
       ops plus tf.distribute's gradient pack; ``catalogs/runtime.yaml``) at the GPU's achievable HBM rate; gradient accumulation outside the GEMM and
       FSDP2's packing around its collectives likewise (``catalogs/runtime.yaml``), and the fp8
       cast of the weights (``weight_cast_bytes_per_param``, ``sim.compute``).
-    * ZeRO-3 gathered tensor by tensor, synchronously (``zero3_tensors`` > 0: the stage's
-      parameter tensors, DeepSpeed ZeRO-3 of 2021, ``Plan.zero3_gather``): each tensor's gather
+    * ZeRO-3 gathered tensor by tensor, synchronously (``per_tensor_gather``, each of the
+      stage's ``tensors``, DeepSpeed ZeRO-3 of 2021, ``Plan.zero3_gather``): each tensor's gather
       waits for the GPU (``torch.cuda.synchronize``: a host dispatch floor ``host_op_floor_s``),
       pays its own collective latency and ``zero3_host_per_rank_s`` of host work per rank of the
       group (``catalogs/runtime.yaml``), before the forward and again before the backward of
@@ -285,9 +342,14 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
       so the stage gathers once and reduce-scatters once per step, exposed
       (``fsdp_step_sync_s``), and nothing per micro-batch.
     """
+    st = settings
+    dp_overlap, hbm_bytes_per_s, rt, eff = st.dp_overlap, st.hbm_bytes_per_s, st.rt, st.eff
+    accum_bytes_per_param, weight_cast_bytes_per_param, host_syncs = (st.accum_bytes_per_param,
+                                                                      st.weight_cast_bytes_per_param, st.host_syncs)
+    zero3_tensors = tensors if st.per_tensor_gather else 0
     z = np.asarray(zero)
     z3 = z >= 3
-    bf16opt = np.asarray(bf16_optimizer) & (z == 0)  # DeepSpeed BF16_Optimizer: fp32 all-reduce, own ZeRO-1
+    bf16opt = np.asarray(st.bf16_optimizer) & (z == 0)  # DeepSpeed BF16_Optimizer: fp32 all-reduce, own ZeRO-1
     grad_sync = np.where(z == 0, coll.all_reduce_s, coll.reduce_scatter_s)
     param_gather = np.where((z == 1) | (z == 2) | bf16opt, coll.all_gather_s, 0.0)
     ag, rs = coll.all_gather_s, coll.reduce_scatter_s
@@ -297,7 +359,7 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
         z3b = np.maximum(0.0, ag + rs - layer_bwd_s) + rs / n1
     else:  # no prefetch: every gather and reduce-scatter is on the critical path
         z3f, z3b = ag + 0.0 * layer_fwd_s, ag + rs + 0.0 * layer_bwd_s
-    pf = z3 & np.asarray(pipelined_fsdp)
+    pf = z3 & np.asarray(st.pipelined_fsdp)
     sync = 0.0
     if zero3_tensors:  # one synchronous gather per tensor: latency, a drained queue, O(dp) host work
         per_tensor = coll.all_gather_latency_s + eff.host_op_floor_s + rt.zero3_host_per_rank_s * dp_size
@@ -310,14 +372,14 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
     slow_b = np.where(z3 & ~pf, sigma * np.maximum(0.0, ag + rs - z3b), 0.0)
 
     local = local_params(params, np.where(bf16opt, 1, z), dp_size, expert_dp)
-    opt_bytes = rt.optimizer_bytes(optimizer_impl, fp16)
+    opt_bytes = rt.optimizer_bytes(st.optimizer_impl, st.fp16)
     opt_s = (local * opt_bytes
              + np.where(bf16opt, params.total * rt.bf16_optimizer_full_buffer_bytes_per_param, 0.0)) / hbm_bytes_per_s \
         + host_syncs[2] * eff.host_op_floor_s
     # weight gradients of each micro-batch added into the step's buffer (FSDP: into the shard)
     accum = np.where(bf16opt, rt.grad_accumulation_bytes_per_param.get("deepspeed_bf16", 0.0), accum_bytes_per_param)
     accum_s = np.where(z3, local, params.total) * accum / hbm_bytes_per_s
-    copies = z3 & (dp_size > 1) & fsdp_copies
+    copies = z3 & (dp_size > 1) & st.fsdp_copies
     copy_f = np.where(copies, params.total * rt.fsdp_gather_copy_bytes_per_param / hbm_bytes_per_s, 0.0)
     copy_b = np.where(copies, params.total * (rt.fsdp_gather_copy_bytes_per_param
                                               + rt.fsdp_reduce_copy_bytes_per_param) / hbm_bytes_per_s, 0.0)

@@ -1,11 +1,11 @@
 """Shared test helpers.  ``cluster`` builds catalog clusters with the defaults every entry point
-uses (``sim.catalog.cluster_from_catalog``); tests import it (``from tests.conftest import cluster``)."""
+uses (``sim.clusters.cluster_from_catalog``); tests import it (``from tests.conftest import cluster``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from sim.catalog import cluster_from_catalog
+from sim.clusters import cluster_from_catalog
 from sim.specs import Cluster
 
 

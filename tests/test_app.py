@@ -353,7 +353,7 @@ def test_every_error_target_is_a_sidebar_widget():
 
 
 def test_model_from_upload_matches_load_model():
-    from sim.modelio import load_model
+    from sim.models import load_model
 
     for fname in ("hf_llama3_8b_config.json", "hf_mixtral_8x7b_config.json", "gpt_22b.yaml"):
         up = model_from_upload(fname, (DATA / fname).read_bytes())

@@ -13,7 +13,7 @@ from planner.economics.goodput import daly_goodput, daly_interval_s, goodput_rep
 from planner.economics.storage import checkpoint_bytes
 from sim.catalog import get_gpu, get_nic
 from sim.errors import InputError
-from sim.modelio import load_model
+from sim.models import load_model
 from sim.specs import Cluster
 
 M = 3 * 3600.0  # MTBF

@@ -13,7 +13,7 @@ from planner.economics.prices import PriceQuote, load_prices
 from planner.economics.strategy import choose_plan
 from planner.economics.tco import TcoOptions, compute_tco
 from sim.errors import InputError
-from sim.modelio import load_model
+from sim.models import load_model
 from sim.plan import parse_strategy
 from tests.conftest import cluster as shared_cluster
 

@@ -9,7 +9,7 @@ from planner.economics.comm_reduction import CAVEATS, comm_reduction
 from planner.economics.input_pipeline import input_pipeline
 from sim.catalog import get_gpu, get_nic
 from sim.errors import InputError
-from sim.modelio import load_model
+from sim.models import load_model
 from sim.plan import Plan, parse_strategy
 from sim.specs import Cluster
 from sim.fabric import pcie_x16_bytes_per_s

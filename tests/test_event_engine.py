@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import fields, replace
 
 import numpy as np
 import pytest
@@ -18,11 +19,13 @@ from sim.errors import InputError
 from sim.event.engine import Engine, simulate_event
 from sim.event.resources import FairShare, LinkTable
 from sim.event.scenario import Scenario
-from sim.event.whatif import SlowLink, Straggler, WhatIf, parse_layers_per_stage, parse_slow_link, parse_straggler
-from sim.modelio import load_model
+from sim.event.whatif import (SlowLink, Straggler, WhatIf, apply_layers_per_stage, parse_layers_per_stage,
+                              parse_slow_link, parse_straggler)
+from sim.models import load_model
 from sim.plan import Plan, parse_strategy
 from sim.placement import all_groups
 from sim.specs import Cluster
+from sim.step import SCALES, StagePieces
 from sim.routing import route_stripes
 from sim.topology import build_topology
 from tests.conftest import cluster as shared_cluster
@@ -254,6 +257,24 @@ def test_layers_per_stage_moves_work() -> None:
     assert len(uneven.sc.costs.stages[1].layer_costs) == 6
 
 
+def test_moving_layers_rescales_every_stage_piece() -> None:
+    """Every field of ``StagePieces`` states how it scales (``SCALES``); moving layers rescales
+    each as it states.  A field added without a scale fails here (``rescaled`` reads it)."""
+    plan = tiny_plan(p=4, m=8, layers_per_chunk=4)
+    costs = synthetic_costs(plan)
+    ones = StagePieces(**{f.name: 1.0 for f in fields(StagePieces)})
+    costs = replace(costs, stages=tuple(replace(st, pieces=ones) for st in costs.stages))
+    moved = apply_layers_per_stage(costs, (2, 6, 4, 4))
+    for st, n in zip(moved.stages, (2, 6, 4, 4)):
+        ratio = n / 4  # every synthetic layer holds one parameter, as does nothing else
+        assert st.params == n
+        for f in fields(StagePieces):
+            assert f.metadata.get("scales") in SCALES, f.name
+            want = ratio if f.metadata["scales"] == "params" else 1.0
+            assert getattr(st.pieces, f.name) == pytest.approx(want), f.name
+    assert {f.metadata["scales"] for f in fields(StagePieces)} == set(SCALES)
+
+
 def test_whatif_parsing_errors() -> None:
     assert parse_straggler("17:20") == Straggler(rank=17, slowdown_pct=20.0)
     assert parse_slow_link("Node:3:100") == SlowLink(target="node:3", slowdown_pct=100.0)
@@ -307,9 +328,9 @@ def test_overlap_slowdown_of_ddp_reduction_in_both_engines() -> None:
     c0, c1 = step_costs(plan, net, eff0), step_costs(plan, net, eff1)
     a0, a1 = simulate_analytic(plan, net=net, eff=eff0, costs=c0), simulate_analytic(plan, net=net, eff=eff1, costs=c1)
     st = c0.stages[0]
-    assert st.dp_grad_sync_s > 0
+    assert st.pieces.dp_grad_sync_s > 0
     assert a1.step_time_s > a0.step_time_s
-    assert a1.step_time_s - a0.step_time_s <= 0.189 * (st.dp_grad_sync_s + st.dp_param_gather_s) + 1e-12
+    assert a1.step_time_s - a0.step_time_s <= 0.189 * (st.pieces.dp_grad_sync_s + st.pieces.dp_param_gather_s) + 1e-12
     e0, e1 = simulate_event(plan, net=net, eff=eff0, costs=c0), simulate_event(plan, net=net, eff=eff1, costs=c1)
     assert e1.step_time_s > e0.step_time_s
     assert (e1.step_time_s - e0.step_time_s) == pytest.approx(a1.step_time_s - a0.step_time_s, rel=0.25)
@@ -320,11 +341,11 @@ def test_overlap_slowdown_of_fsdp_prefetch() -> None:
     plan = real_plan("llama3-8b", "h100-80gb", 64, "tp=1,pp=1,mbs=2,gbs=128,zero=3,seq=8192")
     net = Network(plan.cluster)
     s0, s1 = step_costs(plan, net, _with_sigma(0.0)).stages[0], step_costs(plan, net, _with_sigma(0.189)).stages[0]
-    assert s1.overlap_slowdown_fwd_s > 0 and s1.overlap_slowdown_bwd_s > 0
-    assert s1.compute_fwd_s == pytest.approx(s0.compute_fwd_s + s1.overlap_slowdown_fwd_s)
+    assert s1.pieces.overlap_slowdown_fwd_s > 0 and s1.pieces.overlap_slowdown_bwd_s > 0
+    assert s1.compute_fwd_s == pytest.approx(s0.compute_fwd_s + s1.pieces.overlap_slowdown_fwd_s)
     # the hidden all-gather is at most the whole all-gather (same bytes as the reduce-scatter
     # at 2 of its 4 bytes per parameter)
-    assert s1.overlap_slowdown_fwd_s <= 0.189 * s1.dp_grad_sync_s
+    assert s1.pieces.overlap_slowdown_fwd_s <= 0.189 * s1.pieces.dp_grad_sync_s
     e0 = simulate_event(plan, net=net, eff=_with_sigma(0.0))
     e1 = simulate_event(plan, net=net, eff=_with_sigma(0.189))
     assert e1.step_time_s > e0.step_time_s

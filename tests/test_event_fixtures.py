@@ -13,6 +13,7 @@ from sim.event.scenario import Scenario
 from sim.event.whatif import WhatIf
 from sim.plan import Plan
 from sim.specs import Cluster, Model, Strategy
+from sim.step import StagePieces
 
 
 def zeros(cls: type, **values: object) -> object:
@@ -21,7 +22,7 @@ def zeros(cls: type, **values: object) -> object:
     for f in fields(cls):
         if f.name in values:
             out[f.name] = values[f.name]
-        elif f.type in ("float", float):
+        elif f.type in ("float", float, "Num"):
             out[f.name] = 0.0
     return cls(**out)
 
@@ -52,9 +53,9 @@ def synthetic_costs(plan: Plan, *, fwd_s: float = 1.0, bwd_s: float = 2.0, p2p_s
         k = stage_scale[i] if stage_scale else 1.0
         lc = zeros(LayerCost, fwd_s=k * fwd_s / n, bwd_s=k * bwd_s / n, exposed_tp_fwd_s=tp_s / n,
                    exposed_tp_bwd_s=tp_s / n, tp_comm_fwd_s=tp_s / n, tp_comm_bwd_s=tp_s / n, params=1.0)
+        pieces = zeros(StagePieces, dp_grad_sync_s=dp_s, optimizer_s=optimizer_s)
         stages.append(zeros(StageCost, stage=i, layers=tuple(range(i * n, (i + 1) * n)), layer_costs=(lc,) * n,
-                            p2p_s=p2p_s if s.pp > 1 else 0.0, dp_grad_sync_s=dp_s, optimizer_s=optimizer_s,
-                            params=float(n)))
+                            p2p_s=p2p_s if s.pp > 1 else 0.0, pieces=pieces, params=float(n)))
     return StepCosts(stages=tuple(stages), p2p_bytes=0.0)
 
 

@@ -44,12 +44,12 @@ def test_grad_accumulation_pass_per_micro_batch() -> None:
     strategy = "tp=8,pp=8,mbs=1,gbs=64,recompute=full"
     p21, p22 = _plan("megatron-lm-2021", strategy), _plan("megatron-lm-2022", strategy)
     st21, st22 = step_costs(p21).stages[3], step_costs(p22).stages[3]
-    assert st22.grad_accum_s == 0
-    assert st21.grad_accum_s == pytest.approx(st21.params * 10 / _hbm(p21))
-    assert st21.compute_bwd_s == pytest.approx(st22.compute_bwd_s + st21.grad_accum_s)
+    assert st22.pieces.grad_accum_s == 0
+    assert st21.pieces.grad_accum_s == pytest.approx(st21.params * 10 / _hbm(p21))
+    assert st21.compute_bwd_s == pytest.approx(st22.compute_bwd_s + st21.pieces.grad_accum_s)
     t21, t22 = simulate_analytic(p21).step_time_s, simulate_analytic(p22).step_time_s
     m, p = p21.strategy.num_microbatches, p21.strategy.pp
-    acc = [st.grad_accum_s for st in step_costs(p21).stages]
+    acc = [st.pieces.grad_accum_s for st in step_costs(p21).stages]
     # every micro-batch pays it on the bottleneck stage, and the pipeline fill and drain too
     assert m * min(acc) < t21 - t22 <= (m + p - 1) * max(acc) + 1e-9
 
@@ -57,12 +57,12 @@ def test_grad_accumulation_pass_per_micro_batch() -> None:
 def test_fsdp2_packing_only_under_zero3_with_sharding() -> None:
     z3 = _plan("torchtitan", "tp=1,pp=1,mbs=1,gbs=64,zero=3,seq=8192", model="llama3-8b", gpu="h100-80gb")
     st = step_costs(z3).stages[0]
-    assert st.fsdp_copy_fwd_s == pytest.approx(st.params * 4 / _hbm(z3))
-    assert st.fsdp_copy_bwd_s == pytest.approx(st.params * 10 / _hbm(z3))
+    assert st.pieces.fsdp_copy_fwd_s == pytest.approx(st.params * 4 / _hbm(z3))
+    assert st.pieces.fsdp_copy_bwd_s == pytest.approx(st.params * 10 / _hbm(z3))
     z1 = _plan("torchtitan", "tp=1,pp=1,mbs=1,gbs=64,zero=1,seq=8192", model="llama3-8b", gpu="h100-80gb")
-    assert step_costs(z1).stages[0].fsdp_copy_fwd_s == 0
+    assert step_costs(z1).stages[0].pieces.fsdp_copy_fwd_s == 0
     mcore = _plan("megatron-core", "tp=1,pp=1,mbs=1,gbs=64,zero=3,seq=8192", model="llama3-8b", gpu="h100-80gb")
-    assert step_costs(mcore).stages[0].fsdp_copy_bwd_s == 0  # contiguous buffers, no packing
+    assert step_costs(mcore).stages[0].pieces.fsdp_copy_bwd_s == 0  # contiguous buffers, no packing
 
 
 def test_unknown_grad_accumulation_is_a_clear_error() -> None:
@@ -90,7 +90,7 @@ def test_event_engine_spreads_per_parameter_work_over_the_layers() -> None:
 
     spec = "tp=8,pp=8,vp=2,mbs=1,gbs=64,recompute=full"
     p21, p22 = _plan("megatron-lm-2021", spec, n=64), _plan("megatron-lm-2022", spec, n=64)
-    assert step_costs(p21).stages[1].grad_accum_s > 0
+    assert step_costs(p21).stages[1].pieces.grad_accum_s > 0
     a21, a22 = simulate_analytic(p21), simulate_analytic(p22)
     e21, e22 = simulate_event(p21), simulate_event(p22)
     # the pass costs the same in both engines, and adds no bubble

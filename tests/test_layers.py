@@ -123,3 +123,45 @@ def test_core_imports_without_torch_or_streamlit():
             "print(bad); sys.exit(1 if bad else 0)")
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_no_import_circles_in_sim():
+    """The modules of ``sim`` import each other without a circle (function-level imports
+    count): the catalog loader reads files with ``sim.modelio`` and builds no cluster or server,
+    ``sim.models`` and ``sim.clusters`` build on it."""
+    graph = {}
+    for path in _files("sim"):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        graph[name] = {m for m in _sim_modules(path) if m != name}
+
+    def visit(node: str, trail: tuple[str, ...], done: set[str]) -> None:
+        if node in trail:
+            raise AssertionError("import circle: " + " -> ".join(trail[trail.index(node):] + (node,)))
+        if node in done or node not in graph:
+            return
+        for nxt in sorted(graph[node]):
+            visit(nxt, trail + (node,), done)
+        done.add(node)
+
+    done: set[str] = set()
+    for node in sorted(graph):
+        visit(node, (), done)
+
+
+def _sim_modules(path: Path) -> set[str]:
+    """The ``sim`` modules ``path`` imports (at any depth, except under ``if TYPE_CHECKING``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                   and getattr(node.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(node)}
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("sim.")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "sim":
+                out |= {f"sim.{a.name}" for a in node.names}
+            elif node.module.startswith("sim."):
+                out.add(node.module)
+    return out

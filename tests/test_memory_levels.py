@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from sim.catalog import cluster_from_catalog, get_model
+from sim.catalog import get_model
+from sim.clusters import cluster_from_catalog
 from sim.errors import InputError
 from sim.framework import apply_framework, get_framework
 from sim.memory import plan_memory, recompute_split
@@ -57,10 +58,10 @@ def test_fsdp_with_pipelining_gathers_and_reduces_once_per_step():
     pp = step_costs(_plan("llama3-8b", 16, "pp=2,dp=8,mbs=1,gbs=64,seq=8192,zero=3,recompute=full", "torchtitan"))
     flat = step_costs(_plan("llama3-8b", 8, "dp=8,mbs=1,gbs=64,seq=8192,zero=3,recompute=full", "torchtitan"))
     for st in pp.stages:
-        assert st.zero3_exposed_fwd_s == 0 and st.zero3_exposed_bwd_s == 0 and st.fsdp_step_sync_s > 0
-    assert all(st.fsdp_step_sync_s == 0 for st in flat.stages)
+        assert st.pieces.zero3_exposed_fwd_s == 0 and st.pieces.zero3_exposed_bwd_s == 0 and st.pieces.fsdp_step_sync_s > 0
+    assert all(st.pieces.fsdp_step_sync_s == 0 for st in flat.stages)
     mega = step_costs(_plan("llama3-8b", 16, "pp=2,dp=8,mbs=1,gbs=64,seq=8192,zero=3,recompute=full"))
-    assert all(st.fsdp_step_sync_s == 0 for st in mega.stages)  # Megatron-FSDP keeps its per-micro-batch traffic
+    assert all(st.pieces.fsdp_step_sync_s == 0 for st in mega.stages)  # Megatron-FSDP keeps its per-micro-batch traffic
 
 
 def test_fp8_saved_inputs_lower_transformer_engine_activations():

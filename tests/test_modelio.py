@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from sim import catalog
 from sim.errors import InputError
-from sim.modelio import METADATA_KEYS, MODEL_KEYS, MOE_KEYS, load_model, model_from_dict
+from sim.modelio import METADATA_KEYS, MODEL_KEYS, MOE_KEYS, model_from_dict
+from sim.models import load_model
 from sim.specs import Model
 
 DATA = Path(__file__).parent / "data"

@@ -15,11 +15,12 @@ import pytest
 from planner.recommend import recommend
 from planner.search import SearchSpace, search
 from sim.analytic import simulate_analytic
-from sim.catalog import cluster_from_catalog, get_gpu, get_model
+from sim.catalog import get_gpu, get_model
+from sim.clusters import cluster_from_catalog
 from sim.costs import offload_report
 from sim.errors import InfeasibleError, InputError
 from sim.memory import plan_memory
-from sim.modelio import load_model
+from sim.models import load_model
 from sim.offload import host_spec, offload_constants, with_host
 from sim.plan import Plan, normalize_offload, parse_strategy
 from sim.simulate import simulate
@@ -36,7 +37,7 @@ def small_gpu_cluster(n: int = 4):
 
 
 def plan(model, cl, text: str) -> Plan:
-    return Plan(model=model, cluster=cl, strategy=parse_strategy(text, num_gpus=cl.num_gpus))
+    return Plan(model=model, cluster=cl, strategy=parse_strategy(text, num_gpus=cl.num_gpus)).checked()
 
 
 # --------------------------------------------------------------------------- the key

@@ -16,7 +16,8 @@ import pytest
 
 from planner.cli import main
 from sim import catalog
-from sim.catalog import cluster_from_catalog, get_cpu, get_gpu, get_host_part, get_link
+from sim.catalog import get_cpu, get_gpu, get_host_part, get_link
+from sim.clusters import cluster_from_catalog
 from sim.costs import default_network
 from sim.errors import InfeasibleError, InputError
 from sim.plan import Plan, parse_strategy
@@ -306,7 +307,7 @@ def test_dataparallel_gil_factor_only_adds_time():
 def test_dataparallel_bad_input(strategy, n, error):
     with pytest.raises(error):
         c = cluster_from_catalog("rtx6000ada-48gb", n, gpus_per_node=4)
-        Plan(model=catalog.get_model("llama2-7b"), cluster=c, strategy=parse_strategy(strategy, num_gpus=n))
+        Plan(model=catalog.get_model("llama2-7b"), cluster=c, strategy=parse_strategy(strategy, num_gpus=n)).checked()
 
 
 def test_cli_dataparallel_prints_the_ddp_gain(capsys):

@@ -54,7 +54,7 @@ def test_bad_orders_are_one_line_errors(capsys):
     model = get_model("mixtral-8x7b")
     s = parse_strategy("tp=2,pp=2,ep=4,order=pp-tp-cp-dp,mbs=1,gbs=64", num_gpus=32)
     with pytest.raises(InputError, match="pp must be outermost"):
-        Plan(model=model, cluster=cluster("h100-80gb", 32), strategy=s)
+        Plan(model=model, cluster=cluster("h100-80gb", 32), strategy=s).checked()
     assert main(["simulate", "--model", "gpt3-175b", "--gpu", "a100-80gb", "--num-gpus", "64",
                  "--strategy", "tp=8,pp=8,order=tp-pp", "--engine", "analytic"]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1

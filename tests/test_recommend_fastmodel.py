@@ -99,7 +99,7 @@ def _brute_force(model, cl, gbs, seq, space: SearchSpace) -> tuple[set[str], int
                                     try:
                                         s = Strategy(tp=tp, cp=cp, pp=pp, dp=dp, vp=vp, mbs=mbs, gbs=gbs, seq_len=seq,
                                                      zero=z, sp=sp, recompute=rc, schedule=sched, offload=off)
-                                        plan = Plan(model=model, cluster=cl, strategy=s)
+                                        plan = Plan(model=model, cluster=cl, strategy=s).checked()
                                     except InputError:
                                         continue
                                     if off != "none":

@@ -14,7 +14,8 @@ import pytest
 from appkit.design import Design
 from appkit.evaluate import cli_command, evaluate
 from planner.cli import main
-from sim.catalog import cluster_from_catalog, get_model
+from sim.catalog import get_model
+from sim.clusters import cluster_from_catalog
 from sim.framework import apply_framework, default_frameworks, get_framework
 from sim.hostspecs import HostCalibration, HostCopy
 from sim.offload import default_host, host_spec, measured_host, offload_rates, server_host

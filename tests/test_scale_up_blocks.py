@@ -2,8 +2,8 @@
 
 import pytest
 
-from sim.catalog import cluster_from_catalog
-from sim.modelio import load_model
+from sim.clusters import cluster_from_catalog
+from sim.models import load_model
 from sim.plan import Plan, parse_strategy
 from sim.simulate import simulate
 

@@ -11,7 +11,7 @@ from sim.compute import default_efficiency
 from sim.errors import InputError
 from sim.event import simulate_event
 from sim.memory import activation_bytes_per_layer, plan_memory
-from sim.modelio import load_model
+from sim.models import load_model
 from sim.plan import Plan, parse_strategy
 from sim.step import overlap_window
 from tests.conftest import cluster
@@ -19,7 +19,7 @@ from tests.conftest import cluster
 
 def _plan(model: str, gpu: str, n: int, strategy: str, seq: int = 4096, **kw) -> Plan:
     return Plan(model=load_model(model), cluster=cluster(gpu, n), strategy=parse_strategy(strategy, num_gpus=n,
-                                                                                          seq_len=seq), **kw)
+                                                                                          seq_len=seq), **kw).checked()
 
 
 # ------------------------------------------------------------------ HSDP

@@ -15,7 +15,8 @@ import pytest
 from planner.fit_kernels import fit_ring_attention, fit_sustained_clock
 from planner.published import summary
 from sim.analytic import simulate_analytic
-from sim.catalog import cluster_from_catalog, get_gpu, get_nic
+from sim.catalog import get_gpu, get_nic
+from sim.clusters import cluster_from_catalog
 from sim.compute import default_efficiency, matmul_efficiency, network_kwargs
 from sim.costs import layer_cost, plan_layer_ops, step_costs
 from sim.event import simulate_event
@@ -84,8 +85,8 @@ def test_bf16_optimizer_memory_and_pieces() -> None:
     assert m_on.gradients_bytes - m_off.gradients_bytes == pytest.approx(4 * params, rel=1e-9)
     assert m_on.optimizer_bytes == pytest.approx(m_off.optimizer_bytes / n, rel=1e-9)
     # the bf16 weights all-gathered after the step; every micro-batch accumulates 10 B/param
-    assert st_off.dp_param_gather_s == 0 and st_on.dp_param_gather_s > 0
-    assert st_on.grad_accum_s > st_off.grad_accum_s
+    assert st_off.pieces.dp_param_gather_s == 0 and st_on.pieces.dp_param_gather_s > 0
+    assert st_on.pieces.grad_accum_s > st_off.pieces.grad_accum_s
     ev, an = simulate_event(on), simulate_analytic(on)
     assert ev.step_time_s == pytest.approx(an.step_time_s, rel=0.02)
 
@@ -113,7 +114,7 @@ def test_early_zero3_slows_with_data_parallel_size_bucketed_does_not() -> None:
 
 def test_early_zero3_engines_agree() -> None:
     plan = _plan("deepspeed-zero3-2021", GPT, "a100-40gb", 32, mbs=4, gbs=128, seq_len=1024, zero=3, precision="fp16")
-    assert step_costs(plan).stages[0].zero3_sync_s > 0
+    assert step_costs(plan).stages[0].pieces.zero3_sync_s > 0
     assert simulate_event(plan).step_time_s == pytest.approx(simulate_analytic(plan).step_time_s, rel=0.05)
 
 
@@ -176,8 +177,8 @@ def test_host_syncs_per_micro_batch_and_step() -> None:
     plan = _plan("megatron-lm-2021", GPT, "a100-80gb", 16, tp=8, pp=2, dp=1, mbs=1, gbs=8, seq_len=2048)
     st = step_costs(plan).stages[0]
     assert get_framework("megatron-lm-2021").host_syncs == HostSyncs(forward=5, backward=2, p2p=6, step=8)
-    assert st.host_sync_fwd_s == pytest.approx((5 + 3) * eff.host_op_floor_s)
-    assert st.host_sync_bwd_s == pytest.approx((2 + 3) * eff.host_op_floor_s)
+    assert st.pieces.host_sync_fwd_s == pytest.approx((5 + 3) * eff.host_op_floor_s)
+    assert st.pieces.host_sync_bwd_s == pytest.approx((2 + 3) * eff.host_op_floor_s)
     quiet = replace(plan, host_syncs=HostSyncs())
     gap = simulate_analytic(plan).step_time_s - simulate_analytic(quiet).step_time_s
     m, p = plan.strategy.num_microbatches, plan.strategy.pp

@@ -68,15 +68,15 @@ def test_keras_mechanisms_price_as_catalogued():
     rt = default_comm_runtime()
     st_tf, st_mc = step_costs(tf_plan).stages[0], step_costs(mc).stages[0]
     floor = default_efficiency().host_op_floor_s  # the per-step host syncs each profile counts (host_syncs)
-    tf_hbm = st_tf.optimizer_s - host_sync_counts(tf_plan.host_syncs, 1)[2] * floor
-    mc_hbm = st_mc.optimizer_s - host_sync_counts(mc.host_syncs, 1)[2] * floor
+    tf_hbm = st_tf.pieces.optimizer_s - host_sync_counts(tf_plan.host_syncs, 1)[2] * floor
+    mc_hbm = st_mc.pieces.optimizer_s - host_sync_counts(mc.host_syncs, 1)[2] * floor
     assert tf_hbm == pytest.approx(mc_hbm * 128 / 42)
     assert rt.grad_accumulation_bytes("keras", 2) == 12 and rt.grad_accumulation_bytes("keras", 1) == 0
     hbm = pieces_hbm_bytes_per_s(tf_plan.cluster, default_efficiency())  # on the job's slowest GPU
-    assert st_tf.grad_accum_s == pytest.approx(st_tf.params * 12 / hbm)
+    assert st_tf.pieces.grad_accum_s == pytest.approx(st_tf.params * 12 / hbm)
     r_tf, r_mc = simulate_analytic(tf_plan), simulate_analytic(mc)
     assert r_tf.step_time_s > r_mc.step_time_s  # unfused attention, eager element-wise, Keras Adam
-    assert r_tf.breakdown.exposed_dp_s == pytest.approx(st_tf.dp_grad_sync_s, rel=1e-9)
+    assert r_tf.breakdown.exposed_dp_s == pytest.approx(st_tf.pieces.dp_grad_sync_s, rel=1e-9)
 
 
 @pytest.mark.parametrize("framework,strategy,key", [

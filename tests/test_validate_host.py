@@ -137,7 +137,8 @@ def test_synthetic_copies_are_recovered_and_round_trip(tmp_path, capsys):
     assert prof["fit"]["host"]["memory"]["op"] == "triad"
 
     # the cluster simulate runs on carries them (sim.simulate -> Calibration.apply_plan)
-    from sim.catalog import cluster_from_catalog, get_model
+    from sim.catalog import get_model
+    from sim.clusters import cluster_from_catalog
     from sim.plan import Plan, parse_strategy
 
     plan = Plan(model=get_model("llama3-8b"), cluster=cluster_from_catalog(cal.gpu, 8, gpus_per_node=8),

@@ -48,7 +48,7 @@ def plan_for(w: dict[str, Any], cal: Calibration):
     cluster = Cluster(gpu=cal.gpu, num_gpus=world, nic=nic, gpus_per_node=per_host, nvlink_domain=per_host,
                       nics_per_node=min(cal.gpu.nics_per_node, per_host) if cal.host.device_type == "cuda" else 1,
                       scale_up=cal.scale_up)
-    return Plan(model=model, cluster=cluster, strategy=strategy, attention="flash")
+    return Plan(model=model, cluster=cluster, strategy=strategy, attention="flash").checked()
 
 
 def predict(w: dict[str, Any], cal: Calibration, *, engine: str = "analytic") -> dict[str, Any]:

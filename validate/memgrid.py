@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import time
 
-from sim.catalog import cluster_from_catalog, get_model
+from sim.catalog import get_model
+from sim.clusters import cluster_from_catalog
 from sim.framework import apply_framework, get_framework
 from sim.memory import plan_memory
 from sim.plan import Plan, parse_strategy
@@ -103,7 +104,7 @@ def build_plan(model_id: str, layers: int, num_gpus: int, strategy: str, *, fram
     s = parse_strategy(strategy, num_gpus=num_gpus)
     kw = apply_framework({"model": model, "cluster": cluster, "strategy": s}, get_framework(framework))
     kw["moe_imbalance"] = moe_imbalance
-    return Plan(**kw)
+    return Plan(**kw).checked()
 
 
 def compare(plan: Plan, *, name: str = "") -> dict[str, object]:

@@ -43,6 +43,7 @@ from sim.plan import Plan
 from sim.psspecs import ParameterServers
 from sim.run import RunChoices, resolve
 from sim.result import StepResult
+from sim.units import GIB
 
 MODES: tuple[str, ...] = ("local-sgd", "compress", "async-pipeline", "parameter-server")
 PS_FRAMEWORK = "tf-parameter-server"
@@ -94,7 +95,8 @@ class CommReductionReport:
 
 
 def _with_dp(costs: StepCosts, scale: float) -> StepCosts:
-    stages = tuple(replace(st, dp_grad_sync_s=st.dp_grad_sync_s * scale) for st in costs.stages)
+    stages = tuple(replace(st, pieces=replace(st.pieces, dp_grad_sync_s=st.pieces.dp_grad_sync_s * scale))
+                   for st in costs.stages)
     return replace(costs, stages=stages)
 
 
@@ -147,7 +149,7 @@ def comm_reduction(plan: Plan, *, mode: str, sync_every: int | None = None, rati
         if s.dp * s.cp < 2:
             raise InputError("strategy.dp", s.dp, "local SGD needs data parallelism (dp > 1)")
         inner = simulate_analytic(plan, net=net, costs=_with_dp(costs, 0.0))
-        outer = max(st.dp_grad_sync_s for st in costs.stages)
+        outer = max(st.pieces.dp_grad_sync_s for st in costs.stages)
         step = inner.step_time_s + outer / sync_every
         params = {"sync_every": float(sync_every), "outer_sync_s": outer, "inner_step_time_s": inner.step_time_s}
         factor = 1.0 / sync_every
@@ -171,7 +173,7 @@ def comm_reduction(plan: Plan, *, mode: str, sync_every: int | None = None, rati
         params = {"removed_bubble_s": base.breakdown.bubble_s}
         factor = 1.0
         warnings.append("one stashed weight version per stage adds the stage's weight bytes to its memory "
-                        f"(+{base.memory.weights_bytes / 2**30:.1f} GiB on the most loaded GPU, not in the peak)")
+                        f"(+{base.memory.weights_bytes / GIB:.1f} GiB on the most loaded GPU, not in the peak)")
     return CommReductionReport(mode=mode, baseline=base, step_time_s=step, tokens_per_s=s.tokens_per_step / step,
                                dp_bytes_factor=factor, parameters=params, caveat=CAVEATS[mode],
                                warnings=tuple(warnings))

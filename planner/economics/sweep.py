@@ -22,9 +22,10 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
-from sim.catalog import cluster_from_catalog, get_gpu, get_nic
+from sim.catalog import get_gpu, get_nic
+from sim.clusters import cluster_from_catalog
 from sim.errors import InfeasibleError, InputError
-from sim.modelio import load_model
+from sim.models import load_model
 from sim.specs import TOPOLOGIES, Cluster
 
 from planner import progress

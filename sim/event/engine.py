@@ -194,7 +194,7 @@ class Engine:
         pieces = layers if (final or zero3) else (agg,)
         op = f"{ph}{mb}" + (f".{c}" if sc.v > 1 else "")
         st_cost = sc.costs.stages[i]
-        host = st_cost.host_sync_fwd_s if ph == "F" else (st_cost.host_sync_bwd_s if ph == "B" else 0.0)
+        host = st_cost.pieces.host_sync_fwd_s if ph == "F" else (st_cost.pieces.host_sync_bwd_s if ph == "B" else 0.0)
         if host > 0:  # host synchronisations of the framework (Plan.host_syncs): the GPU waits for the host
             t = env.now
             yield env.timeout(host)
@@ -207,7 +207,7 @@ class Engine:
                     t = env.now
                     yield ev
                     log.append(Entry(u.index, "compute", f"wait all-gather {op} {pc.name}", "dp", t, env.now, True, op))
-                sync = sc.costs.stages[i].zero3_sync_s * pc.param_frac
+                sync = sc.costs.stages[i].pieces.zero3_sync_s * pc.param_frac
                 if sync > 0:  # gathered tensor by tensor, each behind a synchronize (sim.step.stage_pieces)
                     t = env.now
                     yield env.timeout(sync)
@@ -310,7 +310,7 @@ class Engine:
         prefetch of piece ``j + 1``."""
         i = u.stage
         dp, kind, issued = self.sc.dp[i], self._dp[i], state["ag"]
-        ahead = (j,) if self.sc.costs.stages[i].zero3_sync_s > 0 else (j, j + 1)  # synchronous: no prefetch
+        ahead = (j,) if self.sc.costs.stages[i].pieces.zero3_sync_s > 0 else (j, j + 1)  # synchronous: no prefetch
         for jj in ahead:
             if jj < len(pieces) and (op, jj) not in issued:
                 issued[(op, jj)] = self.ag_stream[i].issue(f"all-gather {op} {pieces[jj].name}", kind,  # type: ignore[arg-type]
@@ -320,7 +320,7 @@ class Engine:
     def _grad_offload(self, u: Unit, state: dict, after: simpy.Event | None, frac: float, name: str) -> None:
         """ZeRO-1/2 optimizer offload: copy a bucket's gradient shard to the host once its
         reduction (``after``) is done, one copy at a time on the unit's host link."""
-        seconds = self.sc.costs.stages[u.stage].offload_grad_s * frac
+        seconds = self.sc.costs.stages[u.stage].pieces.offload_grad_s * frac
         if seconds <= 0:
             return
         env, prev = self.env, state.get("host")
@@ -366,13 +366,13 @@ class Engine:
             log.append(Entry(u.index, "compute", "wait gradients to host", "offload", t, env.now, True))
         st = sc.costs.stages[i]
         t = env.now
-        opt = st.optimizer_s * u.slow
+        opt = st.pieces.optimizer_s * u.slow
         if opt > 0:
             yield env.timeout(opt)
         log.append(Entry(u.index, "compute", "optimizer", "optimizer", t, env.now, True))
-        if st.offload_param_s > 0:  # the updated weight shard back from the host (no delayed update)
+        if st.pieces.offload_param_s > 0:  # the updated weight shard back from the host (no delayed update)
             t = env.now
-            yield env.timeout(st.offload_param_s)
+            yield env.timeout(st.pieces.offload_param_s)
             log.append(Entry(u.index, "host", "weights to GPU", "offload", t, env.now, True))
         if st.fsdp_step_sync_s > 0:  # FSDP with pipelining: one gather + reduce-scatter per step, exposed
             t = env.now

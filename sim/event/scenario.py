@@ -178,9 +178,9 @@ class Scenario:
         # layers by parameter share, as it happens layer by layer; the embedding/head's share
         # rides with the embedding/head compute.  Lumping it into one chunk would unbalance
         # the virtual stages of an interleaved schedule.
-        per_param_f, per_param_b = st.param_work_fwd_s, st.param_work_bwd_s
+        per_param_f, per_param_b = st.pieces.param_work_fwd_s, st.pieces.param_work_bwd_s
         # exposed offload copies of a pass (weights in, gradients and activations out), by the same share
-        off_f, off_b = st.offload_fwd_s, st.offload_bwd_s
+        off_f, off_b = st.pieces.offload_fwd_s, st.pieces.offload_bwd_s
         if sum(fr) <= 0:
             extra_frac = 1.0
         extra_f = st.extra_fwd_s + extra_frac * per_param_f
@@ -252,13 +252,13 @@ class Scenario:
                 continue
             rate, lat = self.ref_rate["dp_cp"], self.ref_latency["dp_cp"]
             steps = 2 * (n - 1) if self.zero == 0 else n - 1
-            g_fixed = min(st.dp_grad_sync_s, steps * lat)
-            g_bytes = _bytes(st.dp_grad_sync_s - g_fixed, rate)
+            g_fixed = min(st.pieces.dp_grad_sync_s, steps * lat)
+            g_bytes = _bytes(st.pieces.dp_grad_sync_s - g_fixed, rate)
             if self.zero == 3:
                 ratio = rt.param_gather_bytes_per_param / rt.grad_reduce_bytes_per_param
                 a_t = g_bytes / rate * ratio + g_fixed if rate < math.inf else 0.0
             else:
-                a_t = st.dp_param_gather_s
+                a_t = st.pieces.dp_param_gather_s
             a_fixed = min(a_t, (n - 1) * lat)
             self.dp.append(DpSpec(grad_bytes=g_bytes, grad_fixed_s=g_fixed,
                                   gather_bytes=_bytes(a_t - a_fixed, rate), gather_fixed_s=a_fixed))

@@ -10,9 +10,11 @@
   ``node:N`` (all NICs of node N), ``leaf:N`` (leaf switch N's uplinks).
 * ``layers_per_stage``: transformer layers per pipeline stage (sums to the model's layers);
   the embedding stays on the first stage and the output layer and loss on the last, as in
-  ``sim.costs``.  Per-stage data-parallel, gather and optimizer times are scaled by the
-  stage's parameter count (their bandwidth terms are linear in it; the latency terms, a few
-  microseconds, are not rescaled); memory is still reported for the even split.
+  ``sim.costs``.  Every per-stage piece (``sim.step.StagePieces``: data-parallel, gather,
+  optimizer, accumulation, FSDP copies, fp8 casts, overlap slowdown, HSDP sync, offload) is
+  scaled by the stage's parameter count as the field declares (``StagePieces.rescaled``: their
+  bandwidth terms are linear in it; the latency terms, a few microseconds, ride along; host
+  synchronisations per pass do not scale); memory is still reported for the even split.
 """
 
 from __future__ import annotations
@@ -145,10 +147,5 @@ def apply_layers_per_stage(costs: StepCosts, counts: tuple[int, ...]) -> StepCos
         params = max(st.params - old + new, 0.0)
         scale = params / st.params if st.params > 0 else 1.0
         out.append(replace(st, layers=tuple(i for i, _ in mine), layer_costs=tuple(c for _, c in mine),  # type: ignore[misc]
-                           params=params, dp_grad_sync_s=st.dp_grad_sync_s * scale,
-                           dp_param_gather_s=st.dp_param_gather_s * scale, optimizer_s=st.optimizer_s * scale,
-                           zero3_exposed_fwd_s=st.zero3_exposed_fwd_s * scale,
-                           zero3_exposed_bwd_s=st.zero3_exposed_bwd_s * scale,
-                           offload_fwd_s=st.offload_fwd_s * scale, offload_bwd_s=st.offload_bwd_s * scale,
-                           offload_grad_s=st.offload_grad_s * scale, offload_param_s=st.offload_param_s * scale))
+                           params=params, pieces=st.pieces.rescaled(scale)))
     return replace(costs, stages=tuple(out))
