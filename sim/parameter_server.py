@@ -71,7 +71,6 @@ from sim.errors import InputError
 from sim.memory import plan_memory
 from sim.network import Network
 from sim.offload import host_spec
-from sim.ops import model_flops_per_step
 from sim.plan import Plan
 from sim.result import Breakdown, StepResult, step_result
 from sim.runtime import ParameterServerRuntime, parameter_server_runtime

@@ -374,9 +374,9 @@ class Engine:
             t = env.now
             yield env.timeout(st.pieces.offload_param_s)
             log.append(Entry(u.index, "host", "weights to GPU", "offload", t, env.now, True))
-        if st.fsdp_step_sync_s > 0:  # FSDP with pipelining: one gather + reduce-scatter per step, exposed
+        if st.pieces.fsdp_step_sync_s > 0:  # FSDP with pipelining: one gather + reduce-scatter per step, exposed
             t = env.now
-            yield env.timeout(st.fsdp_step_sync_s)
+            yield env.timeout(st.pieces.fsdp_step_sync_s)
             log.append(Entry(u.index, "compute", "FSDP gather + reduce-scatter once per step", "dp", t, env.now, True))
         end = env.now
         dp = sc.dp[i]

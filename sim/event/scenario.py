@@ -130,7 +130,7 @@ class Scenario:
         self.zb = s.schedule == "zero-bubble"
         self.zero = s.zero
         # FSDP with pipelining (sim.step.stage_pieces pipelined_fsdp): no per-micro-batch traffic
-        self.pipelined_fsdp = s.zero >= 3 and any(st.fsdp_step_sync_s > 0 for st in costs.stages)
+        self.pipelined_fsdp = s.zero >= 3 and any(st.pieces.fsdp_step_sync_s > 0 for st in costs.stages)
         # the updated weights are all-gathered after the step: ZeRO-1/2 and DeepSpeed's BF16_Optimizer
         self.param_gather = s.zero in (1, 2) or plan.bf16_optimizer_active
         self.dp_overlap = s.dp_overlap
