@@ -113,7 +113,7 @@ def memory_figure(results: Sequence[tuple[str, Mapping[str, Any]]]):
     totals = [sum(p.values()) for p in parts]
     top = max(totals + list(caps)) * 1.08
     fig.update_layout(barmode="stack", height=150 + 38 * len(labels), margin=dict(l=10, r=10, t=30, b=10),
-                      xaxis=dict(title="GiB on the most loaded GPU", range=[0, top]),
+                      xaxis=dict(title="GiB on the most loaded GPU (device level, as nvidia-smi)", range=[0, top]),
                       yaxis=dict(autorange="reversed", type="category"),
                       legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0, traceorder="normal"),
                       plot_bgcolor="white")

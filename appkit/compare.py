@@ -10,14 +10,14 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from appkit.charts import BREAKDOWN_PARTS, breakdown_parts
-from appkit.present import precision_text, strategy_of
+from appkit.present import mfu_pct, precision_text, strategy_of
 from sim.units import GIB
 
 MAX_DESIGNS = 3
 
 # metric -> "min" or "max": which direction is better
 BETTER: dict[str, str] = {
-    "step time (s)": "min", "tokens/s": "max", "MFU": "max", "peak memory (GiB)": "min",
+    "step time (s)": "min", "tokens/s": "max", "MFU (bf16 peak)": "max", "peak memory (GiB, device)": "min",
     "time to train (days)": "min", "cost to train (USD)": "min",
 }
 
@@ -43,8 +43,8 @@ def snapshot(design, cluster, plan: Mapping[str, Any], economics: Mapping[str, A
     metrics = {
         "step time (s)": float(plan["step_time_s"]),
         "tokens/s": float(plan["tokens_per_s"]),
-        "MFU": float(plan["mfu"]),
-        "peak memory (GiB)": float(plan["memory_peak_bytes"]) / GIB,
+        "MFU (bf16 peak)": float(plan["mfu"]),  # one peak for every design, so they compare
+        "peak memory (GiB, device)": float(plan["memory_device_bytes"]) / GIB,  # as nvidia-smi
         "fits memory": bool(plan["fits_memory"]),
         "time to train (days)": float(economics["time_to_train_s"]) / 86400.0,
         "cost to train (USD)": float(cost) if cost is not None else None,
@@ -91,8 +91,8 @@ def _fmt(name: str, v: Any) -> str:
         return "n/a (no price)"
     if isinstance(v, bool):
         return "yes" if v else "NO"
-    if name == "MFU":
-        return f"{v:.1%}"
+    if name.startswith("MFU"):
+        return mfu_pct(v)
     if name == "tokens/s":
         return f"{v:,.0f}"
     if name == "cost to train (USD)":

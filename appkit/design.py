@@ -29,7 +29,7 @@ MODEL_SUFFIXES: tuple[str, ...] = ("json", "yaml", "yml")
 # Widgets the sidebar draws, by key (ui.py uses the same keys).
 WIDGETS: tuple[str, ...] = ("model", "gpu", "num_gpus", "gpus_per_node", "nvlink_domain", "nic",
                             "nics_per_node", "topology", "oversubscription", "server", "p2p", "seq_len", "gbs",
-                            "token_budget", "pricing", "framework", "fp8", "strategy", "rerank")
+                            "token_budget", "pricing", "framework", "fp8", "memory_headroom", "strategy", "rerank")
 
 _STRATEGY_KEYS = frozenset({"strategy", "tp", "pp", "dp", "cp", "ep", "vp", "mbs", "zero", "sp",
                             "recompute", "precision", "schedule", "attention", "tp_overlap",
@@ -46,9 +46,13 @@ class Design:
     ``strategy`` (a STRATEGY string) to "recommend one".  ``rerank=False`` ranks with the
     analytic model only (faster; ``planner recommend --rerank 0``).  ``server`` and ``p2p``
     (PCIe cards only) are ``--server`` and ``--p2p``.  ``precisions`` are the training
-    precisions the search may use (``--precision``): bf16 unless the user opts in to fp8,
-    because fp8 changes the numerics.  ``framework`` restricts the search to the plans one
-    framework profile runs (``--framework``); ``None`` is the recommender's default.
+    precisions the search may use (``--precision``); ``None`` is ``planner recommend``'s
+    default, the GPU's own (bf16; fp16 where it has no bf16), because fp8 changes the numerics
+    and is searched only when the user opts in.  ``framework`` restricts the search to the
+    plans one framework profile runs (``--framework``); ``None`` is the recommender's default.
+    ``memory_headroom`` is the fraction of GPU memory (device level, as ``nvidia-smi``) a plan
+    keeps free (``--memory-headroom``); ``None`` is the memory model's measured error
+    (``planner.uncertainty.memory_headroom``).
     """
 
     model: Model
@@ -69,8 +73,9 @@ class Design:
     rerank: bool = True  # re-rank the top plans with the event engine, as `planner recommend` does
     server: str | None = None  # PCIe cards: a servers.yaml design (None: the default for the node size)
     p2p: str | None = None  # PCIe cards: pcie | none (None: the card's)
-    precisions: tuple[str, ...] = ("bf16",)  # searched precisions; fp8 only when asked for
+    precisions: tuple[str, ...] | None = None  # searched precisions (None: the GPU's own); fp8 only when asked for
     framework: str | None = None  # a catalogs/frameworks.yaml profile; None: the recommender's default
+    memory_headroom: float | None = None  # fraction of GPU memory kept free; None: the measured default
 
     def __post_init__(self) -> None:
         if self.pricing not in ("owned", "cloud"):
@@ -86,8 +91,13 @@ class Design:
                 raise InputError("token_budget", t, "must be a positive number of tokens")
         if self.strategy is not None and not self.strategy.strip():
             raise InputError("strategy", self.strategy, "is empty; leave it off to get a recommendation")
-        if not self.precisions or any(p not in TRAIN_PRECISIONS for p in self.precisions):
+        if self.precisions is not None and (not self.precisions or any(p not in TRAIN_PRECISIONS
+                                                                        for p in self.precisions)):
             raise InputError("precision", ",".join(self.precisions), f"must be some of {', '.join(TRAIN_PRECISIONS)}")
+        h = self.memory_headroom
+        if h is not None and (isinstance(h, bool) or not isinstance(h, (int, float)) or not math.isfinite(h)
+                              or not 0 <= h < 1):
+            raise InputError("memory-headroom", h, "must be a fraction in [0, 1)")
 
     @property
     def token_budget(self) -> float:
@@ -180,6 +190,8 @@ def widget_for_error(exc: InputError, design: Design | None = None) -> str | Non
         return "pricing"
     if head == "framework":
         return "framework"
+    if head in ("memory-headroom", "memory_headroom"):
+        return "memory_headroom"
     if head == "precision" and (design is None or design.strategy is None):
         return "fp8"  # the searched precisions (a fixed strategy's precision= is the strategy's)
     if head == "gbs":

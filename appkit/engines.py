@@ -30,19 +30,24 @@ from sim.specs import Cluster, Model
 
 def recommend(model: Model, cluster: Cluster, *, gbs: int | None, seq_len: int, top: int,
               rerank: bool = True, precisions: tuple[str, ...] | None = None, framework: str | None = None,
-              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+              memory_headroom: float | None = None, progress: Callable[[str], None] | None = None
+              ) -> dict[str, Any]:
     """Best plans for the design, as ``planner recommend --json``: ``plans`` (best first, each
     with ``strategy`` and the simulate keys), ``candidates_evaluated``, ``search_time_s``,
     ``rejected`` (per reason), ``explanation`` and, when nothing fits, ``suggestions``.
     ``rerank=False`` ranks with the analytic model only (``planner recommend --rerank 0``);
-    ``precisions`` are the training precisions searched (``--precision``; ``None``: the
-    recommender's default); ``framework`` a profile of ``catalogs/frameworks.yaml``
-    (``--framework``; the search then holds only plans it runs); ``progress`` is called with
-    each phase's name as it starts."""
-    space = SearchSpace(precision=tuple(precisions)) if precisions is not None else None
+    ``precisions`` are the training precisions searched (``--precision``; ``None``: the GPU's
+    own, bf16 or fp16, as without the flag: fp8 changes numerics and is searched only when
+    asked for); ``framework`` a profile of ``catalogs/frameworks.yaml`` (``--framework``; the
+    search then holds only plans it runs); ``memory_headroom`` the fraction of GPU memory a plan
+    keeps free (``--memory-headroom``; ``None``: the memory model's measured error);
+    ``progress`` is called with each phase's name as it starts.  The search space is the one
+    ``planner recommend`` builds from these flags (``planner.cmd_recommend.space_from_args``)."""
+    space = SearchSpace(precision=tuple(precisions) if precisions is not None else None)
     res = planner_recommend(model, cluster, gbs=gbs if gbs is not None else default_global_batch(seq_len), seq_len=seq_len,
                             top=top, rerank=None if rerank else 0, space=space,
-                            settings=Settings.from_framework(framework), progress=progress)
+                            settings=Settings.from_framework(framework), memory_headroom=memory_headroom,
+                            progress=progress)
     return res.to_dict()
 
 

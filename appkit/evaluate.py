@@ -7,6 +7,7 @@ fixed strategy, a design ``planner tco`` cannot cost) as ``notes`` rather than f
 
 from __future__ import annotations
 
+import shlex
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -56,7 +57,8 @@ def fixed_strategy_text(design: Design) -> str:
 
 
 def fixed_strategy(design: Design, cluster: Cluster) -> Strategy:
-    """The user's STRATEGY (``fixed_strategy_text``) as parsed, before its framework completes it."""
+    """The user's STRATEGY (``fixed_strategy_text``) as parsed, before its framework completes it
+    (``evaluate`` prices it with the sidebar's framework, ``run_of``)."""
     return parse_strategy(fixed_strategy_text(design), num_gpus=cluster.num_gpus, seq_len=design.seq_len)
 
 
@@ -88,15 +90,16 @@ def _complete(design: Design, cluster: Cluster, plan: Mapping[str, Any]) -> dict
 
 def recommendation(design: Design, cluster: Cluster, *, top: int = DEFAULT_TOP,
                    progress: Callable[[str], None] | None = None) -> tuple[dict[str, Any] | None, str | None]:
-    """(``planner recommend`` output for the design, or ``None`` with the reason).
+    """(``planner recommend`` output for the design, or ``None`` with the reason): the search
+    ``recommend_command`` prints.
 
     Depends only on ``design.recommend_key()`` (model, cluster, sequence length, global batch,
-    precisions, framework), so the app caches it apart from the token budget, pricing and a
-    fixed strategy.  ``progress`` gets each phase's name.  Raises ``InputError`` for input the
-    recommender rejects."""
+    precisions, framework, memory headroom), so the app caches it apart from the token budget,
+    pricing and a fixed strategy.  ``progress`` gets each phase's name.  Raises ``InputError``
+    for input the recommender rejects."""
     return engines.recommend(design.model, cluster, gbs=design.gbs, seq_len=design.seq_len, top=top,
                              rerank=design.rerank, precisions=design.precisions, framework=design.framework,
-                             progress=progress), None
+                             memory_headroom=design.memory_headroom, progress=progress), None
 
 
 def evaluate(design: Design, *, top: int = DEFAULT_TOP,
@@ -112,7 +115,7 @@ def evaluate(design: Design, *, top: int = DEFAULT_TOP,
     search: dict[str, Any] = {}
     if design.strategy is not None:
         t = time.perf_counter()
-        mine = simulate_strategy(design, cluster, fixed_strategy_text(design))
+        mine = simulate_strategy(design, cluster, fixed_strategy_text(design), design.framework)
         mine["source"] = "yours"
         plans.append(mine)
         timings["simulate_s"] = time.perf_counter() - t
@@ -173,7 +176,9 @@ def result_document(ev: Evaluation, plan: Mapping[str, Any], economics: Mapping[
                    "gpus_per_node": c.gpus_per_node, "nvlink_domain": c.nvlink_domain, "nic": c.nic.id,
                    "nics_per_node": c.nics_per_node, "topology": c.topology,
                    "oversubscription": c.oversubscription, "seq_len": d.seq_len, "gbs": d.gbs,
-                   "token_budget": d.token_budget},
+                   "token_budget": d.token_budget, "framework": d.framework,
+                   "precisions": list(ev.search.get("precisions_searched") or d.precisions or [c.gpu.default_precision]),
+                   "memory_headroom": (ev.search.get("memory_headroom") or {}).get("fraction", d.memory_headroom)},
         "plan": dict(plan),
         "economics": dict(economics),
         "plans": [dict(p) for p in ev.plans],
@@ -181,19 +186,51 @@ def result_document(ev: Evaluation, plan: Mapping[str, Any], economics: Mapping[
     }
 
 
-def cli_command(ev: Evaluation, plan: Mapping[str, Any], *, catalog_model: bool) -> str:
-    """The ``planner simulate`` command line that reproduces ``plan``: every cluster default
-    spelled out, the analytic engine the app prices with and the plan's framework (its run,
-    ``sim.run.resolve``, is the same one the app priced)."""
-    c, d = ev.cluster, ev.design
+def cluster_flags(ev: Evaluation) -> list[str]:
+    """The cluster as CLI flags, every default spelled out (``--nvlink-domain`` and
+    ``--nics-per-node`` for NVLink parts; a PCIe card's ``--server`` and ``--p2p``: its node is
+    its scale-up domain, and the CLI refuses ``--nvlink-domain`` for it)."""
+    c = ev.cluster
     flags = ["--gpu", c.gpu.id, "--num-gpus", str(c.num_gpus), "--gpus-per-node", str(c.gpus_per_node)]
-    if c.server is None:  # a PCIe server's node is its scale-up domain (--nvlink-domain is refused)
+    if c.server is None:
         flags += ["--nvlink-domain", str(c.nvlink_domain), "--nics-per-node", str(c.nics_per_node)]
     else:
         flags += ["--server", c.server.design] if c.server.design != "custom" else []
         flags += ["--p2p", c.server.p2p]
-    flags += ["--nic", c.nic.id, "--topology", c.topology, "--oversubscription", f"{c.oversubscription:g}",
-              "--seq-len", str(d.seq_len)]
-    run = run_of(d, c, str(plan["strategy"]), plan.get("framework"))
-    return simulate_command(model=d.model_ref if catalog_model else "MODEL_FILE", cluster_flags=flags,
-                            strategy=str(plan["strategy"]), run=run, engine="analytic")
+    return flags + ["--nic", c.nic.id, "--topology", c.topology, "--oversubscription", f"{c.oversubscription:g}",
+                    "--seq-len", str(ev.design.seq_len)]
+
+
+def cli_command(ev: Evaluation, plan: Mapping[str, Any], *, catalog_model: bool) -> str:
+    """The ``planner simulate`` command line that reproduces ``plan`` exactly: every cluster
+    default spelled out (``cluster_flags``), the plan's STRATEGY string (its precision
+    included), the engine that timed it (``event`` for the plans the recommender re-ranked,
+    else ``analytic``) and the plan's framework (``Run.flags``: its run, ``sim.run.resolve``,
+    is the one the app priced, fp8 recipe included)."""
+    d = ev.design
+    run = run_of(d, ev.cluster, str(plan["strategy"]), plan.get("framework"))
+    engine = "event" if plan.get("engine") == "event" else "analytic"
+    return simulate_command(model=d.model_ref if catalog_model else "MODEL_FILE", cluster_flags=cluster_flags(ev),
+                            strategy=str(plan["strategy"]), run=run, engine=engine)
+
+
+def recommend_command(ev: Evaluation, *, catalog_model: bool, top: int = DEFAULT_TOP) -> str:
+    """The ``planner recommend`` command line that runs the search the app ran
+    (``recommendation``): the same cluster, global batch, searched precisions
+    (``--precision``), framework, memory headroom and re-ranking; a flag the app left at its
+    default is left out, so the CLI's default applies, as it did in the app."""
+    d = ev.design
+    flags = ["planner", "recommend", "--model", d.model_ref if catalog_model else "MODEL_FILE", *cluster_flags(ev)]
+    if d.gbs is not None:
+        flags += ["--gbs", str(d.gbs)]
+    if d.precisions is not None:
+        flags += ["--precision", ",".join(d.precisions)]
+    if d.framework is not None:
+        flags += ["--framework", d.framework]
+    if d.memory_headroom is not None:
+        flags += ["--memory-headroom", f"{d.memory_headroom:g}"]
+    if not d.rerank:
+        flags += ["--rerank", "0"]
+    if top != 5:
+        flags += ["--top", str(top)]
+    return " ".join(shlex.quote(f) for f in flags)

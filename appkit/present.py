@@ -18,6 +18,7 @@ from sim.plan import parse_strategy
 from sim.specs import Cluster, Strategy
 from sim.units import GIB
 
+MEMORY_COLUMN = "peak memory (GiB, device)"
 
 
 def rank_label(plan: Mapping[str, Any]) -> str:
@@ -54,6 +55,22 @@ def precision_text(s: Strategy | None) -> str:
     return f"fp8 ({s.fp8_recipe})" if s.precision == "fp8" else s.precision
 
 
+def mfu_shown(value: float | None) -> float | None:
+    """An MFU as a table shows it: ``None`` (blank) above 100%, never a figure above the peak
+    (the CLI's table writes ``>100%``; ``planner.report.mfu_text`` says why)."""
+    return None if value is None or float(value) > 1.0 else round(float(value), 4)
+
+
+def mfu_pct(value: float) -> str:
+    """``41.3%``, or ``>100%`` (a figure above the peak is no MFU: the model is optimistic there)."""
+    return ">100%" if value > 1.0 else f"{value:.1%}"
+
+
+def mfu_of_fp8_peak(plan: Mapping[str, Any]) -> float | None:
+    """MFU against the fp8 peak for an fp8 plan (``mfu_of_precision_peak``), else ``None``."""
+    return float(plan["mfu_of_precision_peak"]) if plan.get("precision") == "fp8" else None
+
+
 def band_text(low: float | None, high: float | None, fmt: Callable[[float], str] = fmt_s) -> str:
     return "" if low is None or high is None else f"{fmt(low)} .. {fmt(high)}"
 
@@ -74,10 +91,22 @@ def scaled_band(value: float, plan: Mapping[str, Any], figures: Mapping[str, Any
     return value * float(lo) / float(step), value * float(hi) / float(step)
 
 
+def model_step(plan: Mapping[str, Any]) -> dict[str, Any]:
+    """The plan as the model timed it: ``model_step_time_s`` and the breakdown without the
+    calibration term (``planner.uncertainty.headline`` adds the bias of published runs like it
+    to ``overhead_s`` and shows it as ``calibration_s``; it is not a mechanism of the step)."""
+    bd = dict(plan.get("breakdown") or {})
+    if "model_step_time_s" not in plan or "calibration_s" not in bd:
+        return dict(plan)
+    cal = float(bd.pop("calibration_s"))
+    bd["overhead_s"] = float(bd.get("overhead_s", 0.0)) - cal
+    return {**plan, "step_time_s": float(plan["model_step_time_s"]), "breakdown": bd}
+
+
 def verdict(plan: Mapping[str, Any]) -> str:
-    """The one sentence on what bounds the plan (``planner.explain.bound_line``, as in the
-    CLI's "why #1"), with memory first when the plan does not fit."""
-    line = bound_line(dict(plan))
+    """The one sentence on what bounds the plan (``planner.explain.bound_line`` of the model's
+    step, as the CLI's "why #1" writes it), with memory first when the plan does not fit."""
+    line = bound_line(model_step(plan))
     if not plan.get("fits_memory", True):
         return "does not fit in GPU memory; " + line
     return line
@@ -101,10 +130,14 @@ COLUMNS: tuple[Column, ...] = (
     ("vs #1", lambda p, c: (f"{c['best_tps'] / float(p['tokens_per_s']) - 1:+.1%}"
                             if c["best_tps"] and p is not c["first"] else "")),
     ("tokens/s", lambda p, c: round(float(p["tokens_per_s"]))),
-    ("MFU", lambda p, c: round(float(p["mfu"]), 4)),
+    # MFU against the bf16 peak (the convention Megatron, NeMo and torchtitan print) and, for fp8
+    # plans, against the fp8 peak, as `planner recommend` labels them; blank above 100%.
+    ("MFU (bf16 peak)", lambda p, c: mfu_shown(p["mfu"])),
+    ("MFU (fp8 peak)", lambda p, c: mfu_shown(mfu_of_fp8_peak(p))),
     ("model TFLOP/s per GPU", lambda p, c: (round(float(p["model_tflops_per_gpu"]), 1)
                                             if p.get("model_tflops_per_gpu") is not None else None)),
-    ("peak memory (GiB)", lambda p, c: round(float(p["memory_peak_bytes"]) / GIB, 1)),
+    # the device level (as nvidia-smi): what the recommender's memory headroom and "fits" judge
+    (MEMORY_COLUMN, lambda p, c: round(float(p["memory_device_bytes"]) / GIB, 1)),
     ("fits", lambda p, c: bool(p["fits_memory"])),
     ("framework", lambda p, c: p.get("framework") or c["framework"]),
     ("precision", lambda p, c: precision_text(c["s"])),

@@ -20,6 +20,7 @@ import streamlit as st
 
 from appkit.design import Design, error_text, model_from_upload
 from appkit.links import decode_upload, encode_upload
+from planner.uncertainty import memory_headroom
 from sim.conventions import conventions
 from sim.errors import InputError
 from sim.specs import TOPOLOGIES
@@ -32,7 +33,7 @@ UPLOAD = "Upload file"
 # Widgets whose value is the design (keys = URL parameters); the file uploader cannot be bound.
 BOUND: tuple[str, ...] = ("model_source", "model", "gpu", "num_gpus", "gpus_per_node", "nvlink_domain", "nic",
                           "nics_per_node", "topology", "oversubscription", "server", "p2p", "seq_len", "gbs",
-                          "token_budget", "pricing", "framework", "fp8", "strategy", "rerank")
+                          "token_budget", "pricing", "framework", "fp8", "memory_headroom", "strategy", "rerank")
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
@@ -198,8 +199,17 @@ def sidebar(cat: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[s
                     help=("also search fp8 plans (`planner recommend --precision bf16,fp8`): fp8 changes the "
                           "numerics and the convergence risk, so plans stay bf16 unless you ask"
                           if has_fp8 else f"{gpu.id} has no fp8 tensor cores: plans are bf16"))
-    raw["precisions"] = ("bf16", "fp8") if fp8 and has_fp8 else ("bf16",)
+    raw["fp8"] = bool(fp8 and has_fp8)
+    raw["precisions"] = ("bf16", "fp8") if raw["fp8"] else (gpu.default_precision,)  # what is searched (shown)
     slots["fp8"] = sb.empty()
+    headroom, why = memory_headroom()
+    raw["memory_headroom"] = sb.number_input(
+        "Memory headroom (fraction kept free)", min_value=0.0, max_value=0.99, value=None, step=0.01,
+        format="%.2f", key="memory_headroom", bind=BIND, placeholder=f"auto: {headroom:.2f} (measured)",
+        help=f"fraction of GPU memory a plan keeps free, at the device level (as nvidia-smi shows it), as "
+             f"`planner recommend --memory-headroom F`; auto: the memory model's measured error ({why}); "
+             "0 = plans may fill the GPU")
+    slots["memory_headroom"] = sb.empty()
     raw["strategy"] = sb.text_input("Fixed strategy (optional)", key="strategy", bind=BIND,
                                     placeholder="e.g. tp=8,pp=16,vp=3,mbs=1,sp=1,recompute=selective",
                                     help="a STRATEGY string as `planner simulate --strategy` takes; it is shown "
@@ -222,8 +232,9 @@ def design_from(raw: dict[str, Any]) -> Design:
                   oversubscription=float(raw["oversubscription"]), seq_len=int(raw["seq_len"]),
                   gbs=_opt_int(raw["gbs"]), token_budget_tokens=None if tb is None else float(tb) * 1e9,
                   strategy=strategy, pricing=raw["pricing"], rerank=bool(raw["rerank"]),
-                  server=raw.get("server"), p2p=raw.get("p2p"), precisions=tuple(raw.get("precisions", ("bf16",))),
-                  framework=raw.get("framework"))
+                  server=raw.get("server"), p2p=raw.get("p2p"),
+                  precisions=("bf16", "fp8") if raw.get("fp8") else None, framework=raw.get("framework"),
+                  memory_headroom=None if raw.get("memory_headroom") is None else float(raw["memory_headroom"]))
 
 
 def _opt_int(v: Any) -> int | None:

@@ -16,7 +16,7 @@ import streamlit as st
 
 from appkit import charts, compare, engines, present
 from appkit.design import error_text
-from appkit.evaluate import Evaluation, cli_command, plan_of, result_document
+from appkit.evaluate import Evaluation, cli_command, plan_of, recommend_command, result_document
 from appkit.topoview import summarize_topology, topology_figure
 from appkit.view import catalog, md
 from planner.exports import FORMAT_FRAMEWORK, FORMATS
@@ -48,7 +48,13 @@ def plans_tab(ev: Evaluation, plans: Sequence[Mapping[str, Any]], chosen: int) -
     fw = ev.design.framework or ev.search.get("framework") or "default"
     rows = present.plans_table(plans, ev.cluster, ev.design.seq_len, framework=fw)
     st.dataframe(rows, hide_index=True, key="plans_table", column_config={
-        "MFU": st.column_config.NumberColumn(format="percent"),
+        "MFU (bf16 peak)": st.column_config.NumberColumn(format="percent", help=(
+            "model FLOPs per step / (step time x GPUs x the GPU's dense bf16 peak); blank above 100%")),
+        "MFU (fp8 peak)": st.column_config.NumberColumn(format="percent", help=(
+            "fp8 plans: the same model FLOPs against the GPU's dense fp8 peak")),
+        present.MEMORY_COLUMN: st.column_config.NumberColumn(help=(
+            "peak of the most loaded GPU at the device level, as nvidia-smi shows it (allocated + the caching "
+            "allocator's reserve + CUDA context and NCCL buffers): what fits and the memory headroom judge")),
         "tokens/s": st.column_config.NumberColumn(format="localized"),
         "step time (s)": st.column_config.NumberColumn(format="%.3f"),
     })
@@ -82,8 +88,14 @@ def search_summary(ev: Evaluation) -> None:
     ranking = sr.get("ranking") or {}
     if ranking.get("note"):
         bits.append(ranking["note"])
+    if sr.get("precisions_searched"):
+        bits.append("precision " + ", ".join(sr["precisions_searched"]))
+    headroom = sr.get("memory_headroom") or {}
+    if headroom.get("why"):
+        bits.append(f"memory headroom: {headroom['why']}")
     if bits:
         st.caption("Search: " + md("; ".join(bits)))
+    fp8_alternative(sr.get("fp8_alternative") or {})
     expl = sr.get("explanation") or {}
     lines = expl.get("lines") if isinstance(expl, dict) else None
     if lines:
@@ -94,6 +106,21 @@ def search_summary(ev: Evaluation) -> None:
                              key="rejected_table")
     for w in sr.get("warnings") or []:
         st.warning(md(w))
+
+
+def _search_fp8() -> None:
+    st.session_state["fp8"] = True
+    st.session_state["run_requested"] = True
+
+
+def fp8_alternative(alt: Mapping[str, Any]) -> None:
+    """#1 in fp8 when that would be faster (``planner recommend``'s ``fp8_alternative``): its
+    gain and the framework's fp8 recipe, never chosen for the user (fp8 changes the numerics);
+    a button opts in and searches again."""
+    if not alt:
+        return
+    st.info(md(f"fp8 alternative: {alt['line']}") + f"  \n`{alt['strategy']}`")
+    st.button("Allow fp8 and search again", key="search_fp8", on_click=_search_fp8)
 
 
 # --------------------------------------------------------------------------- Timeline, Topology
@@ -197,8 +224,15 @@ def handoff_tab(ev: Evaluation, plan: Mapping[str, Any], plans: Sequence[Mapping
     doc = result_document(ev, plan, eco)
     st.download_button("Download result (JSON)", data=json.dumps(doc, indent=2, default=str),
                        file_name="plan.json", mime="application/json", key="download_json")
-    st.markdown("Reproduce on the command line:")
-    st.code(cli_command(ev, plan, catalog_model=d.model_ref in catalog()["models"]), language="bash")
+    in_catalog = d.model_ref in catalog()["models"]
+    st.markdown(f"Reproduce plan {present.rank_label(plan)} on the command line (the same run: framework, "
+                f"precision, engine):")
+    st.code(cli_command(ev, plan, catalog_model=in_catalog), language="bash")
+    if plan.get("source") != "yours":
+        st.markdown("The search that found it:")
+        st.code(recommend_command(ev, catalog_model=in_catalog), language="bash")
+    if not in_catalog:
+        st.caption(md(f"MODEL_FILE: the uploaded {d.model_ref}"))
     files, warnings, steps = _exports(ev, plan, eco)
     if not files:
         no_export(ev, plan, plans, eco, warnings)

@@ -23,14 +23,13 @@ import streamlit as st
 
 from appkit import compare, present
 from appkit.design import Design, cluster_of, error_text, widget_for_error
-from appkit.evaluate import Evaluation, evaluate, fixed_strategy, recommendation
+from appkit.evaluate import Evaluation, evaluate, fixed_strategy_text, recommendation, run_of
 from appkit.jobs import Cancelled, Job, JobStore
 from appkit.links import ignored_values
 from appkit.sidebar import BOUND, design_from, sidebar, widget_values
 from appkit.tabs import compare_tab, handoff_tab, plans_tab, timeline_tab, topology_tab
 from appkit.view import cached_economics, catalog, headline, md
 from sim.errors import InputError
-from sim.plan import Plan
 from sim.specs import Cluster
 
 _log = logging.getLogger(__name__)
@@ -65,8 +64,8 @@ def check(design: Design) -> Cluster:
     """What can be checked without searching (milliseconds): the cluster builds, a fixed
     strategy parses and fits the model and the GPU count.  Raises ``InputError``."""
     cluster = cluster_of(design)
-    if design.strategy is not None:
-        Plan(model=design.model, cluster=cluster, strategy=fixed_strategy(design, cluster)).checked()
+    if design.strategy is not None:  # resolved as evaluate prices it: with the sidebar's framework
+        run_of(design, cluster, fixed_strategy_text(design), design.framework)
     return cluster
 
 
@@ -78,7 +77,8 @@ DIFF_LABELS = {"model_ref": "model", "gpu": "GPU", "num_gpus": "GPUs", "gpus_per
                "topology": "topology", "oversubscription": "oversubscription", "server": "PCIe server",
                "p2p": "peer-to-peer", "seq_len": "sequence length", "gbs": "global batch",
                "token_budget_b": "token budget", "pricing": "pricing", "framework": "framework",
-               "precisions": "precisions", "strategy": "strategy", "rerank": "event re-ranking"}
+               "precisions": "precisions", "memory_headroom": "memory headroom", "strategy": "strategy",
+               "rerank": "event re-ranking"}
 
 
 def changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:

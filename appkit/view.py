@@ -11,6 +11,7 @@ import streamlit as st
 from appkit import charts, present
 from appkit.design import Design
 from appkit.evaluate import economics_of
+from planner.report import mfu_text
 from sim.catalog import list_gpus, list_links, list_models, list_server_designs
 from sim.framework import list_frameworks
 from sim.units import GIB
@@ -78,6 +79,26 @@ def band_caption(col, low: float | None, high: float | None, fmt, value: float |
     col.caption(md(text))
 
 
+def mfu_metric(col, plan: dict[str, Any]) -> None:
+    """MFU as ``planner recommend`` says it (``planner.report.mfu_text``): against the bf16 peak,
+    fp8 plans against the fp8 peak as well, each labelled; never a figure above 100%."""
+    fp8 = present.mfu_of_fp8_peak(plan)
+    help_text = ("model FLOPs per step / (step time x GPUs x the GPU's dense bf16 peak), the figure Megatron, NeMo "
+                 "and torchtitan print" + ("; fp8 plans also against the dense fp8 peak" if fp8 is not None else "")
+                 + ". " + mfu_text(plan))
+    if fp8 is None:
+        col.metric("MFU", present.mfu_pct(float(plan["mfu"])), help=md(help_text))
+        notes = []
+    else:
+        col.metric("MFU (fp8 peak)", present.mfu_pct(fp8), help=md(help_text))
+        notes = [f"{present.mfu_pct(float(plan['mfu']))} of the bf16 peak"]
+    if plan.get("model_tflops_per_gpu") is not None:
+        notes.append(f"{plan['model_tflops_per_gpu']:,.0f} model TFLOP/s per GPU")
+    if max(float(plan["mfu"]), fp8 or 0.0) > 1.0:
+        notes.append("above the peak: not an MFU, the model is optimistic here")
+    col.caption(md("; ".join(notes)))
+
+
 def headline(plan: dict[str, Any], eco: dict[str, Any], eco_note: str | None, tokens: float) -> None:
     cols = st.columns(6)
     band = plan.get("uncertainty")
@@ -90,15 +111,17 @@ def headline(plan: dict[str, Any], eco: dict[str, Any], eco_note: str | None, to
     cols[1].metric("Throughput", phys(plan["tokens_per_s"], "tok/s"),
                    help=f"{plan['tokens_per_s']:,.0f} tokens/s for the whole cluster")
     cols[1].caption(f"{plan['tokens_per_s'] / plan['num_gpus']:,.0f} tok/s per GPU" if plan.get("num_gpus") else "")
-    cols[2].metric("MFU", f"{plan['mfu']:.1%}", help="model FLOPs per step / (step time x GPUs x the GPU's dense "
-                                                     "peak at the plan's precision)")
-    if plan.get("model_tflops_per_gpu") is not None:
-        cols[2].caption(f"{plan['model_tflops_per_gpu']:,.0f} model TFLOP/s per GPU")
+    mfu_metric(cols[2], plan)
     mem = plan["memory"]
-    cols[3].metric("Peak memory", gib(plan["memory_peak_bytes"]))
-    frac = plan["memory_peak_bytes"] / mem["capacity_bytes"]
-    cols[3].caption(f"of {gib(mem['capacity_bytes'])} ({frac:.0%})" if plan["fits_memory"]
-                    else f":red[of {gib(mem['capacity_bytes'])}: DOES NOT FIT]")
+    device = float(plan["memory_device_bytes"])
+    cols[3].metric("Peak memory (device)", gib(device),
+                   help="the most loaded GPU at the device level, as nvidia-smi shows it: allocated "
+                        f"({gib(plan['memory_peak_bytes'])}, as torch.cuda.max_memory_allocated) + the caching "
+                        "allocator's reserve + CUDA context and NCCL buffers; what fits and the memory headroom "
+                        "judge")
+    frac = device / mem["capacity_bytes"]
+    cols[3].caption(f"of {gib(mem['capacity_bytes'])} ({frac:.0%}); allocated {gib(plan['memory_peak_bytes'])}"
+                    if plan["fits_memory"] else f":red[of {gib(mem['capacity_bytes'])}: DOES NOT FIT]")
     how = eco.get("method") or (
         f"planner tco: analytic step {charts.fmt_s(eco.get('step_time_s', 0.0))}, "
         f"goodput {eco.get('goodput', 1.0):.1%} (failures and checkpoints)")

@@ -242,6 +242,9 @@ def test_what_if_session_in_a_real_browser(server, tmp_path):
             doc = json.loads(Path(dl.value.path()).read_text())
             assert doc["design"]["nic"] == "eth-100" and doc["design"]["num_gpus"] == 1024
             assert doc["plan"]["strategy"] == doc["plans"][0]["strategy"]
+            body = page.inner_text("body")  # the plan's command line (its engine and framework) and the search's
+            assert f"--engine {doc['plan']['engine']}" in body and f"--framework {doc['plan']['framework']}" in body
+            assert "planner recommend --model gpt3-175b" in body
             if not page.get_by_role("button", name="Download all launch configs (zip)").count():
                 assert "No launch config for plan #1" in page.inner_text("body")
                 page.get_by_role("button", name=re.compile(r"^Search megatron-core plans")).click()

@@ -86,9 +86,9 @@ def test_search_stages_reach_the_progress_callback():
                             model_ref="llama3-8b", gpu="h100-80gb", num_gpus=16)),
                             gbs=64, seq_len=2048, top=3, precisions=("bf16",), progress=stages.append)
     assert out["plans"]
-    words = [s.split(" ")[0] for s in stages]  # a search per framework profile (and its layouts), then the rest
-    assert words[-3:] == ["ranking", "re-ranking", "explaining"] and set(words[:-3]) <= {"searching", "pricing"}
-    assert stages[0].startswith("searching the strategy space on 16 GPUs")
+    words = [s.split(" ")[0] for s in stages]  # each default profile is searched (and its layouts priced)
+    assert words[-3:] == ["ranking", "re-ranking", "explaining"] and set(words[:-3]) == {"searching", "pricing"}
+    assert stages[0] == "searching the strategy space on 16 GPUs (megatron-core)"
 
 
 # --------------------------------------------------------------------------- background jobs
@@ -227,6 +227,11 @@ def test_pcie_workstation_is_shown_as_pcie():
 def test_handoff_of_the_default_recommendation_never_crashes():
     at = open_tab(fresh(), "Hand-off")
     assert not at.exception
+    # the plan's line names its framework, precision and the engine that timed it; then the search's
+    simulate_line, search_line = (c.value for c in at.code[:2])
+    assert simulate_line.startswith("planner simulate --model gpt3-175b") and "--framework " in simulate_line
+    assert "precision=bf16" in simulate_line and re.search(r"--engine (event|analytic)", simulate_line)
+    assert search_line.startswith("planner recommend --model gpt3-175b") and "--precision" not in search_line
     labels = [b.label for b in at.get("download_button")]
     assert "Download result (JSON)" in labels
     if "Download all launch configs (zip)" not in labels:  # no format runs #1: reasons and ways out
@@ -242,14 +247,33 @@ def test_handoff_of_the_default_recommendation_never_crashes():
 
 
 def test_fp8_is_opt_in():
+    """bf16 unless asked; the fp8 alternative said with its gain and recipe, one button opts in;
+    fp8 plans' MFU against the fp8 peak and the bf16 peak, labelled, never above 100%; the
+    memory headroom control is --memory-headroom (device level)."""
     at = fresh(model="llama3-8b", gpu="a100-80gb", num_gpus=16)
     assert _by_key(at, "fp8").disabled  # no fp8 tensor cores
-    set_inputs(at, gpu="h100-80gb")
-    assert set(at.dataframe[0].value["precision"]) == {"bf16"}
-    assert at.session_state["shown"].precisions == ("bf16",)
+    assert _by_key(at, "memory_headroom").value is None  # auto: the measured default
+    set_inputs(at, gpu="h100-80gb", memory_headroom=0.3)
+    rows = at.dataframe[0].value
+    assert set(rows["precision"]) == {"bf16"} and rows["MFU (fp8 peak)"].isna().all()
+    assert at.session_state["shown"].precisions is None  # the GPU's own (bf16), as recommend without --precision
+    assert at.session_state["shown"].memory_headroom == 0.3
+    assert any("memory headroom: 30% of GPU memory kept free (--memory-headroom)" in plain(c.value) for c in at.caption)
+    assert (rows[present.MEMORY_COLUMN] <= 0.7 * 80 * (1 + 1e-3)).all()  # device level, 30% kept free
+    [alt] = [i for i in infos(at) if i.startswith("fp8 alternative")]
+    assert re.search(r"fp8 would be \d+% faster .* megatron-core's delayed recipe", alt)
     bf16_timed = timed(at)
-    set_inputs(at, fp8=True)
-    assert at.session_state["shown"].precisions == ("bf16", "fp8")
+    at.button(key="search_fp8").click()  # "Allow fp8 and search again"
+    at.run()
+    assert not at.exception
+    assert at.session_state["shown"].precisions == ("bf16", "fp8") and _by_key(at, "fp8").value
     assert timed(at) > bf16_timed  # the search covered the fp8 candidates too
-    assert set(at.dataframe[0].value["precision"]) <= {"bf16", "fp8 (delayed)", "fp8 (tensorwise)",
-                                                       "fp8 (blockwise)", "fp8 (mxfp8)"}
+    rows = at.dataframe[0].value
+    assert set(rows["precision"]) <= {"bf16", "fp8 (delayed)", "fp8 (tensorwise)",
+                                      "fp8 (blockwise)", "fp8 (mxfp8)"}
+    assert not [i for i in infos(at) if i.startswith("fp8 alternative")]  # fp8 is searched now
+    shown = [v for col in ("MFU (bf16 peak)", "MFU (fp8 peak)") for v in rows[col].dropna()]
+    assert shown and max(shown) <= 1.0
+    if rows["precision"].iloc[0] != "bf16":  # an fp8 #1: both peaks, labelled
+        assert metric(at, "MFU (fp8 peak)").endswith("%")
+        assert any("of the bf16 peak" in plain(c.value) for c in at.caption)

@@ -115,3 +115,68 @@ def test_one_host_per_node_server_catalog_calibration():
     assert slow_t > fast_t  # the measured host reaches the price
     hgx = cluster_from_catalog("h100-80gb", 8)
     assert hgx.server is None and host_spec(hgx) == default_host(hgx)
+
+
+# The recommender's plans as the app shows them: the event-timed #1, an fp8 plan (the fp8 toggle,
+# precision bf16,fp8), a PCIe workstation, a framework and memory headroom chosen in the sidebar.
+SEARCHES = [
+    dict(model="llama3-8b", gpu="h100-80gb", num_gpus=8, gbs=64, precisions=("bf16", "fp8"), memory_headroom=0.2),
+    dict(model="llama3-8b", gpu="rtx4090-24gb", num_gpus=4, gbs=16, framework="torchtitan"),
+]
+
+
+@pytest.mark.parametrize("search", SEARCHES, ids=lambda s: f"{s['gpu']}-{s['num_gpus']}")
+def test_the_reproduce_lines_rerun_the_apps_search_and_plans(search, capsys):
+    """`recommend_command` runs the search the app ran (same plans, same times); `cli_command`
+    reprices each shown plan exactly, with the engine that timed it, its framework and precision."""
+    from appkit.evaluate import recommend_command
+
+    kw = dict(search)
+    model_id = kw.pop("model")
+    d = Design(model=get_model(model_id), model_ref=model_id, **kw)
+    ev = evaluate(d)
+    line = recommend_command(ev, catalog_model=True)
+    assert "--nvlink-domain" not in line if ev.cluster.server is not None else "--nvlink-domain" in line
+    cli = _json(shlex.split(line)[1:] + ["--json"], capsys)
+    assert [p["strategy"] for p in cli["plans"]] == [p["strategy"] for p in ev.plans]
+    assert cli["memory_headroom"] == ev.search["memory_headroom"]
+    for got, want in zip(ev.plans, cli["plans"]):
+        assert got["step_time_s"] == pytest.approx(want["step_time_s"], rel=1e-12)
+        assert got["framework"] == want["framework"] == (d.framework or got["framework"])
+    engines = set()
+    for plan in ev.plans:
+        repro = _json(shlex.split(cli_command(ev, plan, catalog_model=True))[1:] + ["--json"], capsys)
+        engines.add(plan["engine"])
+        for key in ("step_time_s", "memory_peak_bytes", "memory_device_bytes"):
+            assert repro[key] == pytest.approx(plan[key], rel=1e-12), (plan["strategy"], key)
+        for key in ("framework", "precision", "fp8_recipe"):
+            assert repro[key] == plan[key]
+        assert plan["memory_device_bytes"] <= (1 - cli["memory_headroom"]["fraction"]) * ev.cluster.gpu.hbm_bytes
+    assert "event" in engines  # the re-ranked plans are reproduced with the event engine
+    if d.precisions is not None:
+        assert "fp8" in {p["precision"] for p in ev.plans}
+
+
+def test_the_users_strategy_and_time_to_train_use_the_sidebars_framework(capsys):
+    """A fixed strategy with a framework chosen in the sidebar is priced as `planner simulate
+    --framework` prices it, and so is its time and cost to train (`planner tco --framework`)."""
+    from appkit.evaluate import economics_of
+
+    strategy = "tp=2,mbs=1,gbs=16,zero=3,precision=fp8"
+    d = Design(model=get_model("llama3-8b"), model_ref="llama3-8b", gpu="h100-80gb", num_gpus=8, strategy=strategy,
+               framework="torchtitan", pricing="cloud")
+    ev = evaluate(d, rec=(None, None))
+    [mine] = ev.plans
+    flags = ["--model", "llama3-8b", "--gpu", "h100-80gb", "--num-gpus", "8", "--seq-len", "2048",
+             "--strategy", strategy, "--framework", "torchtitan"]
+    cli = _json(["simulate", *flags, "--engine", "analytic", "--json"], capsys)
+    assert mine["framework"] == cli["framework"] == "torchtitan" and mine["fp8_recipe"] == cli["fp8_recipe"]
+    assert mine["step_time_s"] == pytest.approx(cli["step_time_s"], rel=1e-12)
+    default = _json(["simulate", *flags[:-2], "--engine", "analytic", "--json"], capsys)
+    assert default["framework"] == "megatron-core" and default["step_time_s"] != pytest.approx(cli["step_time_s"])
+    eco, _ = economics_of(d, ev.cluster, mine)
+    tco = _json(["tco", *flags, "--pricing", "cloud", "--tokens", repr(d.token_budget), "--json"], capsys)
+    assert eco["step_time_s"] == pytest.approx(cli["step_time_s"], rel=1e-12)
+    assert eco["time_to_train_s"] == pytest.approx(tco["time_to_train_s"], rel=1e-9)
+    line = cli_command(ev, mine, catalog_model=True)
+    assert "--framework torchtitan" in line and "precision=fp8" in line
