@@ -55,3 +55,26 @@ def test_dedup_never_sends_more_than_per_copy(e, k, u, routing):
         assert f == pytest.approx(1.0)
     d = remote_destinations(e, k, u, routing)
     assert d <= min(k, u - 1) + 1e-12 and math.isfinite(d)
+
+
+def test_deepep_dispatch_pays_distinct_destinations_only():
+    """Mixtral (8 experts, top-2) with ep=4 on one node: 2 experts per rank, so a random token
+    reaches 1.39 remote ranks (not 1.5 copies) and a FakeBalancedGate token 0.75; NCCL
+    all-to-all sends every copy whatever the routing."""
+    from sim.analytic import simulate_analytic
+    from sim.catalog import get_model
+    from sim.plan import Plan, parse_strategy
+    from tests.conftest import cluster
+
+    model, cl = get_model("mixtral-8x7b"), cluster("h100-80gb", 8, gpn=8)
+    s = parse_strategy("ep=4,mbs=1,gbs=16,recompute=full,zero=1", num_gpus=8)
+
+    def ep_s(dispatcher: str, routing: str) -> float:
+        plan = Plan(model=model, cluster=cl, strategy=s, moe_dispatcher=dispatcher, moe_routing=routing)
+        return simulate_analytic(plan).breakdown.exposed_ep_s
+
+    assert ep_s("alltoall", "random") == ep_s("alltoall", "contiguous")
+    assert ep_s("deepep", "contiguous") < ep_s("deepep", "random")
+    assert remote_destinations(8, 2, 4) == pytest.approx(3 * (1 - math.comb(6, 2) / math.comb(8, 2)))
+    with pytest.raises(Exception, match="moe_routing"):
+        Plan(model=model, cluster=cl, strategy=s, moe_routing="zipf")
