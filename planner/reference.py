@@ -19,7 +19,8 @@ row states, never by a per-row value:
   says otherwise), recomputation (``recompute`` text: none, full, Megatron's selective modules,
   MaxText remat policies), precision and fp8 recipe (``precision`` text: delayed, tensorwise or
   blockwise scaling, MXFP8), overlap switches the ``overlap`` text names (TP comm overlap,
-  overlapped p2p, expert all-to-all overlap, CUDA graphs);
+  overlapped p2p, expert all-to-all overlap, CUDA graphs); an Automodel MoE row whose notes
+  state its fake balanced gate routes each token to consecutive experts (``sim.moe_routing``);
 * **published step time**: the iteration time as published; else global batch x sequence
   length over tokens/s; else the source's own FLOP count (its convention is stated in the row's
   notes: Narayanan eq. 3, Megatron's ``num_floating_point_operations``, NeMo's ``flops_formulas``)
@@ -354,6 +355,10 @@ def strategy_of(row: dict, fw: Framework, *, unstated_vp_searched: bool) -> Mapp
     plan: dict[str, Any] = {}
     if policy is not None:
         plan["selective_policy"] = policy
+    if row["model"].get("moe") and fw.id == "automodel" and "fake balanced gate" in _text(row.get("notes")):
+        # NeMo Automodel's FakeBalancedGate routes token t to experts (t k + j) mod E (sim.moe_routing)
+        plan["moe_routing"] = "contiguous"
+        notes.append("routing of Automodel's FakeBalancedGate (consecutive experts per token)")
     return Mapped(strategy=values, plan=plan, assumptions=tuple(notes), interleaved_unstated=interleaved_unstated)
 
 

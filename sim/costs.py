@@ -17,7 +17,9 @@ from sim.conventions import conventions
 from sim.compute import (KernelEfficiency, default_efficiency, fp8_weight_cast_bytes_per_param, network_kwargs,
                           ops_time)
 from sim.memory import layer_activations, recompute_time_fraction, stage_activation_bytes
+from sim.moe_routing import remote_destinations
 from sim.network import Network
+from sim.placement import group_shape
 from sim.offload import offload_bytes, strategy_rates
 from sim.ops import LayerOps, embedding_ops, head_ops, layer_ops
 from sim.plan import HostSyncs, Plan
@@ -379,7 +381,9 @@ def moe_dispatch_s(plan: Plan, net: Network, eff: KernelEfficiency, nbytes: floa
     unique tokens (``nbytes / top_k`` each) over the ep group, and reduce-scatters them back
     on combine (the mean of the two per pass); ``deepep``: fused kernels at DeepEP's achieved
     fraction of the nominal link rate of the tier the group crosses
-    (``KernelEfficiency.deepep_dispatch``), no per-chunk size penalty."""
+    (``KernelEfficiency.deepep_dispatch``), no per-chunk size penalty, sending each token once
+    per remote destination rank (NVLink) or node (RDMA) rather than once per routed copy
+    (``sim.moe_routing.remote_destinations`` under the plan's ``moe_routing``)."""
     s = plan.strategy
     if plan.moe_dispatcher == "allgather":
         assert plan.model.moe is not None
@@ -391,7 +395,15 @@ def moe_dispatch_s(plan: Plan, net: Network, eff: KernelEfficiency, nbytes: floa
         if link.tier == "local" or not math.isfinite(link.bytes_per_s):
             return 0.0
         rate = link.bytes_per_s / net.bandwidth_efficiency[link.tier] * eff.deepep_dispatch.get(link.tier, 1.0)
-        return link.latency_s + nbytes * (s.ep - 1) / s.ep / rate + eff.collective_overhead_s
+        # one copy per destination rank (NVLink) or node (RDMA), not per expert (sim.moe_routing)
+        stride, size = group_shape(s, "ep")
+        domain = net.fabric.nvlink_domain
+        per_domain = max(1, min(size, domain // stride)) if link.tier != "scale-up" and stride < domain else 1
+        units = s.ep if link.tier == "scale-up" else -(-size // per_domain)
+        moe = plan.model.moe
+        assert moe is not None
+        sent = nbytes / moe.top_k * remote_destinations(moe.num_experts, moe.top_k, units, plan.moe_routing)
+        return link.latency_s + sent / rate + eff.collective_overhead_s
     return net.dim_collective_time_s("all_to_all", s, "ep", nbytes) + eff.collective_overhead_s
 
 

@@ -9,6 +9,7 @@ from sim.compute import default_efficiency
 from sim.errors import InfeasibleError, InputError
 from sim.specs import OFFLOAD_DEVICES, OFFLOADS, Cluster, Model, Strategy
 from sim.layout import check_layout, layout_from_counts, megatron_layout, parse_layout
+from sim.moe_routing import ROUTINGS
 from sim.placement import group_shape
 from sim.psspecs import ParameterServers
 from sim.runtime import STATE_LAYOUTS
@@ -95,6 +96,8 @@ class Plan:
     # routed tokens of the busiest expert-parallel rank over the mean (1.0: balanced routing)
     moe_imbalance: float = 1.0
     moe_dispatcher: str = "alltoall"  # MOE_DISPATCHERS
+    # how tokens pick experts, for a deduplicating dispatcher's bytes (sim.moe_routing.ROUTINGS)
+    moe_routing: str = "random"
     optimizer_impl: str = "fused"  # OPTIMIZER_IMPLS: fused multi-tensor Adam | keras (unfused ops)
     # where the PS tasks run with dp_impl=parameter-server (sim.parameter_server)
     parameter_servers: ParameterServers = ParameterServers()
@@ -137,6 +140,8 @@ class Plan:
             raise InputError("zero3_gather", self.zero3_gather, f"must be one of {', '.join(ZERO3_GATHERS)}")
         if self.moe_dispatcher not in MOE_DISPATCHERS:
             raise InputError("moe-dispatcher", self.moe_dispatcher, f"must be one of {', '.join(MOE_DISPATCHERS)}")
+        if self.moe_routing not in ROUTINGS:
+            raise InputError("moe_routing", self.moe_routing, f"must be one of {', '.join(ROUTINGS)}")
         if isinstance(self.moe_imbalance, bool) or not isinstance(self.moe_imbalance, (int, float)) \
                 or not 1.0 <= self.moe_imbalance <= 64.0:
             raise InputError("moe-imbalance", self.moe_imbalance, "must be a number in [1, 64] (busiest rank / mean)")

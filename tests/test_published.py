@@ -24,8 +24,11 @@ TOLERANCES = {
     "NVIDIA/dgxc-benchmarking": (0.06, 0.68, "NeMo recipes: DeepSeek-V3 on GB200 (25.05) runs at 10% MFU, 3x slower "
                                              "than modelled; on H100 -21..-25% (MoE dispatch, imbalance, MTP not "
                                              "modelled)"),
-    "NVIDIA-NeMo/Automodel": (0.44, 2.40, "Automodel MoE: DeepEP dispatch and per-expert FSDP not modelled; the "
-                                          "gpt-oss-120b row states no expert parallelism (all FSDP)"),
+    "NVIDIA-NeMo/Automodel": (0.16, 0.24, "Automodel: DeepEP sends one copy per destination rank/node and the "
+                                          "benchmark's FakeBalancedGate puts a token's experts on 1-2 ranks; the "
+                                          "gpt-oss rows run the ep_size of their linked configs. Qwen3-30B +15% "
+                                          "(TE-fused norms/RoPE/permute priced eager), gpt-oss-120b, Kimi-K2 and "
+                                          "DeepSeek-V3 1024 -19..-22% (a pipeline flush per accumulation step)"),
     "yanring/Megatron-MoE-ModelZoo": (0.18, 0.23, "Qwen3-235B on GB200/GB300 with CUDA graphs runs 4-18% fast; the "
                                                   "128k-token row's activation offload is not modelled (+21%)"),
     "NVIDIA/NeMo": (0.32, 0.35, "NeMo 24.03 long-sequence: TFLOPS-only rows (FLOP convention counts the full "
@@ -38,7 +41,7 @@ TOLERANCES = {
     "mlcommons/training_results_v5.1": (0.16, 0.30, "MLPerf Llama 3.1 8B: small per-GPU work (8-16k tokens per GPU per "
                                                     "step) on 64-128 H100 runs 14-28% slower than modelled"),
 }
-OVERALL = {"median_abs_step_error": 0.065, "p90_abs_step_error": 0.33}
+OVERALL = {"median_abs_step_error": 0.065, "p90_abs_step_error": 0.24}  # p90 0.30 -> 0.22 with DeepEP dedup
 # The lean (issue 23): the median signed error must stay inside this band.
 SIGNED_MEDIAN = (-0.06, 0.02)
 MEMORY_MEDIAN = 0.11  # device-level (FlagPerf nvidia-smi) and reserved (torchtitan) memory, all rows; 10.6% with
