@@ -55,7 +55,8 @@ def cmd_check_published(args: argparse.Namespace) -> int:
     if len({r.source for r in residuals}) > 1:  # band coverage (planner.uncertainty): LOSO with --loso
         cov = band_coverage(residuals, loso=args.loso)
         summ.update(band_coverage=cov["coverage"], band_coverage_by_class=cov["by_class"],
-                    band_coverage_by_family=cov["by_family"], band_coverage_by_mix=cov["by_mix"])
+                    band_coverage_by_family=cov["by_family"], band_coverage_by_mix=cov["by_mix"],
+                    estimate=cov["estimate"])
     if args.json:
         print_json({"loso": bool(args.loso), "runs": [r.as_dict() for r in rows], "summary": summ,
                     "sources": by_source, "skipped": [s.as_dict() for s in skipped]})
@@ -85,6 +86,11 @@ def cmd_check_published(args: argparse.Namespace) -> int:
         print(f"80% band coverage ({'leave-one-source-out' if args.loso else 'in-sample'}): "
               f"{summ['band_coverage']:.0%} overall; {by}")
     print(f"signed median step error (predicted/published - 1): {_pct(summ['signed_median_step_error'])}")
+    if "estimate" in summ:  # the number planner simulate/recommend show: the model x the bias of runs like it
+        e = summ["estimate"]
+        print(f"calibrated estimate ({'bias fitted without the scored source' if args.loso else 'in-sample'}): "
+              f"median {_frac(e['median_abs_step_error'])}, p90 {_frac(e['p90_abs_step_error'])}, "
+              f"max {_frac(e['max_abs_step_error'])}, signed {_pct(e['signed_median_step_error'])}")
     for s in skipped:
         print(f"not simulated: {s.run_id}: {s.reason}")
     return 0

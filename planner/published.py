@@ -232,7 +232,6 @@ def summary(rows: list[Comparison]) -> dict[str, float]:
         "num_runs": len(errs),
         "signed_median_step_error": statistics.median(signed) if signed else float("nan"),
         "median_abs_step_error": statistics.median(errs) if errs else float("nan"),
-        "signed_median_step_error": statistics.median(signed) if signed else float("nan"),
         "mean_abs_step_error": statistics.fmean(errs) if errs else float("nan"),
         "p90_abs_step_error": _quantile(errs, 0.9),
         "max_abs_step_error": max(errs) if errs else float("nan"),

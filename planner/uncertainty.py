@@ -181,13 +181,20 @@ def band_coverage(rows: Sequence[Residual], *, loso: bool = True) -> dict[str, o
     """Share of rows whose published step time lies inside their band, overall and per spread
     class (the classes ``fit_table`` forms on all rows) and, as diagnostics, per framework
     family and parallelism mix.  ``loso``: each source's rows scored with the table fitted
-    without that source (module docstring); else in-sample."""
+    without that source (module docstring); else in-sample.  ``estimate`` scores the number a
+    user plans with, the calibrated estimate (``Band.estimate``), the same way: its |error|
+    median, p90 and worst and its signed median (``estimate / published - 1``)."""
     rows = list(rows)
     inside: list[tuple[Residual, bool]] = []
+    est_err: list[float] = []
     full = fit_table(rows)
     for source in sorted({r.source for r in rows}):
         table = fit_table([r for r in rows if r.source != source]) if loso else full
-        inside += [(r, band_from(table, r.cls).covers(r.ratio)) for r in rows if r.source == source]
+        for r in rows:
+            if r.source == source:
+                band = band_from(table, r.cls)
+                inside.append((r, band.covers(r.ratio)))
+                est_err.append(band.estimate(1.0) / r.ratio - 1.0)
 
     def share(pairs: list[tuple[Residual, bool]]) -> dict[str, float]:
         return {"coverage": round(sum(ok for _, ok in pairs) / len(pairs), 4), "runs": len(pairs)}
@@ -199,8 +206,11 @@ def band_coverage(rows: Sequence[Residual], *, loso: bool = True) -> dict[str, o
         return {k: share(v) for k, v in sorted(groups.items())}
 
     classes = {k: share([(r, ok) for r, ok in inside if k in spread_levels(r.cls)]) for k in full["spreads"]}
+    abs_err = [abs(e) for e in est_err]
+    estimate = {"median_abs_step_error": statistics.median(abs_err), "p90_abs_step_error": _quantile(abs_err, 0.9),
+                "max_abs_step_error": max(abs_err), "signed_median_step_error": statistics.median(est_err)}
     return {"loso": loso, **share(inside), "by_class": classes, "by_family": by(lambda r: r.cls[0]),
-            "by_mix": by(lambda r: r.cls[2])}
+            "by_mix": by(lambda r: r.cls[2]), "estimate": estimate}
 
 
 def residual_rows(comparisons: Iterable[object]) -> list[Residual]:
