@@ -161,7 +161,8 @@ class FastModel:
     def __init__(self, model: Model, cluster: Cluster, *, gbs: int, seq_len: int,
                  plan_kwargs: Mapping[str, object] | None = None, dp_overlap: bool = True,
                  net: Network | None = None, eff: KernelEfficiency | None = None,
-                 fp8_recipe: str = "delayed", memory_limit_bytes: float | None = None) -> None:
+                 fp8_recipe: str = "delayed", memory_limit_bytes: float | None = None,
+                 share: "FastModel | None" = None) -> None:
         self.model, self.cluster = model, cluster
         # a plan fits when its peak is at most this (the GPU's memory less the headroom kept free)
         self.memory_limit_bytes = cluster.gpu.hbm_bytes if memory_limit_bytes is None else memory_limit_bytes
@@ -183,6 +184,14 @@ class FastModel:
         self._offload: tuple | None = None  # (constants, host, {device: rates}), on first use
         self._zaxis: dict[tuple, tuple] = {}
         self._split_cache: dict[tuple, tuple] = {}
+        self._reps: dict[tuple, Strategy] = {}
+        if share is not None:  # the same step model (a narrower search of it): its network and cached pieces
+            assert (share.model, share.cluster, share.gbs, share.seq_len, share.plan_kwargs, share.dp_overlap,
+                    share.fp8_recipe) == (model, cluster, gbs, seq_len, self.plan_kwargs, dp_overlap, fp8_recipe)
+            assert eff is None or eff is share.eff
+            self._net, self.eff = share.net, share.eff
+            self._micro, self._coll, self._p2p, self._zaxis = share._micro, share._coll, share._p2p, share._zaxis
+            self._split_cache, self._reps = share._split_cache, share._reps
 
     @property
     def net(self) -> Network:
@@ -199,6 +208,15 @@ class FastModel:
     def representative(self, layout: Layout, *, mbs: int = 1, sp: bool = False, recompute: str = "none",
                        zero: int = 0, vp: int = 1, schedule: str = "1f1b") -> Strategy:
         """A valid ``Strategy`` of this layout (the global batch replaced by one that divides)."""
+        key = (layout, mbs, sp, recompute, zero, vp, schedule)
+        got = self._reps.get(key)
+        if got is None:
+            got = self._reps[key] = self._representative(layout, mbs=mbs, sp=sp, recompute=recompute, zero=zero,
+                                                         vp=vp, schedule=schedule)
+        return got
+
+    def _representative(self, layout: Layout, *, mbs: int, sp: bool, recompute: str, zero: int, vp: int,
+                        schedule: str) -> Strategy:
         if layout.pipeline_layout is not None:  # the layout fixes vp
             vp, schedule = layout.layout_vp or 1, ("interleaved" if (layout.layout_vp or 1) > 1 else "1f1b")
         m = max(1, self.gbs // (mbs * layout.dp))
