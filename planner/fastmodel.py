@@ -185,13 +185,14 @@ class FastModel:
         self._zaxis: dict[tuple, tuple] = {}
         self._split_cache: dict[tuple, tuple] = {}
         self._reps: dict[tuple, Strategy] = {}
+        self._dense: dict[tuple, list[float]] = {}
         if share is not None:  # the same step model (a narrower search of it): its network and cached pieces
             assert (share.model, share.cluster, share.gbs, share.seq_len, share.plan_kwargs, share.dp_overlap,
                     share.fp8_recipe) == (model, cluster, gbs, seq_len, self.plan_kwargs, dp_overlap, fp8_recipe)
             assert eff is None or eff is share.eff
             self._net, self.eff = share.net, share.eff
             self._micro, self._coll, self._p2p, self._zaxis = share._micro, share._coll, share._p2p, share._zaxis
-            self._split_cache, self._reps = share._split_cache, share._reps
+            self._split_cache, self._reps, self._dense = share._split_cache, share._reps, share._dense
 
     @property
     def net(self) -> Network:
@@ -247,14 +248,20 @@ class FastModel:
                               layer_params(model, s, moe=moe).total)
 
         is_moe = model.moe is not None
-        ends = end_costs(plan, self.eff)
+        # a dense layer and the embedding/head do not involve the expert groups: one cost per
+        # (tp, cp, mbs, sp, recompute, precision) stands for every ep and etp
+        dkey = (tp, cp, mbs, sp, recompute, precision)
+        dense = self._dense.get(dkey)
+        if dense is None:
+            ends = end_costs(plan, self.eff)
+            dense = self._dense[dkey] = _layer_vector(cost(False)) + [getattr(ends, n) for n in _ENDS]
         acts = layer_activations(model, s, attention=probe.attention, selective_policy=probe.selective_policy,
                                  eager=probe.eager_elementwise, fp8_saved_inputs=probe.fp8_saved_inputs,
                                  moe_imbalance=probe.moe_imbalance)
         back = max(layer_backward_bytes(model, s, moe=False),
                    layer_backward_bytes(model, s, moe=True, moe_imbalance=probe.moe_imbalance) if is_moe else 0.0)
-        vec = (_layer_vector(cost(False)) + _layer_vector(cost(True) if is_moe else None)
-               + [getattr(ends, n) for n in _ENDS]
+        nl = len(_LAYER)
+        vec = (dense[:nl] + _layer_vector(cost(True) if is_moe else None) + dense[nl:]
                + list(acts) + [back, head_activation_bytes(model, s, eager=probe.eager_elementwise)])
         got = np.array(vec, dtype=float)
         self._micro[key] = got
