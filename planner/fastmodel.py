@@ -161,7 +161,8 @@ class FastModel:
     def __init__(self, model: Model, cluster: Cluster, *, gbs: int, seq_len: int,
                  plan_kwargs: Mapping[str, object] | None = None, dp_overlap: bool = True,
                  net: Network | None = None, eff: KernelEfficiency | None = None,
-                 fp8_recipe: str = "delayed", memory_limit_bytes: float | None = None) -> None:
+                 fp8_recipe: str = "delayed", memory_limit_bytes: float | None = None,
+                 share: "FastModel | None" = None) -> None:
         self.model, self.cluster = model, cluster
         # a plan fits when its peak is at most this (the GPU's memory less the headroom kept free)
         self.memory_limit_bytes = cluster.gpu.hbm_bytes if memory_limit_bytes is None else memory_limit_bytes
@@ -182,6 +183,16 @@ class FastModel:
         self._p2p: dict[tuple, float] = {}
         self._offload: tuple | None = None  # (constants, host, {device: rates}), on first use
         self._zaxis: dict[tuple, tuple] = {}
+        self._split_cache: dict[tuple, tuple] = {}
+        self._reps: dict[tuple, Strategy] = {}
+        self._dense: dict[tuple, list[float]] = {}
+        if share is not None:  # the same step model (a narrower search of it): its network and cached pieces
+            assert (share.model, share.cluster, share.gbs, share.seq_len, share.plan_kwargs, share.dp_overlap,
+                    share.fp8_recipe) == (model, cluster, gbs, seq_len, self.plan_kwargs, dp_overlap, fp8_recipe)
+            assert eff is None or eff is share.eff
+            self._net, self.eff = share.net, share.eff
+            self._micro, self._coll, self._p2p, self._zaxis = share._micro, share._coll, share._p2p, share._zaxis
+            self._split_cache, self._reps, self._dense = share._split_cache, share._reps, share._dense
 
     @property
     def net(self) -> Network:
@@ -199,6 +210,15 @@ class FastModel:
     def representative(self, layout: Layout, *, mbs: int = 1, sp: bool = False, recompute: str = "none",
                        zero: int = 0, vp: int = 1, schedule: str = "1f1b") -> Strategy:
         """A valid ``Strategy`` of this layout (the global batch replaced by one that divides)."""
+        key = (layout, mbs, sp, recompute, zero, vp, schedule)
+        got = self._reps.get(key)
+        if got is None:
+            got = self._reps[key] = self._representative(layout, mbs=mbs, sp=sp, recompute=recompute, zero=zero,
+                                                         vp=vp, schedule=schedule)
+        return got
+
+    def _representative(self, layout: Layout, *, mbs: int, sp: bool, recompute: str, zero: int, vp: int,
+                        schedule: str) -> Strategy:
         if layout.pipeline_layout is not None:  # the layout fixes vp
             vp, schedule = layout.layout_vp or 1, ("interleaved" if (layout.layout_vp or 1) > 1 else "1f1b")
         m = max(1, self.gbs // (mbs * layout.dp))
@@ -229,14 +249,20 @@ class FastModel:
                               layer_params(model, s, moe=moe).total)
 
         is_moe = model.moe is not None
-        ends = end_costs(plan, self.eff)
+        # a dense layer and the embedding/head do not involve the expert groups: one cost per
+        # (tp, cp, mbs, sp, recompute, precision) stands for every ep and etp
+        dkey = (tp, cp, mbs, sp, recompute, precision)
+        dense = self._dense.get(dkey)
+        if dense is None:
+            ends = end_costs(plan, self.eff)
+            dense = self._dense[dkey] = _layer_vector(cost(False)) + [getattr(ends, n) for n in _ENDS]
         acts = layer_activations(model, s, attention=probe.attention, selective_policy=probe.selective_policy,
                                  eager=probe.eager_elementwise, fp8_saved_inputs=probe.fp8_saved_inputs,
                                  moe_imbalance=probe.moe_imbalance)
         back = max(layer_backward_bytes(model, s, moe=False),
                    layer_backward_bytes(model, s, moe=True, moe_imbalance=probe.moe_imbalance) if is_moe else 0.0)
-        vec = (_layer_vector(cost(False)) + _layer_vector(cost(True) if is_moe else None)
-               + [getattr(ends, n) for n in _ENDS]
+        nl = len(_LAYER)
+        vec = (dense[:nl] + _layer_vector(cost(True) if is_moe else None) + dense[nl:]
                + list(acts) + [back, head_activation_bytes(model, s, eager=probe.eager_elementwise)])
         got = np.array(vec, dtype=float)
         self._micro[key] = got
@@ -306,12 +332,16 @@ class FastModel:
             """(peak, host, nvme) bytes of the Z entries ``zs`` (per GPU; arrays over M,S,R,len(zs),K)."""
             pick = (lambda a: a[:, :, :, zs, :]) if zs.size < Z else (lambda a: a)
             peak = host = nvme = 0.0
-            for idx, sh in stage_list:  # every stage: the peak moment depends on its in-flight count
+            # every stage: the peak moment depends on its in-flight count; the stages of one shape
+            # are evaluated at once over a leading axis of their in-flight counts (then the max)
+            for sh, idxs in _by_shape(stage_list):
                 fi, ff, tl = self._splits(grid, sh.num_layers)
+                flight = (inflight(p, m, vp, gpipe, idxs[0]) if len(idxs) == 1
+                          else np.stack([np.broadcast_to(inflight(p, m, vp, gpipe, i), (M, 1, 1, 1, K)) for i in idxs]))
                 mem = stage_memory(model, sh, zero=pick(zero), shard=dpcp, expert_shard=layout.expert_dp, tp=layout.tp,
                                    loss=probe.loss, dense_act_bytes=dense_act, moe_act_bytes=moe_act,
                                    full_recompute=full, recomputed_layer_bytes=recomputed,
-                                   inflight_mb=inflight(p, m, vp, gpipe, idx), tokens=tokens, rt=self.mem_rt,
+                                   inflight_mb=flight, tokens=tokens, rt=self.mem_rt,
                                    offload_optimizer=pick(off_opt), offload_params=pick(off_par),
                                    offload_activations=pick(off_act), on_nvme=pick(on_nvme), oc=oc, layout=lay,
                                    microbatches=m, pp=p, dense_full_bytes=dense_full, moe_full_bytes=moe_full,
@@ -320,9 +350,11 @@ class FastModel:
                                    eager=probe.eager_elementwise, norm_tokens=norm_tok, selective_op=selective,
                                    fp8_cached_weights=fp8_weight_cache_of(layout.precision, probe.fp8_weight_cache),
                                    bf16_optimizer=probe.deepspeed_bf16_optimizer and layout.precision == "bf16")
-                peak = np.maximum(peak, mem.total_bytes)
+                stacked = len(idxs) > 1
+                peak = np.maximum(peak, _stage_max(mem.total_bytes, stacked))
                 if any_offload:
-                    host, nvme = np.maximum(host, mem.host_bytes), np.maximum(nvme, mem.nvme_bytes)
+                    host = np.maximum(host, _stage_max(mem.host_bytes, stacked))
+                    nvme = np.maximum(nvme, _stage_max(mem.nvme_bytes, stacked))
             return np.broadcast_to(peak, (M, S, R, zs.size, K)), host, nvme
 
         pk, host, nvme = memory(np.arange(Z))
@@ -424,13 +456,19 @@ class FastModel:
 
     def _splits(self, grid: Grid, num_layers: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``sim.memory.split_of`` over the R (recompute entry) x K (vp) axes."""
+        key = (grid.recompute, grid.recompute_layers, grid.pipes, num_layers)
+        got = self._split_cache.get(key)
+        if got is not None:
+            return got
         R, K = len(grid.recompute), len(grid.pipes)
         out = np.zeros((3, R, K))
         for r, rc in enumerate(grid.recompute):
             n = grid.recompute_of(r)
             for q, (vp, _) in enumerate(grid.pipes):
                 out[:, r, q] = split_of(rc, n, "block" if n is not None else "uniform", vp, num_layers)
-        return tuple(out[i].reshape(1, 1, R, 1, K) for i in range(3))  # type: ignore[return-value]
+        got = tuple(out[i].reshape(1, 1, R, 1, K) for i in range(3))
+        self._split_cache[key] = got
+        return got  # type: ignore[return-value]
 
     def _rc_fraction(self, grid: Grid, num_layers: int) -> np.ndarray | float:
         """``sim.memory.recompute_time_fraction`` over the R x K axes (1 without partial entries)."""
@@ -484,6 +522,20 @@ class FastModel:
                             cpu_optimizer_s_per_param=col("cpu_optimizer_s_per_param"),
                             grad_bytes_per_param=per[0].grad_bytes_per_param,
                             param_bytes_per_param=per[0].param_bytes_per_param)
+
+
+def _by_shape(stage_list: tuple[tuple[int, StageShape], ...]) -> list[tuple[StageShape, list[int]]]:
+    """The stages of ``stage_index_shapes`` grouped by shape, in first-seen order."""
+    groups: dict[int, tuple[StageShape, list[int]]] = {}
+    for idx, sh in stage_list:
+        groups.setdefault(id(sh), (sh, []))[1].append(idx)
+    return list(groups.values())
+
+
+def _stage_max(x: np.ndarray | float, stacked: bool) -> np.ndarray | float:
+    """The largest over the leading stage axis of a stacked ``stage_memory`` output (a value
+    that does not depend on the stage has no such axis)."""
+    return np.max(x, axis=0) if stacked and np.ndim(x) == 6 else x
 
 
 def _twins(grid: Grid, dpcp: int) -> list[int | None]:

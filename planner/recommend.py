@@ -412,7 +412,7 @@ def layout_searches(searches: list[SearchResult], model: Model, *, gbs: int, seq
         try:
             out.append(search(model, r.cluster, gbs=gbs, seq_len=seq_len, space=sub, plan_kwargs=plan_kwargs,
                               dp_overlap=dp_overlap, eff=eff, workers=1,  # type: ignore[arg-type]
-                              memory_limit_bytes=memory_limit_bytes))
+                              memory_limit_bytes=memory_limit_bytes, share=r.fastmodel))
         except InputError:
             pass
         if len(seen) >= LAYOUT_REFINE:

@@ -491,17 +491,19 @@ def _parallel(fm: FastModel, space: SearchSpace, layouts: list[Layout], workers:
 def search(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: SearchSpace | None = None,
            plan_kwargs: Mapping[str, object] | None = None, dp_overlap: bool = True,
            net: Network | None = None, eff: KernelEfficiency | None = None,
-           workers: int | None = None, memory_limit_bytes: float | None = None) -> SearchResult:
+           workers: int | None = None, memory_limit_bytes: float | None = None,
+           share: FastModel | None = None) -> SearchResult:
     """Enumerate, prune and time the strategy space (module docstring).  ``workers``: processes
     (default ``default_workers``); results do not depend on it.  ``memory_limit_bytes``: the
     most a plan's peak may use (default the GPU's memory; ``planner.recommend`` keeps a
-    headroom free)."""
+    headroom free).  ``share``: the fast model of an earlier search of the same model, cluster,
+    batch and framework settings, whose network and cached pieces this one reuses."""
     t0 = time.perf_counter()
     space = space or SearchSpace()
     if isinstance(gbs, bool) or not isinstance(gbs, int) or gbs < 1:
         raise InputError("gbs", gbs, "must be a positive integer")
     fm = FastModel(model, cluster, gbs=gbs, seq_len=seq_len, plan_kwargs=plan_kwargs, dp_overlap=dp_overlap,
-                   net=net, eff=eff, fp8_recipe=space.fp8_recipe, memory_limit_bytes=memory_limit_bytes)
+                   net=net, eff=eff, fp8_recipe=space.fp8_recipe, memory_limit_bytes=memory_limit_bytes, share=share)
     layouts = _layouts(model, cluster, space, uneven_vp=fm.probe.uneven_vp)
     progress.start("searching")
     workers = default_workers(cluster) if workers is None else workers
