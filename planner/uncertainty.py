@@ -8,8 +8,8 @@ space ``y = log(published / predicted)``.  For a new prediction ``t`` of class `
   (the GPU architecture and framework family, else the architecture, else every run): the
   model's bias on runs like it, carried into the headline so it is the number to plan with;
 * **band** ``[estimate * exp(min(0, q10)), estimate * exp(max(0, q90))]``: ``q10``/``q90`` are
-  the 10th/90th percentiles, over the runs of its *spread class* (the GPU architecture, else
-  every run), of the *out-of-source* deviations ``d_i = y_i - b_c(i)`` where the center
+  the 10th/90th percentiles, over the runs of its *spread class* (the GPU architecture and
+  parallelism mix, else the mix, else every run), of the *out-of-source* deviations ``d_i = y_i - b_c(i)`` where the center
   ``b_c(i)`` is fitted **without row i's source** (cross-validation+, Barber et al. 2021,
   "Predictive inference with the jackknife+", Ann. Statist.; with the sources as folds).  The
   deviations therefore hold the between-source spread a new user's run will show, not only the
@@ -17,14 +17,18 @@ space ``y = log(published / predicted)``.  For a new prediction ``t`` of class `
 
 A class level is used only with at least ``MIN_RUNS`` runs from ``MIN_SOURCES`` sources (a
 between-source spread needs several sources); otherwise the next coarser level.  With the
-development set of 110 runs from 11 sources this forms the spread classes Ampere, Hopper,
-Blackwell and "all" (every other architecture).  Finer classes (framework family, parallelism
-mix) were tried and did not hold their coverage when a source was left out (docs/accuracy.md).
+development set of 110 runs from 11 sources this forms the spread classes Ampere dense, Hopper
+dense, Hopper long-context, dense, long-context and MoE, and "all".  The mix level matters
+because that is where the model's uncertainty differs (MoE dispatch and long-sequence attention
+scatter more than dense runs): classes by architecture alone fell back to the all-runs spread
+whenever a left-out source took a class below three sources, and over-covered (Ampere 97%);
+framework-family classes did not hold their coverage either (docs/accuracy.md).
 
 **Coverage, measured honestly** (``band_coverage``): each source's rows are scored with the
 table fitted *without that source* (centers and deviations both), and the share of published
 step times inside their band is reported overall and per spread class; ``tests/test_uncertainty.py``
-locks it at 75-85%.  ``scripts/fit_uncertainty.py --write`` regenerates the stored table
+locks it at 75-85% overall and, per class, within two binomial standard deviations of 80% for
+the class's number of runs (20 runs alone scatter by +-9%).  ``scripts/fit_uncertainty.py --write`` regenerates the stored table
 (``catalogs/uncertainty.yaml``), together with the memory headroom default (``memory``) and the
 best published MFU per GPU architecture and precision (``published_mfu``).
 """
@@ -69,8 +73,9 @@ def center_levels(cls: Sequence[str]) -> tuple[str, ...]:
 
 
 def spread_levels(cls: Sequence[str]) -> tuple[str, ...]:
-    """Spread class keys, finest first: ``arch``, ``all``."""
-    return (cls[1], "all")
+    """Spread class keys, finest first: ``arch/mix``, ``mix``, ``all``."""
+    _, arch, mix = cls
+    return (f"{arch}/{mix}", mix, "all")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
