@@ -405,6 +405,7 @@ class FastModel:
             if sh.chunks is None:
                 return None
             v = len(sh.chunks)
+            rc_frac = self._rc_fraction(grid, sh.num_layers)  # the stage's share, on every layer (sim.costs.step_costs)
             extra_chunk = 0 if sh.first and p > 1 else v - 1
             total = sh.params.total
             in_layers = sh.num_dense_layers * per_layer[False] + (sh.num_moe_layers * per_layer[True]
@@ -417,7 +418,8 @@ class FastModel:
                     return x + e * msr(f"moe_{name}") if e else x
                 mine = c == extra_chunk
                 frac = (d * per_layer[False] + (e * per_layer[True] if e else 0.0)) / total if total > 0 else 0.0
-                out.append(ChunkSums(layer_fwd_s=csum("fwd_s"), layer_bwd_s=csum("bwd_s"), recompute_s=csum("recompute_s"),
+                out.append(ChunkSums(layer_fwd_s=csum("fwd_s"), layer_bwd_s=csum("bwd_s"),
+                                     recompute_s=csum("recompute_s") * rc_frac,  # partial recompute, as step_costs
                                      exposed_fwd_s=csum("exposed_fwd_s"), exposed_bwd_s=csum("exposed_bwd_s"),
                                      extra_fwd_s=end(sh, "fwd") if mine else 0.0,
                                      extra_bwd_s=end(sh, "bwd") if mine else 0.0,

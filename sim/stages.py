@@ -167,19 +167,9 @@ def _shapes(model: Model, tp: int, ep: int, etp: int, pp: int,
 
 
 def stage_index_shapes(model: Model, strategy: Strategy) -> tuple[tuple[int, StageShape], ...]:
-    """Every pipeline stage with its shape: ``(stage index, StageShape)``."""
-    return _index_shapes(model, strategy.tp, strategy.ep, strategy.expert_tp, strategy.pp)
-
-
-@functools.lru_cache(maxsize=4096)
-def _index_shapes(model: Model, tp: int, ep: int, etp: int, pp: int) -> tuple[tuple[int, StageShape], ...]:
-    shapes = _shapes(model, tp, ep, etp, pp)
-    s = Strategy(tp=tp, ep=ep, etp=etp, pp=pp, dp=ep * etp, gbs=ep * etp)
-    out = []
-    for i, ls in enumerate(stage_layers(model, s)):
-        sig = (len(ls), sum(model.is_moe_layer(j) for j in ls), i == 0, i == pp - 1)
-        out.append((i, next(sh for sh in shapes if (sh.num_layers, sh.num_moe_layers, sh.first, sh.last) == sig)))
-    return tuple(out)
+    """Every pipeline stage with its shape: ``(stage index, StageShape)`` (``stage_shapes``, the
+    pipeline layout's chunks included)."""
+    return tuple(sorted(((i, sh) for sh in stage_shapes(model, strategy) for i in sh.stages), key=lambda t: t[0]))
 
 
 def parameter_tensors_per_layer(model: Model, *, moe: bool) -> int:

@@ -140,7 +140,7 @@ def test_search_prices_layouts_as_simulate_does():
         s = r.strategy(i)
         res = simulate_analytic(r.fastmodel.plan(s), net=r.fastmodel.net)
         assert r.candidates.step_time_s[i] == pytest.approx(res.step_time_s, rel=1e-9)
-        assert r.candidates.memory_peak_bytes[i] == pytest.approx(res.memory_peak_bytes, rel=1e-9)
+        assert r.candidates.memory_device_bytes[i] == pytest.approx(res.memory_device_bytes, rel=1e-9)
     assert np.isfinite(r.candidates.step_time_s).all()
 
 

@@ -4,6 +4,7 @@ winner (fits memory, weak scaling, NVLink domain size, ties, objectives, what-wo
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -107,13 +108,19 @@ def test_adding_gpus_never_lowers_throughput_under_weak_scaling():
 
 
 def test_bigger_nvlink_domain_never_hurts():
+    """The same plans on a bigger NVLink domain are never slower (more of each group's traffic
+    stays on NVLink).  Compared plan by plan: the best plan itself may change, since NCCL's NVLS
+    buffers grow with the GPUs of a group inside one domain (sim.runtime.device_extra_bytes) and
+    can push a memory-bound plan out."""
     model = get_model("llama3-70b")
     space = SearchSpace(max_mbs=2, max_vp=2, precision=("bf16",))
-    times = []
-    for domain in (8, 16, 32, 64):
-        r = search(model, cluster("h100-80gb", 64, domain=domain), gbs=128, seq_len=4096, space=space)
-        times.append(float(r.candidates.step_time_s.min()))
-    assert all(b <= a * (1 + 1e-12) for a, b in zip(times, times[1:])), times
+    r = search(model, cluster("h100-80gb", 64, domain=8), gbs=128, seq_len=4096, space=space)
+    best = [r.strategy(int(i)) for i in np.argsort(r.candidates.step_time_s)[:20]]
+    for s in best:
+        plan = r.fastmodel.plan(s)
+        times = [simulate_analytic(replace(plan, cluster=cluster("h100-80gb", 64, domain=d))).step_time_s
+                 for d in (8, 16, 32, 64)]
+        assert all(b <= a * (1 + 1e-12) for a, b in zip(times, times[1:])), (s.to_string(), times)
 
 
 def test_ties_go_to_the_simpler_plan():
@@ -135,7 +142,7 @@ def test_objectives_and_fewer_gpus():
     fast = recommend(model, cl, gbs=64, seq_len=4096, space=space, min_gpus=8, settings=MCORE, **FAST)
     cheap = recommend(model, cl, gbs=64, seq_len=4096, space=space, min_gpus=8, settings=MCORE,
                       objective=ObjectiveSpec(kind="cost", tokens=1e12), **FAST)
-    assert [r.cluster.num_gpus for r in fast.searches] == [64, 32, 16, 8]
+    assert list(dict.fromkeys(r.cluster.num_gpus for r in fast.searches)) == [64, 32, 16, 8]  # (+ layout searches)
     assert fast.best.result.tokens_per_s >= cheap.best.result.tokens_per_s * (1 - 1e-3)
     price = cl.gpu.price_usd_per_hour
     cost = lambda p: p.result.step_time_s * p.num_gpus * price  # noqa: E731  per step, same batch

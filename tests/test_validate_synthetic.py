@@ -110,9 +110,12 @@ def test_round_trip_through_simulate_calibration(tmp_path, capsys):
 @pytest.mark.parametrize("world,rpn", [(16, 8), (2, 1)])
 def test_round_trip_across_nodes(tmp_path, capsys, world, rpn):
     """Two full nodes (tp=8 inside, dp=2 across) on a profile measured on two full nodes, or on
-    two nodes with one GPU each (whose NIC is per rank, as the plan's one-NIC-per-GPU nodes use it)."""
+    two nodes with one GPU each (whose NIC is per rank, as the plan's one-NIC-per-GPU nodes use it).
+    The gradient reduction is not overlapped (dp_overlap=0): its exposed time is the NIC's, not
+    what is left after a backward whose TP traffic runs on the catalog's NVLink in the one-GPU
+    profile and on the true one in the truth."""
     prof, cal = _profile(tmp_path, world, rpn, f"syn-{world}x{rpn}")
-    strategy = "tp=8,dp=2,mbs=1,gbs=16,sp=1"
+    strategy = "tp=8,dp=2,mbs=1,gbs=16,sp=1,dp_overlap=0"
     argv = ["simulate", "--model", "llama3-8b", "--gpu", cal.id, "--num-gpus", "16", "--gpus-per-node", "8",
             "--seq-len", "4096", "--strategy", strategy, "--engine", "analytic", "--json", "--calibration", cal.path]
     rc, out, err = _run(capsys, argv)
