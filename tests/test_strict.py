@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from planner import progress
 from planner.cli import main
 from sim import limits
-from sim.catalog import ENV_VAR, catalog_dir, cluster_from_catalog, get_model
+from sim.catalog import ENV_VAR, catalog_dir, get_model
+from sim.clusters import cluster_from_catalog
 from sim.errors import InfeasibleError, InputError
 from sim.event.engine import Engine
 from sim.event.resources import LinkTable
