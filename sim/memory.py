@@ -388,9 +388,9 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
         g_act = g if lay.persistent_gradients else np.where(accumulated, g, 0.0)
     w_act = w + gathered
 
+    per_mb_keep = (recompute_inputs * stage_activation_bytes(shape, dense_act_bytes, moe_act_bytes)
+                   + recompute_full * stage_activation_bytes(shape, dense_full_bytes, moe_full_bytes))
     if shape.chunks is None:
-        per_mb_keep = (recompute_inputs * stage_activation_bytes(shape, dense_act_bytes, moe_act_bytes)
-                       + recompute_full * stage_activation_bytes(shape, dense_full_bytes, moe_full_bytes))
         layers = per_mb_keep * inflight_mb
     else:  # a pipeline layout: the in-flight chunk passes weighted by their chunks' layers
         layers = 0.0

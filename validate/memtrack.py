@@ -111,7 +111,16 @@ def heaviest_stage(plan: Plan) -> int:
 
 def track(plan: Plan, *, stage: int | None = None) -> dict[str, float]:
     """Bytes per category at the tracked step's peak on one rank of ``stage`` (default: the
-    planner's heaviest stage), plus ``total`` and ``stage``."""
+    planner's heaviest stage), plus ``total`` and ``stage``.  The fake process group it runs in
+    is destroyed afterwards, so a later gloo run in the same process starts clean."""
+    try:
+        return _track(plan, stage=stage)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _track(plan: Plan, *, stage: int | None = None) -> dict[str, float]:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed.device_mesh import init_device_mesh
 
