@@ -32,7 +32,8 @@ from typing import Mapping
 
 import numpy as np
 
-from sim.compute import KernelEfficiency, default_efficiency, nvls_gain
+from sim.compute import KernelEfficiency, default_efficiency
+from sim.netefficiency import nvls_gain
 from sim.costs import (LayerCost, default_network, dp_collectives, end_costs, plan_layer_ops, layer_cost, p2p_bytes,
                        p2p_time_s, piece_settings)
 from sim.memory import (head_activation_bytes, inflight, layer_activations, layer_backward_bytes,

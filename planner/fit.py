@@ -32,7 +32,8 @@ from typing import Any, Mapping
 
 from sim.catalog import catalog_document, get_gpu, get_nic
 from sim.clusters import cluster_from_catalog
-from sim.compute import KernelEfficiency, kernel_efficiency, network_kwargs
+from sim.compute import KernelEfficiency, kernel_efficiency
+from sim.netefficiency import network_kwargs
 from sim.fitting import fit_ring_all_reduce, fit_scalar, parse_size
 from sim.network import Network, SizeCurve
 

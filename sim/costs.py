@@ -14,10 +14,10 @@ import math
 from dataclasses import dataclass, replace
 
 from sim.conventions import conventions
-from sim.compute import (KernelEfficiency, default_efficiency, fp8_weight_cast_bytes_per_param, network_kwargs,
-                          ops_time)
+from sim.compute import KernelEfficiency, default_efficiency, fp8_weight_cast_bytes_per_param, ops_time
 from sim.memory import layer_activations, recompute_time_fraction, stage_activation_bytes
 from sim.moe_routing import remote_destinations
+from sim.netefficiency import network_kwargs
 from sim.network import Network
 from sim.placement import group_shape
 from sim.offload import offload_bytes, strategy_rates
