@@ -45,6 +45,7 @@ from sim.result import StepResult
 from sim.placement import strides
 from sim.run import RunChoices, plan_kwargs
 from sim.specs import Cluster, Model, Strategy
+from sim.units import fmt_s
 
 from planner.explain import bound
 from planner.search import SearchResult, SearchSpace, search
@@ -753,13 +754,9 @@ def fp8_alternative(rec: Recommendation, memory_limit_bytes: float) -> dict[str,
         return {}
     return {"strategy": s8.to_string(), "framework": fw.id, "fp8_recipe": recipe, "step_time_s": est,
             "model_step_time_s": res.step_time_s, "speedup": gain, "memory_peak_bytes": res.memory_peak_bytes,
-            "line": (f"fp8 would be {gain:.0%} faster ({_fmt_s(est)} per step with {fw.id}'s {recipe} recipe: "
+            "line": (f"fp8 would be {gain:.0%} faster ({fmt_s(est)} per step with {fw.id}'s {recipe} recipe: "
                      f"--precision fp8 or bf16,fp8 to search it); it changes numerics, so it is not chosen "
                      "unless asked for")}
-
-
-def _fmt_s(t: float) -> str:
-    return f"{t:.3f} s" if t >= 1 else f"{t * 1e3:.2f} ms"
 
 
 def _with_rank_orders(ranked: list[RankedPlan], objective: ObjectiveSpec, tokens_per_step: int,
