@@ -122,6 +122,9 @@ class Gpu:
         for p, v in self.matmul_efficiency.items():
             if not 0 < v <= 1:
                 raise InputError(f"gpu[{self.id}].matmul_efficiency.{p}", v, "must be in (0, 1]")
+        if "bf16" not in self.matmul_efficiency:
+            raise InputError(f"gpu[{self.id}].matmul_efficiency", dict(self.matmul_efficiency),
+                             "needs a bf16 entry (the fraction a precision without its own entry uses)")
         if not 0 < self.hbm_efficiency <= 1:
             raise InputError(f"gpu[{self.id}].hbm_efficiency", self.hbm_efficiency, "must be in (0, 1]")
 
@@ -141,12 +144,9 @@ class Gpu:
         raise InputError("precision", precision, f"{self.id} has no {precision} tensor-core peak")
 
     def achievable_matmul_fraction(self, precision: str) -> float:
-        eff = self.matmul_efficiency
-        if precision in eff:
-            return eff[precision]
-        if precision == "fp16" and "bf16" in eff:
-            return eff["bf16"]
-        return eff.get("bf16", 0.75)
+        """Best-case GEMM fraction of ``precision``'s peak: its own catalog entry, else bf16's
+        (fp16 runs on the same tensor cores; a GPU record must measure bf16)."""
+        return self.matmul_efficiency.get(precision, self.matmul_efficiency["bf16"])
 
 
 LinkKind = Literal["nic", "scale-up", "pcie", "switch"]
