@@ -10,7 +10,7 @@ from sim.errors import InputError
 from sim.jsonout import print_json
 from sim.outpaths import check_folder
 from sim.plan import MOE_DISPATCHERS
-from sim.specs import OFFLOAD_DEVICES, RECOMPUTES, SCHEDULES, TRAIN_PRECISIONS
+from sim.specs import DEFAULT_SEQ_LEN, OFFLOAD_DEVICES, RECOMPUTES, SCHEDULES, TRAIN_PRECISIONS
 from sim.units import GIB, fmt_s
 
 from planner.argcheck import check_model_flags
@@ -327,7 +327,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     model = model_from_args(args)
     check_model_flags(args, model)
     cluster = cluster_from_args(args)
-    seq_len = seq_len_from_args(args) or 2048
+    seq_len = seq_len_from_args(args) or DEFAULT_SEQ_LEN
     gbs, note = gbs_from_args(args, seq_len)
     space = space_from_args(args)
     formats = parse_formats(args.export) if args.export is not None else []

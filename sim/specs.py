@@ -462,6 +462,14 @@ class Cluster:
 # --------------------------------------------------------------------------- strategy
 
 
+DEFAULT_SEQ_LEN = 2048
+"""Tokens per sequence when the user gives none (every entry point: Strategy, the CLI, tco, the
+app): GPT-3's context (Brown et al. 2020, arXiv:2005.14165, Sec. 2.1, n_ctx = 2048), the
+sequence of the Megatron-LM runs the reference set is built on (Narayanan et al. 2021).  A
+convention, not a property of a device; kept here rather than in catalogs/conventions.yaml
+because ``Strategy``'s own default needs it and ``sim.specs`` reads no catalog."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Strategy:
     """How one training step is parallelised.  Degrees multiply to the GPU count.
@@ -510,7 +518,7 @@ class Strategy:
     vp: int = 1
     mbs: int = 1
     gbs: int = 1
-    seq_len: int = 2048
+    seq_len: int = DEFAULT_SEQ_LEN
     zero: int = 0
     sp: bool = False
     recompute: str = "none"
