@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from sim.units import GIB
+from sim.units import GIB, fmt_s
 
 
 # Step-time parts in the order a reader expects them (compute first, idle last).
@@ -56,15 +56,6 @@ def breakdown_parts(result: Mapping[str, Any]) -> dict[str, float]:
     if rest > 1e-12:
         out["exposed_dp_s"] += rest
     return out
-
-
-def fmt_s(t: float) -> str:
-    """Seconds as the app prints them: ``20.117 s``, ``812.40 ms``, ``1.25 h``."""
-    if t >= 3600:
-        return f"{t / 3600:.2f} h"
-    if t >= 1:
-        return f"{t:.3f} s"
-    return f"{t * 1e3:.2f} ms"
 
 
 def breakdown_figure(results: Sequence[tuple[str, Mapping[str, Any]]]):

@@ -19,7 +19,7 @@ from sim.clusters import cluster_from_catalog
 from sim.conventions import conventions
 from sim.errors import InfeasibleError, InputError
 from sim.modelio import MAX_FILE_BYTES, model_from_dict
-from sim.specs import TRAIN_PRECISIONS, Cluster, Model
+from sim.specs import DEFAULT_SEQ_LEN, TRAIN_PRECISIONS, Cluster, Model
 
 """Token budget when none is given: ~20 tokens per parameter (Hoffmann et al. 2022, Chinchilla,
 Table 3: compute-optimal training).  Only a default; users set their own budget."""
@@ -65,7 +65,7 @@ class Design:
     nics_per_node: int | None = None
     topology: str = "fat-tree"
     oversubscription: float = 1.0
-    seq_len: int = 2048
+    seq_len: int = DEFAULT_SEQ_LEN
     gbs: int | None = None
     token_budget_tokens: float | None = None
     strategy: str | None = None

@@ -23,7 +23,7 @@ from appkit.links import decode_upload, encode_upload
 from planner.uncertainty import memory_headroom
 from sim.conventions import conventions
 from sim.errors import InputError
-from sim.specs import TOPOLOGIES
+from sim.specs import DEFAULT_SEQ_LEN, TOPOLOGIES
 from sim.units import GIB
 
 AUTO = "auto"
@@ -168,8 +168,8 @@ def sidebar(cat: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[s
     slots["cluster"] = sb.empty()  # the cluster as built (appkit.present.cluster_summary)
 
     sb.header("Training job")
-    raw["seq_len"] = sb.number_input("Sequence length (tokens)", min_value=1, max_value=1 << 26, value=2048, step=512,
-                                     key="seq_len", bind=BIND)
+    raw["seq_len"] = sb.number_input("Sequence length (tokens)", min_value=1, max_value=1 << 26,
+                                     value=DEFAULT_SEQ_LEN, step=512, key="seq_len", bind=BIND)
     slots["seq_len"] = sb.empty()
     raw["gbs"] = sb.number_input("Global batch (sequences)", min_value=1, max_value=1 << 30, value=None, step=64,
                                  key="gbs", bind=BIND, placeholder="auto (recommender's choice)")

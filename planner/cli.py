@@ -10,7 +10,7 @@ from sim.errors import InputError
 from sim.jsonout import print_json
 from sim.outpaths import check_file
 from sim.plan import MOE_DISPATCHERS, SELECTIVE_POLICIES
-from sim.units import GIB
+from sim.units import GIB, fmt_s
 
 from planner import cmd_check, cmd_economics, cmd_import, cmd_recommend, cmd_validate, progress
 from planner.argcheck import check_model_flags, check_not_empty, typed_message
@@ -38,22 +38,16 @@ def _fmt_bytes(n: float) -> str:
     return f"{n / GIB:.1f} GiB"
 
 
-def _fmt_s(t: float) -> str:
-    if t >= 1:
-        return f"{t:.3f} s"
-    return f"{t * 1e3:.2f} ms"
-
-
 def _band_text(out: dict) -> str:
     u = out.get("uncertainty")
     if not u:
         return ""
     if u["class"].startswith("calibration "):  # a measured machine: no published-run bias
-        return (f"   (80% band {_fmt_s(out['step_time_s_low'])} .. {_fmt_s(out['step_time_s_high'])}: the spread of "
+        return (f"   (80% band {fmt_s(out['step_time_s_low'])} .. {fmt_s(out['step_time_s_high'])}: the spread of "
                 f"published runs around the {u['class']} model)")
     like = "all published runs" if u["class"] == "all" else f"published {u['class']} runs"
-    return (f"   (80% band {_fmt_s(out['step_time_s_low'])} .. {_fmt_s(out['step_time_s_high'])}; the model's "
-            f"{_fmt_s(out['model_step_time_s'])} {u['bias']:+.1%}, the bias of {like})")
+    return (f"   (80% band {fmt_s(out['step_time_s_low'])} .. {fmt_s(out['step_time_s_high'])}; the model's "
+            f"{fmt_s(out['model_step_time_s'])} {u['bias']:+.1%}, the bias of {like})")
 
 
 def print_step_summary(out: dict, *, model: str, gpu: str, num_gpus: int) -> None:
@@ -65,7 +59,7 @@ def print_step_summary(out: dict, *, model: str, gpu: str, num_gpus: int) -> Non
     lines = [
         f"{model} on {num_gpus} x {gpu}   [{out['engine']} engine, framework {fw}]",
         f"strategy           {out['strategy']}",
-        f"step time          {_fmt_s(out['step_time_s'])}" + _band_text(out),
+        f"step time          {fmt_s(out['step_time_s'])}" + _band_text(out),
         f"throughput         {out['tokens_per_s']:,.0f} tokens/s ({out['tokens_per_s_per_gpu']:,.0f} per GPU)",
         f"MFU                {mfu_text(out)}   ({out['model_tflops_per_gpu']:.0f} model TFLOP/s per GPU; "
         f"HFU {out['hfu']:.1%})",
@@ -87,8 +81,8 @@ def print_step_summary(out: dict, *, model: str, gpu: str, num_gpus: int) -> Non
         lines.append(f"offload            {off['mode']} to {off['device']}: host memory {_fmt_bytes(out['host_memory_bytes'])} "
                      f"of {_fmt_bytes(out['host_memory_capacity_bytes'])} per node"
                      + (f", NVMe {_fmt_bytes(mem['nvme_bytes'])}" if mem.get("nvme_bytes") else ""))
-        lines.append(f"   per GPU per step: {off['h2d_bytes_per_step'] / GIB:.1f} GiB to the GPU ({_fmt_s(off['h2d_s'])}), "
-                     f"{off['d2h_bytes_per_step'] / GIB:.1f} GiB to the host ({_fmt_s(off['d2h_s'])}) "
+        lines.append(f"   per GPU per step: {off['h2d_bytes_per_step'] / GIB:.1f} GiB to the GPU ({fmt_s(off['h2d_s'])}), "
+                     f"{off['d2h_bytes_per_step'] / GIB:.1f} GiB to the host ({fmt_s(off['d2h_s'])}) "
                      f"at {off['host_link_bytes_per_s'] / 1e9:.1f} GB/s each way")
     lines.append("where the time goes:")
     total = out["step_time_s"]
@@ -99,9 +93,9 @@ def print_step_summary(out: dict, *, model: str, gpu: str, num_gpus: int) -> Non
         if v > 0 or key in ("compute_s", "bubble_s") or (key == "calibration_s" and v):
             label = "unmodelled (bias)" if key == "calibration_s" else \
                 key[:-2].replace("exposed_", "exposed ").replace("_", " ")
-            lines.append(f"   {label:<17} {_fmt_s(v):>11}  {v / total:6.1%}")
+            lines.append(f"   {label:<17} {fmt_s(v):>11}  {v / total:6.1%}")
     if b.get("recompute_s"):
-        lines.append(f"   (recompute inside compute: {_fmt_s(b['recompute_s'])})")
+        lines.append(f"   (recompute inside compute: {fmt_s(b['recompute_s'])})")
     dp = out.get("dataparallel")
     if dp:
         lines.append(f"DataParallel       {dp['step_time_s']:.3f} s; DDP on this machine {dp['ddp_step_time_s']:.3f} s "

@@ -10,8 +10,8 @@ from sim.errors import InputError
 from sim.jsonout import print_json
 from sim.outpaths import check_folder
 from sim.plan import MOE_DISPATCHERS
-from sim.specs import OFFLOAD_DEVICES, RECOMPUTES, SCHEDULES, TRAIN_PRECISIONS
-from sim.units import GIB
+from sim.specs import DEFAULT_SEQ_LEN, OFFLOAD_DEVICES, RECOMPUTES, SCHEDULES, TRAIN_PRECISIONS
+from sim.units import GIB, fmt_s
 
 from planner.argcheck import check_model_flags
 from planner.recommend import DEFAULT_RERANK_PASSES
@@ -219,10 +219,6 @@ def gbs_from_args(args: argparse.Namespace, seq_len: int) -> tuple[int, str | No
     return gbs, note
 
 
-def _fmt_s(t: float) -> str:
-    return f"{t:.3f} s" if t >= 1 else f"{t * 1e3:.2f} ms"
-
-
 def _short_strategy(s: str) -> str:
     keep = []
     for part in s.split(","):
@@ -269,18 +265,18 @@ def print_table(out: dict) -> None:
             elif obj == "cost":
                 extra = f"  ${p['usd_per_million_tokens']:.3f}/Mtok"
             gpus = f" [{p['num_gpus']} GPUs]" if p["num_gpus"] != out["num_gpus"] else ""
-            band = f"{_fmt_s(p['step_time_s_low'])}..{_fmt_s(p['step_time_s_high'])}"
+            band = f"{fmt_s(p['step_time_s_low'])}..{fmt_s(p['step_time_s_high'])}"
             mfu = _mfu_cell(p)
-            lines.append(f"{p['rank']:>2}  {_fmt_s(p['step_time_s']):>10}  {band:>19}  {p['tokens_per_s']:>11,.0f}  "
+            lines.append(f"{p['rank']:>2}  {fmt_s(p['step_time_s']):>10}  {band:>19}  {p['tokens_per_s']:>11,.0f}  "
                          f"{mfu}  {p['model_tflops_per_gpu']:>7.0f}  {mem:>14}{extra}  {p['framework']:<18} "
                          f"{p['precision']:<4}  {_short_strategy(p['strategy'])}{gpus}")
         top = out["plans"][0]
         u = top["uncertainty"]
         like = "all published runs" if u["class"] == "all" else f"published {u['class']} runs"
         spread = "published runs" if u["spread_class"] == "all" else f"published {u['spread_class']} runs"
-        lines.append(f"#1: {_fmt_s(top['step_time_s'])} per step to plan with (the model's {_fmt_s(top['model_step_time_s'])} "
+        lines.append(f"#1: {fmt_s(top['step_time_s'])} per step to plan with (the model's {fmt_s(top['model_step_time_s'])} "
                      f"{u['bias']:+.1%}, the bias of {like}), 80% band "
-                     f"{_fmt_s(top['step_time_s_low'])} .. {_fmt_s(top['step_time_s_high'])} (from {u['runs']} {spread}); "
+                     f"{fmt_s(top['step_time_s_low'])} .. {fmt_s(top['step_time_s_high'])} (from {u['runs']} {spread}); "
                      f"MFU {mfu_text(top)}, {top['model_tflops_per_gpu']:.0f} model TFLOP/s per GPU; runs in "
                      f"{top['framework']}")
         alt = out.get("fp8_alternative") or {}
@@ -296,7 +292,7 @@ def print_table(out: dict) -> None:
         lines.append("what would fit (each verified by re-running the search):")
         for sgg in out["suggestions"]:
             lines.append(f"  {sgg['what']}: {_short_strategy(sgg['best_strategy'])} ({sgg['framework']}), step "
-                         f"{_fmt_s(sgg['step_time_s'])}, {sgg['memory_device_bytes'] / GIB:.1f} GiB (device)")
+                         f"{fmt_s(sgg['step_time_s'])}, {sgg['memory_device_bytes'] / GIB:.1f} GiB (device)")
     for w in out["warnings"]:
         lines.append(f"warning: {w}")
     gap = out.get("framework_gap") or {}
@@ -310,7 +306,7 @@ def print_table(out: dict) -> None:
                          f"{', '.join(fmts)})")
     if out.get("recipe"):
         r = out["recipe"]
-        lines.append(f"your recipe ({r['recipe']}): {_short_strategy(r['strategy'])}, step {_fmt_s(r['step_time_s'])}"
+        lines.append(f"your recipe ({r['recipe']}): {_short_strategy(r['strategy'])}, step {fmt_s(r['step_time_s'])}"
                      + (f"; the best plan is {r['best_speedup']:.2f}x faster" if r.get("best_speedup") else "")
                      + ("" if r["fits_memory"] else " (does not fit in memory)"))
         if out.get("framework"):
@@ -331,7 +327,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     model = model_from_args(args)
     check_model_flags(args, model)
     cluster = cluster_from_args(args)
-    seq_len = seq_len_from_args(args) or 2048
+    seq_len = seq_len_from_args(args) or DEFAULT_SEQ_LEN
     gbs, note = gbs_from_args(args, seq_len)
     space = space_from_args(args)
     formats = parse_formats(args.export) if args.export is not None else []

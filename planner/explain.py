@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from sim.errors import InputError
 from sim.specs import SCHEDULES, Strategy
-from sim.units import GIB
+from sim.units import GIB, fmt_s
 
 if TYPE_CHECKING:
     from planner.recommend import Recommendation
@@ -37,10 +37,6 @@ REASONS = {"oom": "does not fit in GPU memory less the headroom kept free", "bat
 
 def _pct(x: float) -> str:
     return f"{x:+.3%}" if abs(x) < 0.001 else f"{x:+.1%}"
-
-
-def _fmt_s(t: float) -> str:
-    return f"{t:.3f} s" if t >= 1 else f"{t * 1e3:.1f} ms"
 
 
 def bound(result: dict) -> tuple[str, dict[str, float]]:
@@ -79,9 +75,9 @@ def diff_reason(base: dict, other: dict) -> str:
     db = {k: other["breakdown"].get(k, 0.0) - base["breakdown"].get(k, 0.0) for k in PARTS}
     worse = sorted((k for k in PARTS if db[k] > 0), key=lambda k: -db[k])[:2]
     better = sorted((k for k in PARTS if db[k] < 0), key=lambda k: db[k])[:1]
-    parts = [f"{LABELS[k]} +{_fmt_s(db[k])}" for k in worse]
+    parts = [f"{LABELS[k]} +{fmt_s(db[k], ms_digits=1)}" for k in worse]
     if better and abs(db[better[0]]) > 1e-3 * base["step_time_s"]:
-        parts.append(f"saves {_fmt_s(-db[better[0]])} of {LABELS[better[0]]}")
+        parts.append(f"saves {fmt_s(-db[better[0]], ms_digits=1)} of {LABELS[better[0]]}")
     return ", ".join(parts) if parts else "same breakdown"
 
 

@@ -32,7 +32,8 @@ from typing import Mapping
 
 import numpy as np
 
-from sim.compute import KernelEfficiency, default_efficiency, nvls_gain
+from sim.compute import KernelEfficiency, default_efficiency
+from sim.netefficiency import nvls_gain
 from sim.costs import (LayerCost, default_network, dp_collectives, end_costs, plan_layer_ops, layer_cost, p2p_bytes,
                        p2p_time_s, piece_settings)
 from sim.memory import (head_activation_bytes, inflight, layer_activations, layer_backward_bytes,
@@ -44,7 +45,7 @@ from sim.plan import Plan
 from sim.runtime import default_comm_runtime, default_runtime, device_extra_bytes, state_layout
 from sim.specs import Cluster, Model, Strategy, expert_dp_size, offload_flags
 from sim.stages import StageShape, layer_params, stage_index_shapes, stage_parameter_tensors, stage_shapes
-from sim.step import ChunkSums, DpCollectives, compose, stage_pieces, stage_times
+from sim.step import ChunkSums, DpCollectives, compose, layout_chunk_sums, stage_pieces, stage_times
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -404,27 +405,20 @@ class FastModel:
             """Each chunk of a pipeline layout (``sim.costs.StageCost.chunk_sums``, over arrays)."""
             if sh.chunks is None:
                 return None
-            v = len(sh.chunks)
             rc_frac = self._rc_fraction(grid, sh.num_layers)  # the stage's share, on every layer (sim.costs.step_costs)
-            extra_chunk = 0 if sh.first and p > 1 else v - 1
-            total = sh.params.total
-            in_layers = sh.num_dense_layers * per_layer[False] + (sh.num_moe_layers * per_layer[True]
-                                                                  if sh.num_moe_layers else 0.0)
-            extra_frac = max(0.0, 1.0 - in_layers / total) if total > 0 and in_layers > 0 else 1.0
-            out = []
-            for c, (d, e) in enumerate(sh.chunks):
+            sums, params = [], []
+            for d, e in sh.chunks:
                 def csum(name: str) -> np.ndarray | float:
                     x = d * msr(f"dense_{name}") if d else 0.0
                     return x + e * msr(f"moe_{name}") if e else x
-                mine = c == extra_chunk
-                frac = (d * per_layer[False] + (e * per_layer[True] if e else 0.0)) / total if total > 0 else 0.0
-                out.append(ChunkSums(layer_fwd_s=csum("fwd_s"), layer_bwd_s=csum("bwd_s"),
-                                     recompute_s=csum("recompute_s") * rc_frac,  # partial recompute, as step_costs
-                                     exposed_fwd_s=csum("exposed_fwd_s"), exposed_bwd_s=csum("exposed_bwd_s"),
-                                     extra_fwd_s=end(sh, "fwd") if mine else 0.0,
-                                     extra_bwd_s=end(sh, "bwd") if mine else 0.0,
-                                     param_frac=frac + (extra_frac if mine else 0.0)))
-            return tuple(out)
+                sums.append((csum("fwd_s"), csum("bwd_s"), csum("recompute_s") * rc_frac,  # partial recompute, as step_costs
+                             csum("exposed_fwd_s"), csum("exposed_bwd_s")))
+                params.append(d * per_layer[False] + (e * per_layer[True] if e else 0.0))
+            in_layers = sh.num_dense_layers * per_layer[False] + (sh.num_moe_layers * per_layer[True]
+                                                                  if sh.num_moe_layers else 0.0)
+            return layout_chunk_sums(sums, params, stage_params=sh.params.total, layer_params=in_layers,
+                                     extras_first=sh.first and p > 1, extra_fwd_s=end(sh, "fwd"),
+                                     extra_bwd_s=end(sh, "bwd"))
 
         stages = []
         for sh in shapes:

@@ -32,7 +32,8 @@ from typing import Any, Mapping
 
 from sim.catalog import catalog_document, get_gpu, get_nic
 from sim.clusters import cluster_from_catalog
-from sim.compute import KernelEfficiency, kernel_efficiency, network_kwargs
+from sim.compute import KernelEfficiency, kernel_efficiency
+from sim.netefficiency import network_kwargs
 from sim.fitting import fit_ring_all_reduce, fit_scalar, parse_size
 from sim.network import Network, SizeCurve
 
@@ -59,6 +60,12 @@ def _node(gpu: str, n: int, nic: str) -> Any:
     return cluster_from_catalog(get_gpu(gpu), n, gpus_per_node=8, nic=get_nic(nic), nics_per_node=8)
 
 
+def _nvlink_bytes_per_s(gpu: str) -> float:
+    rate = get_gpu(gpu).nvlink_bytes_per_s_per_direction
+    assert rate, gpu  # the fit's systems are NVSwitch servers
+    return rate
+
+
 def fit_scale_up(mb: Mapping[str, Any]) -> dict:
     """Scale-up (NVLink/NVSwitch) ring efficiency and per-step latency."""
     a100 = _a100_curve(mb)
@@ -66,12 +73,13 @@ def fit_scale_up(mb: Mapping[str, Any]) -> dict:
     bus = [v * 1e9 for v in a100["busbw_GBps_by_payload_bytes"].values()]
     ab = fit_ring_all_reduce(sizes, bus, 8)
     # large-message level: the size curve (fit_size_curves) carries everything below it
-    effs = {"a100-nvlink3": max(bus) / 300e9}
+    # over the catalog's NVLink rate per direction of the system's GPU
+    effs = {"a100-nvlink3": max(bus) / _nvlink_bytes_per_s("a100-80gb")}
     for e in mb["allreduce_busbw"]["entries"]:  # large-message ring (NVLS off), 8 GPUs
         if e.get("busbw_GBps_nvls_off") and "H200" in e["system"]:
-            effs["h200-nvlink4"] = e["busbw_GBps_nvls_off"]["8"] * 1e9 / 450e9
+            effs["h200-nvlink4"] = e["busbw_GBps_nvls_off"]["8"] * 1e9 / _nvlink_bytes_per_s("h200-141gb")
         if e.get("busbw_GBps_nvls_off") and "B200" in e["system"]:
-            effs["b200-nvlink5"] = e["busbw_GBps_nvls_off"]["8"] * 1e9 / 900e9
+            effs["b200-nvlink5"] = e["busbw_GBps_nvls_off"]["8"] * 1e9 / _nvlink_bytes_per_s("b200-180gb")
     # NVLink SHARP (NVLS): NCCL's default all-reduce on NVSwitch systems against the ring
     # (NCCL_NVLS_ENABLE=0), per generation and group size (the switch reduces in-network)
     nvls = {}

@@ -36,7 +36,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Iterable, Mapping
 
-from sim.catalog import catalog_document, get_gpu
+from sim.catalog import catalog_document, get_gpu, get_nic
 from sim.fitting import fit_saturating
 
 
@@ -215,16 +215,16 @@ def fit_attention_curves() -> dict[str, dict[str, dict[str, list[float]]]]:
 
 def fit_deepep_dispatch() -> dict[str, float]:
     """DeepEP normal (training) kernels' achieved bandwidth per tier as a fraction of the
-    nominal per-direction link rate: intranode over the GPU's NVLink (H800: 200 GB/s each way),
-    internode over its NIC (one CX7 400 Gb/s per GPU), median of dispatch and combine over the
+    nominal per-direction link rate of the catalog records the entry names: intranode over its
+    GPU's NVLink (H800: 200 GB/s each way), internode over its NIC (one CX7 400 Gb/s InfiniBand
+    NDR port per GPU, ``ib-ndr-400``), median of dispatch and combine over the
     README's points of the latest V1 version (``moe_kernels.yaml`` ``deepep-v1-normal-h800``).
     Known error: H800 only; DeepEP counts bytes on the bottleneck tier (its README), and
     internode points above the NIC rate are capped at 1."""
     e = _entries("moe_kernels")["deepep-v1-normal-h800"]
     points = e["versions"][-1]["points"]
     gpu = get_gpu(e["gpu"])
-    nic_bytes_per_s = 400e9 / 8  # the CX7 400 Gb/s NIC the entry names, per GPU
-    rates = {"scale-up": gpu.nvlink_bytes_per_s_per_direction, "scale-out": nic_bytes_per_s}
+    rates = {"scale-up": gpu.nvlink_bytes_per_s_per_direction, "scale-out": get_nic(e["nic"]).bytes_per_s_per_direction}
     out = {}
     for tier, name in (("scale-up", "nvlink"), ("scale-out", "rdma")):
         got = [min(1.0, p[k] * 1e9 / rates[tier]) for p in points if p["tier"] == name

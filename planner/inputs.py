@@ -11,7 +11,7 @@ from sim.clusters import cluster_from_catalog
 from sim.errors import InputError
 from sim.models import load_model
 from sim.offload import with_host
-from sim.specs import PLACEMENTS, TOPOLOGIES, Cluster, Model
+from sim.specs import DEFAULT_SEQ_LEN, PLACEMENTS, TOPOLOGIES, Cluster, Model
 from sim.units import GIB
 
 
@@ -42,7 +42,7 @@ def add_cluster_args(p: argparse.ArgumentParser, *, required: bool = True, recip
     g.add_argument("--placement", default="block", help="|".join(PLACEMENTS) + ": how the job takes GPUs from "
                    "NVLink domains larger than a node (block: the same whole number of nodes from each, so "
                    "equal groups stay inside one domain; packed: fill each domain in turn)")
-    g.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default 2048)")
+    g.add_argument("--seq-len", type=int, default=None, help=f"tokens per sequence (default {DEFAULT_SEQ_LEN})")
     g.add_argument("--host-dram-gib", type=float, default=None,
                    help="host memory per node for offloading, GiB (default: catalogs/offload.yaml, 2 TB)")
     pc = p.add_argument_group("PCIe server (PCIe cards only; docs/pcie.md)")

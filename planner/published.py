@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from sim.analytic import simulate_analytic
-from sim.compute import catalog_fitted, kernel_efficiency, network_kwargs
+from sim.compute import catalog_fitted, kernel_efficiency
+from sim.netefficiency import network_kwargs
 from sim.errors import InputError
 from sim.event import simulate_event
 from sim.framework import apply_framework

@@ -45,6 +45,7 @@ from sim.result import StepResult
 from sim.placement import strides
 from sim.run import RunChoices, plan_kwargs
 from sim.specs import Cluster, Model, Strategy
+from sim.units import fmt_s
 
 from planner.explain import bound
 from planner.search import SearchResult, SearchSpace, search
@@ -420,40 +421,31 @@ def layout_searches(searches: list[SearchResult], model: Model, *, gbs: int, seq
     return out
 
 
-def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: SearchSpace | None = None,
-              objective: ObjectiveSpec | None = None, settings: Settings | None = None, top: int = 5,
-              rerank: int | None = None, rerank_budget: int = DEFAULT_RERANK_PASSES, min_gpus: int | None = None,
-              tie_tolerance: float = 1e-3, explain: bool = True, suggest: bool = True,
-              workers: int | None = None, memory_headroom: float | None = None,
-              progress: Callable[[str], None] | None = None) -> Recommendation:
-    """Search, rank, verify and explain (module docstring).  ``rerank``: how many of the top
-    plans the event engine re-ranks (default ``top``; 0 disables it), as many as
-    ``rerank_budget`` scheduled passes allow (``event_passes``).  ``memory_headroom``: fraction
-    of GPU memory a plan keeps free (default ``planner.uncertainty.memory_headroom``).
-    ``progress`` is called with the name of each phase as it starts (the app draws them; an
-    exception it raises stops the recommendation)."""
-    t0 = time.perf_counter()
-    stage = progress or (lambda name: None)
-    space = space or SearchSpace()
-    objective = objective or ObjectiveSpec()
-    settings = settings or Settings()
-    if isinstance(top, bool) or not isinstance(top, int) or not 1 <= top <= 100:
-        raise InputError("top", top, "must be an integer in [1, 100]")
-    if not (isinstance(tie_tolerance, (int, float)) and 0 <= tie_tolerance < 1):
-        raise InputError("tie-tolerance", tie_tolerance, "must be in [0, 1)")
-    headroom, headroom_why = memory_headroom_of(memory_headroom)
+def _priced_objective(objective: ObjectiveSpec, cluster: Cluster) -> ObjectiveSpec:
+    """``objective`` with the GPU's catalog price where it names none (required for ``cost``)."""
     if objective.kind == "cost" and objective.price_usd_per_hour is None:
         price = cluster.gpu.price_usd_per_hour
         if price is None:
             raise InputError("objective", "cost", f"{cluster.gpu.id} has no price_usd_per_hour in the GPU catalog")
-        objective = replace(objective, price_usd_per_hour=price)
-    elif objective.price_usd_per_hour is None and cluster.gpu.price_usd_per_hour is not None:
-        objective = replace(objective, price_usd_per_hour=cluster.gpu.price_usd_per_hour)
-    eff = default_efficiency()
-    tokens_per_step = gbs * seq_len
-    full_space = space
-    limit = (1.0 - headroom) * cluster.gpu.hbm_bytes
+        return replace(objective, price_usd_per_hour=price)
+    if objective.price_usd_per_hour is None and cluster.gpu.price_usd_per_hour is not None:
+        return replace(objective, price_usd_per_hour=cluster.gpu.price_usd_per_hour)
+    return objective
 
+
+def _check_ranking_args(top: object, tie_tolerance: object) -> None:
+    if isinstance(top, bool) or not isinstance(top, int) or not 1 <= top <= 100:
+        raise InputError("top", top, "must be an integer in [1, 100]")
+    if not (isinstance(tie_tolerance, (int, float)) and 0 <= tie_tolerance < 1):
+        raise InputError("tie-tolerance", tie_tolerance, "must be in [0, 1)")
+
+
+def _search_profiles(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: SearchSpace,
+                     objective: ObjectiveSpec, settings: Settings, min_gpus: int | None, workers: int | None,
+                     eff: object, memory_limit_bytes: float, stage: Callable[[str], None]
+                     ) -> tuple[list[SearchResult], list[Band], dict[str, str]]:
+    """One search per framework profile (over what it runs, ``framework_space``) and GPU count,
+    with its pipeline-layout searches: (searches, the band of each, profiles skipped and why)."""
     searches: list[SearchResult] = []
     bands: list[Band] = []
     skipped: dict[str, str] = {}
@@ -479,13 +471,13 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: 
             stage(f"searching the strategy space on {cl.num_gpus:,} GPUs" + (f" ({fw.id})" if len(profiles) > 1 else ""))
             fsearches.append(search(model, cl, gbs=gbs, seq_len=seq_len, space=fspace.replace(layouts=False),
                                     plan_kwargs=settings.plan_kwargs(fw), dp_overlap=fw.dp_overlap, net=net, eff=eff,
-                                    workers=workers, memory_limit_bytes=limit))
+                                    workers=workers, memory_limit_bytes=memory_limit_bytes))
         if fspace.layouts:  # pipeline layouts, around the best pipelined layouts found
             stage("pricing pipeline layouts around the best plans" + (f" ({fw.id})" if len(profiles) > 1 else ""))
             fsearches += layout_searches(fsearches, model, gbs=gbs, seq_len=seq_len, space=fspace,
                                          plan_kwargs=settings.plan_kwargs(fw), dp_overlap=fw.dp_overlap,
                                          objective=objective, tokens_per_step=gbs * seq_len, eff=eff,
-                                         memory_limit_bytes=limit)
+                                         memory_limit_bytes=memory_limit_bytes)
         for r in fsearches:
             r.framework = fw.id
         searches += fsearches
@@ -493,52 +485,64 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: 
     if not searches:
         raise InputError("framework", ",".join(skipped), "no framework profile runs the space asked for: "
                          + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
-    rank_space = framework_space(space, profiles[0].id, cluster) if len(profiles) == 1 else space
+    return searches, bands, skipped
 
-    # Objective (of the calibrated estimate) over every timed candidate of every search.
+
+def _objective_table(searches: list[SearchResult], bands: list[Band], objective: ObjectiveSpec,
+                     tokens_per_step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The objective (of the calibrated estimate) over every timed candidate of every search,
+    with each one's search and index in it; None when no candidate fits."""
     objs, src, idx = [], [], []
     for k, (r, band) in enumerate(zip(searches, bands)):
         if r.evaluated:
             objs.append(objective.values(band.estimate(r.candidates.step_time_s), tokens_per_step, r.cluster.num_gpus))
             src.append(np.full(r.evaluated, k, dtype=np.int32))
             idx.append(np.arange(r.evaluated))
-    rec = Recommendation(model=model, cluster=cluster, gbs=gbs, seq_len=seq_len, objective=objective,
-                         settings=settings, space=rank_space, searches=searches, plans=[], search_time_s=0.0,
-                         ranking_engine="analytic", ranking_note="", tie_tolerance=float(tie_tolerance),
-                         memory_headroom=headroom, memory_headroom_why=headroom_why, frameworks_skipped=skipped)
     if not objs:
-        rec.search_time_s = time.perf_counter() - t0
-        rec.ranking_note = "no candidate fits"
-        if explain:
-            from planner.explain import explain_infeasible
+        return None
+    return np.concatenate(objs), np.concatenate(src), np.concatenate(idx)
 
-            rec.explanation = explain_infeasible(rec)
-        if suggest:
-            stage("looking for one change that makes a plan fit")
-            from planner.suggest import suggest_fixes
 
-            rec.suggestions = suggest_fixes(model, cluster, gbs=gbs, seq_len=seq_len, space=space, settings=settings,
-                                            rejected_batch=rec.rejected.get("batch", 0) > 0, memory_limit_bytes=limit,
-                                            host_need_bytes=min((r.closest_host_oom[0] for r in searches
-                                                                 if r.closest_host_oom is not None), default=0.0))
-        return rec
-    stage("ranking and verifying the best plans")
-    obj = np.concatenate(objs)
-    src_a, idx_a = np.concatenate(src), np.concatenate(idx)
+def _nothing_fits(rec: Recommendation, model: Model, cluster: Cluster, *, space: SearchSpace, memory_limit_bytes: float,
+                  explain: bool, suggest: bool, stage: Callable[[str], None]) -> None:
+    """Say why no candidate fits and which one change would make one fit."""
+    rec.ranking_note = "no candidate fits"
+    if explain:
+        from planner.explain import explain_infeasible
 
-    # Shortlist: the best few hundred by objective, plus every plan tied with the best.
+        rec.explanation = explain_infeasible(rec)
+    if suggest:
+        stage("looking for one change that makes a plan fit")
+        from planner.suggest import suggest_fixes
+
+        rec.suggestions = suggest_fixes(model, cluster, gbs=rec.gbs, seq_len=rec.seq_len, space=space,
+                                        settings=rec.settings, rejected_batch=rec.rejected.get("batch", 0) > 0,
+                                        memory_limit_bytes=memory_limit_bytes,
+                                        host_need_bytes=min((r.closest_host_oom[0] for r in rec.searches
+                                                             if r.closest_host_oom is not None), default=0.0))
+
+
+def _shortlist(obj: np.ndarray, top: int, tie_tolerance: float) -> np.ndarray:
+    """The best few hundred by objective, plus every plan tied with the best (at most 5000)."""
     n_short = min(obj.size, max(top * 20, 200))
     short = np.argpartition(obj, n_short - 1)[:n_short] if n_short < obj.size else np.arange(obj.size)
     best = float(obj.min())
     tied = np.flatnonzero(obj <= best * (1 + tie_tolerance))
     if tied.size > 5000:
         tied = tied[np.argsort(obj[tied], kind="stable")[:5000]]
-    short = np.unique(np.concatenate([short, tied]))
-    order = {fw.id: i for i, fw in enumerate(profiles)}
+    return np.unique(np.concatenate([short, tied]))
 
-    # What a framework cannot run and its search space could not exclude (``framework_space``:
-    # tensor parallelism without SP where TP implies SP, a zero-bubble schedule it runs only
-    # interleaved) leaves the shortlist here.
+
+def _runnable_ordered(table: tuple[np.ndarray, np.ndarray, np.ndarray], short: np.ndarray,
+                      searches: list[SearchResult], model: Model, settings: Settings,
+                      tie_tolerance: float) -> list[tuple]:
+    """The shortlist's plans their framework runs, ordered by objective with the winner first
+    (the simplest plan tied with the best, then the framework listed first).  What a framework
+    cannot run and its search space could not exclude (``framework_space``: tensor parallelism
+    without SP where TP implies SP, a zero-bubble schedule it runs only interleaved) leaves here.
+    Each entry: (objective, tie key, strategy, search index, candidate index)."""
+    obj, src_a, idx_a = table
+    order = {fw.id: i for i, fw in enumerate(settings.profiles)}
     entries = []
     for j in short:
         k = int(src_a[j])
@@ -554,10 +558,13 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: 
     best = entries[0][0]
     winner_pool = [e for e in entries if e[0] <= best * (1 + tie_tolerance)]
     winner = min(winner_pool, key=lambda e: (e[1], e[0]))
-    ordered = [winner] + [e for e in entries if e is not winner]
+    return [winner] + [e for e in entries if e is not winner]
 
-    # The shown plans with their full results (breakdown, memory, warnings): the same model the
-    # search evaluated, called for one plan.
+
+def _shown_plans(ordered: list[tuple], searches: list[SearchResult], bands: list[Band], objective: ObjectiveSpec,
+                 tokens_per_step: int, top: int) -> list[RankedPlan]:
+    """The first ``top`` plans their framework's launch format can state, with their full
+    results (breakdown, memory, warnings): the same model the search evaluated, called for one plan."""
     ranked: list[RankedPlan] = []
     for o, key, s, k, i in ordered:
         if len(ranked) == top:
@@ -574,18 +581,19 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: 
                                  fast_step_time_s=float(r.candidates.step_time_s[i]),
                                  analytic_step_time_s=res.step_time_s, band=bands[k], framework=r.framework,
                                  search=r))
-    ranked = _with_rank_orders(ranked, objective, tokens_per_step, top)
+    return _with_rank_orders(ranked, objective, tokens_per_step, top)
 
-    rec.search_time_s = time.perf_counter() - t0
-    rec.timings_s["search_s"] = sum(r.search_time_s for r in searches)
-    rec.timings_s["rank_and_verify_s"] = rec.search_time_s - rec.timings_s["search_s"]
 
-    # Event-engine re-ranking, budgeted by a cost model (never by the clock).
+def _rerank(rec: Recommendation, ranked: list[RankedPlan], *, top: int, rerank: int | None, rerank_budget: int,
+            tokens_per_step: int, stage: Callable[[str], None]) -> None:
+    """Event-engine re-ranking of the first ``rerank`` plans, budgeted by a cost model (never
+    by the clock); sets the recommendation's plans, their ranks and its ranking note."""
     t1 = time.perf_counter()
     k_rerank = min(top, len(ranked)) if rerank is None else max(0, min(int(rerank), len(ranked)))
     if k_rerank:
         stage(f"re-ranking the top {k_rerank} with the event engine")
-        ranked, note, used = _rerank_event(ranked, k_rerank, tie_tolerance, objective, tokens_per_step, rerank_budget)
+        ranked, note, used = _rerank_event(ranked, k_rerank, rec.tie_tolerance, rec.objective, tokens_per_step,
+                                           rerank_budget)
         rec.ranking_engine = "event" if used else "analytic"
     else:
         note = "event re-ranking disabled; ranked with the analytic model"
@@ -594,18 +602,76 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: 
         p.rank = n
     rec.plans = ranked
     rec.timings_s["rerank_s"] = time.perf_counter() - t1
+
+
+def _price_framework_limits(rec: Recommendation, model: Model, cluster: Cluster, full_space: SearchSpace,
+                            min_gpus: int | None, workers: int | None, stage: Callable[[str], None]) -> None:
+    """With ``--framework``: what its limits cost against the best plan of any profile (a
+    warning past the tie tolerance)."""
+    framework = rec.settings.framework
+    t3 = time.perf_counter()
+    stage(f"pricing what {framework}'s limits cost")
+    rec.framework_gap = _framework_gap(rec, model, cluster, full_space, min_gpus, workers)
+    rec.timings_s["framework_gap_s"] = time.perf_counter() - t3
+    if rec.framework_gap.get("gap", 0.0) > rec.tie_tolerance:
+        g = rec.framework_gap
+        rec.warnings.append(f"{framework} cannot run the overall best plan ({g['best_overall_strategy']} "
+                            f"in {g['best_overall_framework']}: {g['why']}); its best is {g['gap']:.1%} slower")
+
+
+def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: SearchSpace | None = None,
+              objective: ObjectiveSpec | None = None, settings: Settings | None = None, top: int = 5,
+              rerank: int | None = None, rerank_budget: int = DEFAULT_RERANK_PASSES, min_gpus: int | None = None,
+              tie_tolerance: float = 1e-3, explain: bool = True, suggest: bool = True,
+              workers: int | None = None, memory_headroom: float | None = None,
+              progress: Callable[[str], None] | None = None) -> Recommendation:
+    """Search, rank, verify and explain (module docstring).  ``rerank``: how many of the top
+    plans the event engine re-ranks (default ``top``; 0 disables it), as many as
+    ``rerank_budget`` scheduled passes allow (``event_passes``).  ``memory_headroom``: fraction
+    of GPU memory a plan keeps free (default ``planner.uncertainty.memory_headroom``).
+    ``progress`` is called with the name of each phase as it starts (the app draws them; an
+    exception it raises stops the recommendation)."""
+    t0 = time.perf_counter()
+    stage = progress or (lambda name: None)
+    space = space or SearchSpace()
+    settings = settings or Settings()
+    _check_ranking_args(top, tie_tolerance)
+    headroom, headroom_why = memory_headroom_of(memory_headroom)
+    objective = _priced_objective(objective or ObjectiveSpec(), cluster)
+    eff = default_efficiency()
+    tokens_per_step = gbs * seq_len
+    limit = (1.0 - headroom) * cluster.gpu.hbm_bytes
+
+    searches, bands, skipped = _search_profiles(model, cluster, gbs=gbs, seq_len=seq_len, space=space,
+                                                objective=objective, settings=settings, min_gpus=min_gpus,
+                                                workers=workers, eff=eff, memory_limit_bytes=limit, stage=stage)
+    profiles = settings.profiles
+    rank_space = framework_space(space, profiles[0].id, cluster) if len(profiles) == 1 else space
+    table = _objective_table(searches, bands, objective, tokens_per_step)
+    rec = Recommendation(model=model, cluster=cluster, gbs=gbs, seq_len=seq_len, objective=objective,
+                         settings=settings, space=rank_space, searches=searches, plans=[], search_time_s=0.0,
+                         ranking_engine="analytic", ranking_note="", tie_tolerance=float(tie_tolerance),
+                         memory_headroom=headroom, memory_headroom_why=headroom_why, frameworks_skipped=skipped)
+    if table is None:
+        rec.search_time_s = time.perf_counter() - t0
+        _nothing_fits(rec, model, cluster, space=space, memory_limit_bytes=limit, explain=explain, suggest=suggest,
+                      stage=stage)
+        return rec
+    stage("ranking and verifying the best plans")
+    ordered = _runnable_ordered(table, _shortlist(table[0], top, tie_tolerance), searches, model, settings,
+                                tie_tolerance)
+    ranked = _shown_plans(ordered, searches, bands, objective, tokens_per_step, top)
+    rec.search_time_s = time.perf_counter() - t0
+    rec.timings_s["search_s"] = sum(r.search_time_s for r in searches)
+    rec.timings_s["rank_and_verify_s"] = rec.search_time_s - rec.timings_s["search_s"]
+
+    _rerank(rec, ranked, top=top, rerank=rerank, rerank_budget=rerank_budget, tokens_per_step=tokens_per_step,
+            stage=stage)
     _flag_winner(rec)
     if "fp8" not in rec.space.precisions(cluster):
         rec.fp8_alternative = fp8_alternative(rec, limit)
-    if settings.framework is not None and ranked:
-        t3 = time.perf_counter()
-        stage(f"pricing what {settings.framework}'s limits cost")
-        rec.framework_gap = _framework_gap(rec, model, cluster, full_space, min_gpus, workers)
-        rec.timings_s["framework_gap_s"] = time.perf_counter() - t3
-        if rec.framework_gap.get("gap", 0.0) > tie_tolerance:
-            g = rec.framework_gap
-            rec.warnings.append(f"{settings.framework} cannot run the overall best plan ({g['best_overall_strategy']} "
-                                f"in {g['best_overall_framework']}: {g['why']}); its best is {g['gap']:.1%} slower")
+    if settings.framework is not None and rec.plans:
+        _price_framework_limits(rec, model, cluster, space, min_gpus, workers, stage)
     if explain:
         t2 = time.perf_counter()
         stage("explaining the winner")
@@ -688,13 +754,9 @@ def fp8_alternative(rec: Recommendation, memory_limit_bytes: float) -> dict[str,
         return {}
     return {"strategy": s8.to_string(), "framework": fw.id, "fp8_recipe": recipe, "step_time_s": est,
             "model_step_time_s": res.step_time_s, "speedup": gain, "memory_peak_bytes": res.memory_peak_bytes,
-            "line": (f"fp8 would be {gain:.0%} faster ({_fmt_s(est)} per step with {fw.id}'s {recipe} recipe: "
+            "line": (f"fp8 would be {gain:.0%} faster ({fmt_s(est)} per step with {fw.id}'s {recipe} recipe: "
                      f"--precision fp8 or bf16,fp8 to search it); it changes numerics, so it is not chosen "
                      "unless asked for")}
-
-
-def _fmt_s(t: float) -> str:
-    return f"{t:.3f} s" if t >= 1 else f"{t * 1e3:.2f} ms"
 
 
 def _with_rank_orders(ranked: list[RankedPlan], objective: ObjectiveSpec, tokens_per_step: int,

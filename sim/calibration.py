@@ -56,7 +56,7 @@ from typing import Any, Mapping
 import yaml
 
 from sim.catalog import catalog_dir, get_gpu, gpu_from_record, link_from_record, list_links
-from sim.compute import network_efficiency, network_size_curves, nvls_gain
+from sim.netefficiency import network_efficiency, network_size_curves, nvls_gain
 from sim.errors import InputError
 from sim.outpaths import make_folder, write_text
 from sim.records import MAX_MAGNITUDE, Record

@@ -14,10 +14,10 @@ import math
 from dataclasses import dataclass, replace
 
 from sim.conventions import conventions
-from sim.compute import (KernelEfficiency, default_efficiency, fp8_weight_cast_bytes_per_param, network_kwargs,
-                          ops_time)
+from sim.compute import KernelEfficiency, default_efficiency, fp8_weight_cast_bytes_per_param, ops_time
 from sim.memory import layer_activations, recompute_time_fraction, stage_activation_bytes
 from sim.moe_routing import remote_destinations
+from sim.netefficiency import network_kwargs
 from sim.network import Network
 from sim.placement import group_shape
 from sim.offload import offload_bytes, strategy_rates
@@ -27,8 +27,8 @@ from sim.runtime import CommRuntime, default_comm_runtime
 from sim.specs import Cluster, Model, Strategy
 from sim.stages import (StageParams, chunk_signature, layer_params, stage_chunks, stage_layers,
                         stage_parameter_tensors, stage_shapes)
-from sim.step import (ChunkSums, DpCollectives, Num, PieceSettings, StagePieces, StageTimes, local_params, stage_pieces,
-                      stage_times)
+from sim.step import (ChunkSums, DpCollectives, Num, PieceSettings, StagePieces, StageTimes, layout_chunk_sums,
+                      local_params, stage_pieces, stage_times)
 
 
 def default_network(cluster: Cluster) -> Network:
@@ -93,24 +93,18 @@ class StageCost:
         event engine cuts the stage into chunks (``sim.event.scenario``)."""
         if self.chunk_sizes is None:
             return None
-        lc, v = self.layer_costs, len(self.chunk_sizes)
-        extra_chunk = 0 if self.stage == 0 and pp > 1 else v - 1
-        layer_params = sum(c.params for c in lc)
-        extra_frac = max(0.0, 1.0 - layer_params / self.params) if self.params > 0 and layer_params > 0 else 1.0
-        out, start = [], 0
-        for c, n in enumerate(self.chunk_sizes):
+        lc = self.layer_costs
+        sums, params, start = [], [], 0
+        for n in self.chunk_sizes:
             part = lc[start:start + n]
             start += n
-            frac = sum(x.params for x in part) / self.params if self.params > 0 else 0.0
-            mine = c == extra_chunk
-            out.append(ChunkSums(
-                layer_fwd_s=sum(x.fwd_s for x in part), layer_bwd_s=sum(x.bwd_s for x in part),
-                recompute_s=sum(x.recompute_s for x in part),
-                exposed_fwd_s=sum(x.exposed_tp_fwd_s + x.exposed_cp_fwd_s + x.exposed_ep_fwd_s for x in part),
-                exposed_bwd_s=sum(x.exposed_tp_bwd_s + x.exposed_cp_bwd_s + x.exposed_ep_bwd_s for x in part),
-                extra_fwd_s=self.extra_fwd_s if mine else 0.0, extra_bwd_s=self.extra_bwd_s if mine else 0.0,
-                param_frac=frac + (extra_frac if mine else 0.0)))
-        return tuple(out)
+            sums.append((sum(x.fwd_s for x in part), sum(x.bwd_s for x in part), sum(x.recompute_s for x in part),
+                         sum(x.exposed_tp_fwd_s + x.exposed_cp_fwd_s + x.exposed_ep_fwd_s for x in part),
+                         sum(x.exposed_tp_bwd_s + x.exposed_cp_bwd_s + x.exposed_ep_bwd_s for x in part)))
+            params.append(sum(x.params for x in part))
+        return layout_chunk_sums(sums, params, stage_params=self.params, layer_params=sum(c.params for c in lc),
+                                 extras_first=self.stage == 0 and pp > 1, extra_fwd_s=self.extra_fwd_s,
+                                 extra_bwd_s=self.extra_bwd_s)
 
     def times(self, pp: int) -> StageTimes:
         """This stage as ``sim.step.compose`` takes it (one entry per stage)."""

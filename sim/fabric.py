@@ -186,30 +186,18 @@ def _attachments(gpn: int, nics: int) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(k for k in range(nics) if k * gpn // nics == l) for l in range(gpn))
 
 
-def layout_fabric(cluster: Cluster) -> Fabric:
-    """Lay out ``cluster``'s fabric (see the module docstring for the sizing rules)."""
-    c = cluster
-    check_nics(c)
-    G, gpn, nics = c.num_gpus, c.gpus_per_node, c.nics_per_node
-    num_nodes = c.num_nodes
-    defaults = fabric_defaults()
-    radix = c.nic.switch_radix or defaults.switch_radix
-    if radix < 2:
-        raise InputError(f"nic[{c.nic.id}].switch_radix", radix, "must be >= 2")
-    o = float(c.oversubscription)
-    has_su = c.domain_size > 1
+def _nic_pools(c: Cluster, srv: ServerTables | None) -> tuple[tuple[tuple[int, ...], ...], np.ndarray, np.ndarray]:
+    """(local NICs of each local GPU, each GPU's pool, each pool's NICs striped to one width).
 
-    gpus = np.arange(G)
-    domain = c.scale_up_block  # the job's GPUs per NVLink domain (Cluster.placement)
-    gpu_domain = gpus // domain
-    srv = server_tables(c.server) if c.server is not None else None
+    A pool is the GPUs that share one set of NICs: on a PCIe server the GPUs of a node whose
+    nearest NIC ports (``sim.server`` affinity) are the same; otherwise the GPUs of one node
+    inside one NVLink domain."""
+    G, gpn, nics = c.num_gpus, c.gpus_per_node, c.nics_per_node
     pools: list[list[int]] = []
     if srv is not None:
-        # a PCIe server: each GPU stripes over the NIC ports nearest it (sim.server affinity);
-        # a pool is the GPUs of one node that share that set
         attach = srv.affinity
         gpu_pool = np.empty(G, dtype=np.int64)
-        for node in range(num_nodes):
+        for node in range(c.num_nodes):
             first: dict[tuple[int, ...], int] = {}
             for g in range(node * gpn, min((node + 1) * gpn, G)):
                 aff = attach[g % gpn]
@@ -219,69 +207,62 @@ def layout_fabric(cluster: Cluster) -> Fabric:
                 gpu_pool[g] = first[aff]
     else:
         attach = _attachments(gpn, nics)
-        span = min(gpn, domain)
-        gpu_pool = gpus // span
-        num_pools = (G + span - 1) // span
-        for p in range(num_pools):
+        span = min(gpn, c.scale_up_block)
+        gpu_pool = np.arange(G) // span
+        for p in range((G + span - 1) // span):
             first_gpu = p * span
             node = first_gpu // gpn
             locs = sorted({k for g in range(first_gpu, min(first_gpu + span, G)) for k in attach[g % gpn]})
             pools.append([node * nics + k for k in locs])
     stripes = max(len(p) for p in pools)
     pool_nics = np.array([[p[j % len(p)] for j in range(stripes)] for p in pools], dtype=np.int64)
+    return attach, gpu_pool, pool_nics
 
-    total_nics = num_nodes * nics
+
+def _nic_owners(c: Cluster, attach: tuple[tuple[int, ...], ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(NIC present: some GPU of the job attaches to it, the lowest GPU that does)."""
+    gpn, nics = c.gpus_per_node, c.nics_per_node
+    total_nics = c.num_nodes * nics
     nic_present = np.zeros(total_nics, dtype=bool)
     nic_owner = np.full(total_nics, -1, dtype=np.int64)
-    for g in range(G - 1, -1, -1):
+    for g in range(c.num_gpus - 1, -1, -1):
         for k in attach[g % gpn]:
             n = (g // gpn) * nics + k
             nic_present[n] = True
             nic_owner[n] = g
-    num_nics = int(nic_present.sum())
+    return nic_present, nic_owner
 
-    scale_up_bw = c.nvlink_bytes_per_s_per_direction
+
+def _scale_up(c: Cluster, defaults: FabricDefaults) -> tuple[str, float]:
+    """(scale-up link id, its latency): the named scale-up link's, else the GPU's NVLink
+    generation through an NVSwitch at the fabric default latency."""
     if c.scale_up is not None:
-        su_link, su_lat = c.scale_up.id, c.scale_up.latency_s
-    else:
-        su_link, su_lat = f"nvlink-{c.gpu.nvlink_generation}" if c.gpu.nvlink_generation else "scale-up", \
-            defaults.scale_up_latency_s
+        return c.scale_up.id, c.scale_up.latency_s
+    return (f"nvlink-{c.gpu.nvlink_generation}" if c.gpu.nvlink_generation else "scale-up",
+            defaults.scale_up_latency_s)
 
-    kw: dict[str, object] = dict(
-        topology=c.topology, num_gpus=G, gpus_per_node=gpn, num_nodes=num_nodes,
-        nvlink_domain=domain, has_scale_up=has_su, nics_per_node=nics, num_nics=num_nics,
-        radix=radix, oversubscription=o,
-        scale_up_link=su_link, scale_up_bytes_per_s=scale_up_bw, scale_up_latency_s=su_lat,
-        host_link=f"pcie-gen{c.gpu.pcie_generation}",
-        host_bytes_per_s=pcie_x16_bytes_per_s(c.gpu.pcie_generation),
-        nic_link=c.nic.id, nic_bytes_per_s=c.nic.bytes_per_s_per_direction,
-        nic_latency_s=c.nic.latency_s, switch_latency_s=defaults.switch_hop_latency_s,
-        gpu_domain=gpu_domain, gpu_pool=gpu_pool, pool_nics=pool_nics, nic_present=nic_present,
-        nic_owner=nic_owner, gpu_nics=attach, server=srv)
 
-    if c.topology in ("mesh", "torus"):
-        rows, cols = grid_shape(num_nodes)
-        dims = (rows > 1) + (cols > 1)
-        node_bw = nics * c.nic.bytes_per_s_per_direction
-        link_bw = node_bw / (2 * dims) if dims else 0.0
-        torus = c.topology == "torus"
-        x_bw = link_bw * (2 if torus and cols == 2 else 1)
-        y_bw = link_bw * (2 if torus and rows == 2 else 1)
-        empty: tuple[np.ndarray, ...] = ()
-        return Fabric(**kw, nic_pos=np.arange(total_nics), levels=0, level_down_ports=(), block_of=empty,
-                      block_parent=empty, block_up_bytes_per_s=empty, block_up_ports=empty,
-                      block_switches=empty, top_switches=0, top_radix=radix, exceeds_radix=False,
-                      grid_rows=rows, grid_cols=cols, grid_link_bytes_per_s=(x_bw, y_bw))  # type: ignore[arg-type]
+def _grid_fabric(c: Cluster, kw: dict[str, object], radix: int) -> Fabric:
+    """A mesh or torus of nodes: each node's NIC bandwidth split over its grid links (a
+    2-wide torus dimension has two links between the same pair)."""
+    rows, cols = grid_shape(c.num_nodes)
+    dims = (rows > 1) + (cols > 1)
+    node_bw = c.nics_per_node * c.nic.bytes_per_s_per_direction
+    link_bw = node_bw / (2 * dims) if dims else 0.0
+    torus = c.topology == "torus"
+    x_bw = link_bw * (2 if torus and cols == 2 else 1)
+    y_bw = link_bw * (2 if torus and rows == 2 else 1)
+    empty: tuple[np.ndarray, ...] = ()
+    return Fabric(**kw, nic_pos=np.arange(c.num_nodes * c.nics_per_node), levels=0, level_down_ports=(),  # type: ignore[arg-type]
+                  block_of=empty, block_parent=empty, block_up_bytes_per_s=empty, block_up_ports=empty,
+                  block_switches=empty, top_switches=0, top_radix=radix, exceeds_radix=False,
+                  grid_rows=rows, grid_cols=cols, grid_link_bytes_per_s=(x_bw, y_bw))
 
+
+def _switch_levels(c: Cluster, radix: int, tapered_down: int, num_pos: int) -> tuple[int, tuple[int, ...]]:
+    """(switch levels, down ports of a non-top switch per level below the top): the fewest
+    levels whose capacity holds ``num_pos`` NIC positions (at most 8)."""
     half = max(1, radix // 2)
-    tapered_down = max(1, int(radix * o / (1 + o))) if o > 1 else half
-    present_ids = np.nonzero(nic_present)[0]
-    if c.topology == "rail-optimized":
-        groups = (num_nodes + tapered_down - 1) // tapered_down
-        nic_pos = (np.arange(total_nics) % nics) * (groups * tapered_down) + np.arange(total_nics) // nics
-    else:
-        nic_pos = np.arange(total_nics)
-    num_pos = int(nic_pos[present_ids].max()) + 1
 
     def down_ports(level: int) -> int:  # down ports of a non-top switch at ``level``
         return tapered_down if (level == 1 or c.topology == "tree") else half
@@ -297,10 +278,28 @@ def layout_fabric(cluster: Cluster) -> Fabric:
             if num_pos <= capacity or levels >= 8:
                 break
             levels += 1
-    level_down = tuple(down_ports(k) for k in range(1, levels))
-    spans = tuple(math.prod(level_down[:k]) for k in range(1, levels))
+    return levels, tuple(down_ports(k) for k in range(1, levels))
 
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Blocks:
+    """Switch blocks of the levels below the top (one array per level, one entry per block)."""
+    block_of: tuple[np.ndarray, ...]  # NIC -> its block at this level (-1: absent)
+    block_parent: tuple[np.ndarray, ...]  # block -> its parent block one level up
+    up_bytes_per_s: tuple[np.ndarray, ...]
+    up_ports: tuple[np.ndarray, ...]
+    switches: tuple[np.ndarray, ...]
+
+
+def _switch_blocks(c: Cluster, nic_pos: np.ndarray, nic_present: np.ndarray, levels: int,
+                   level_down: tuple[int, ...]) -> _Blocks:
+    """Group the present NICs into switch blocks level by level: a level-k block is the NIC
+    positions under one span of ``level_down[:k]`` ports; its uplink bandwidth and ports are
+    what its children bring, divided by the taper (first level, or every level of a tree)."""
+    o = float(c.oversubscription)
     nic_bw = c.nic.bytes_per_s_per_direction
+    present_ids = np.nonzero(nic_present)[0]
+    spans = tuple(math.prod(level_down[:k]) for k in range(1, levels))
     block_of: list[np.ndarray] = []
     block_parent: list[np.ndarray] = []
     up_bw: list[np.ndarray] = []
@@ -309,7 +308,7 @@ def layout_fabric(cluster: Cluster) -> Fabric:
     for k in range(1, levels):
         raw = nic_pos // spans[k - 1]
         uniq, inv = np.unique(raw[present_ids], return_inverse=True)
-        ids = np.full(total_nics, -1, dtype=np.int64)
+        ids = np.full(len(nic_pos), -1, dtype=np.int64)
         ids[present_ids] = inv
         block_of.append(ids)
         taper = o if (k == 1 or c.topology == "tree") else 1.0
@@ -329,16 +328,63 @@ def layout_fabric(cluster: Cluster) -> Fabric:
         up_bw.append(down_bw / taper)
         up_ports.append(np.ceil(down_ports_used / taper - 1e-9))
         block_parent.append(np.zeros(len(uniq), dtype=np.int64))  # parent in level k+1 (fixed next loop)
+    return _Blocks(block_of=tuple(block_of), block_parent=tuple(block_parent), up_bytes_per_s=tuple(up_bw),
+                   up_ports=tuple(up_ports), switches=tuple(switches))
+
+
+def _switch_fabric(c: Cluster, kw: dict[str, object], radix: int, nic_present: np.ndarray, num_nics: int) -> Fabric:
+    """A switched fabric (star, tree, fat-tree, rail-optimized): NIC positions (rails first
+    on a rail-optimized fabric), the levels, the blocks below the top and the top switches."""
+    o = float(c.oversubscription)
+    nics, total_nics = c.nics_per_node, c.num_nodes * c.nics_per_node
+    tapered_down = max(1, int(radix * o / (1 + o))) if o > 1 else max(1, radix // 2)
+    if c.topology == "rail-optimized":
+        groups = (c.num_nodes + tapered_down - 1) // tapered_down
+        nic_pos = (np.arange(total_nics) % nics) * (groups * tapered_down) + np.arange(total_nics) // nics
+    else:
+        nic_pos = np.arange(total_nics)
+    num_pos = int(nic_pos[np.nonzero(nic_present)[0]].max()) + 1
+    levels, level_down = _switch_levels(c, radix, tapered_down, num_pos)
+    b = _switch_blocks(c, nic_pos, nic_present, levels, level_down)
     if levels == 1:
         top_switches, top_radix = 1, (max(radix, num_nics) if c.topology in ("star", "tree") else radix)
         exceeds = num_nics > radix and c.topology != "star"
     else:
-        top_down = float(up_ports[-1].sum())
+        top_down = float(b.up_ports[-1].sum())
         top_switches = int(math.ceil(top_down / radix - 1e-9))
         top_radix = radix
-        exceeds = len(up_bw[-1]) > radix
+        exceeds = len(b.up_bytes_per_s[-1]) > radix
     return Fabric(**kw, nic_pos=nic_pos, levels=levels, level_down_ports=level_down,  # type: ignore[arg-type]
-                  block_of=tuple(block_of), block_parent=tuple(block_parent),
-                  block_up_bytes_per_s=tuple(up_bw), block_up_ports=tuple(a.astype(np.int64) for a in up_ports),
-                  block_switches=tuple(switches), top_switches=top_switches, top_radix=top_radix,
+                  block_of=b.block_of, block_parent=b.block_parent,
+                  block_up_bytes_per_s=b.up_bytes_per_s, block_up_ports=tuple(a.astype(np.int64) for a in b.up_ports),
+                  block_switches=b.switches, top_switches=top_switches, top_radix=top_radix,
                   exceeds_radix=bool(exceeds))
+
+
+def layout_fabric(cluster: Cluster) -> Fabric:
+    """Lay out ``cluster``'s fabric (see the module docstring for the sizing rules)."""
+    c = cluster
+    check_nics(c)
+    defaults = fabric_defaults()
+    radix = c.nic.switch_radix or defaults.switch_radix
+    if radix < 2:
+        raise InputError(f"nic[{c.nic.id}].switch_radix", radix, "must be >= 2")
+    srv = server_tables(c.server) if c.server is not None else None
+    attach, gpu_pool, pool_nics = _nic_pools(c, srv)
+    nic_present, nic_owner = _nic_owners(c, attach)
+    num_nics = int(nic_present.sum())
+    su_link, su_lat = _scale_up(c, defaults)
+    kw: dict[str, object] = dict(
+        topology=c.topology, num_gpus=c.num_gpus, gpus_per_node=c.gpus_per_node, num_nodes=c.num_nodes,
+        nvlink_domain=c.scale_up_block, has_scale_up=c.domain_size > 1, nics_per_node=c.nics_per_node,
+        num_nics=num_nics, radix=radix, oversubscription=float(c.oversubscription),
+        scale_up_link=su_link, scale_up_bytes_per_s=c.nvlink_bytes_per_s_per_direction, scale_up_latency_s=su_lat,
+        host_link=f"pcie-gen{c.gpu.pcie_generation}",
+        host_bytes_per_s=pcie_x16_bytes_per_s(c.gpu.pcie_generation),
+        nic_link=c.nic.id, nic_bytes_per_s=c.nic.bytes_per_s_per_direction,
+        nic_latency_s=c.nic.latency_s, switch_latency_s=defaults.switch_hop_latency_s,
+        gpu_domain=np.arange(c.num_gpus) // c.scale_up_block, gpu_pool=gpu_pool, pool_nics=pool_nics,
+        nic_present=nic_present, nic_owner=nic_owner, gpu_nics=attach, server=srv)
+    if c.topology in ("mesh", "torus"):
+        return _grid_fabric(c, kw, radix)
+    return _switch_fabric(c, kw, radix, nic_present, num_nics)

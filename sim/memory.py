@@ -38,7 +38,7 @@ import numpy as np
 
 from sim.activations import BYTES_ACT, activation_bytes_per_layer, model_has_dropout
 from sim.offload import OffloadConstants, host_spec, offload_constants
-from sim.compute import nvls_gain
+from sim.netefficiency import nvls_gain
 from sim.runtime import MemoryRuntime, StateLayout, default_runtime, device_extra_bytes, state_layout
 from sim.specs import Cluster, Model, Strategy
 from sim.stages import StageParams, StageShape, stage_index_shapes

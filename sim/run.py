@@ -31,8 +31,9 @@ from dataclasses import dataclass, replace
 from typing import Mapping
 
 from sim.calibration import Calibration, load_calibration
-from sim.compute import KernelEfficiency, default_efficiency, network_kwargs
+from sim.compute import KernelEfficiency, default_efficiency
 from sim.framework import Framework, apply_framework, check_supported, default_frameworks, fp8_recipe_for, get_framework
+from sim.netefficiency import network_kwargs
 from sim.network import Network
 from sim.plan import Plan, parse_strategy
 from sim.psspecs import ParameterServers

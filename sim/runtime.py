@@ -177,7 +177,7 @@ def device_extra_bytes(strategy: "Strategy", model: "Model", *, megatron_groups:
     ``clip_grad_norm_fp32``, core/optimizer/clip_grads.py line 98) and on the default group
     (training.py line 208); groups of one rank are not counted.
 
-    ``nvls``: the GPUs' NVSwitch supports NVLink SHARP (multicast; ``sim.compute.nvls_gain``
+    ``nvls``: the GPUs' NVSwitch supports NVLink SHARP (multicast; ``sim.netefficiency.nvls_gain``
     not empty): every communicator with more than two GPUs in one NVLink domain of
     ``domain_gpus`` also holds the NVLS buffers, ``nvls_channels x
     nvls_bytes_per_channel_per_head`` per GPU of the group in the domain (NCCL 2.18-2.19

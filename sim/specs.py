@@ -122,6 +122,9 @@ class Gpu:
         for p, v in self.matmul_efficiency.items():
             if not 0 < v <= 1:
                 raise InputError(f"gpu[{self.id}].matmul_efficiency.{p}", v, "must be in (0, 1]")
+        if "bf16" not in self.matmul_efficiency:
+            raise InputError(f"gpu[{self.id}].matmul_efficiency", dict(self.matmul_efficiency),
+                             "needs a bf16 entry (the fraction a precision without its own entry uses)")
         if not 0 < self.hbm_efficiency <= 1:
             raise InputError(f"gpu[{self.id}].hbm_efficiency", self.hbm_efficiency, "must be in (0, 1]")
 
@@ -141,12 +144,9 @@ class Gpu:
         raise InputError("precision", precision, f"{self.id} has no {precision} tensor-core peak")
 
     def achievable_matmul_fraction(self, precision: str) -> float:
-        eff = self.matmul_efficiency
-        if precision in eff:
-            return eff[precision]
-        if precision == "fp16" and "bf16" in eff:
-            return eff["bf16"]
-        return eff.get("bf16", 0.75)
+        """Best-case GEMM fraction of ``precision``'s peak: its own catalog entry, else bf16's
+        (fp16 runs on the same tensor cores; a GPU record must measure bf16)."""
+        return self.matmul_efficiency.get(precision, self.matmul_efficiency["bf16"])
 
 
 LinkKind = Literal["nic", "scale-up", "pcie", "switch"]
@@ -462,6 +462,14 @@ class Cluster:
 # --------------------------------------------------------------------------- strategy
 
 
+DEFAULT_SEQ_LEN = 2048
+"""Tokens per sequence when the user gives none (every entry point: Strategy, the CLI, tco, the
+app): GPT-3's context (Brown et al. 2020, arXiv:2005.14165, Sec. 2.1, n_ctx = 2048), the
+sequence of the Megatron-LM runs the reference set is built on (Narayanan et al. 2021).  A
+convention, not a property of a device; kept here rather than in catalogs/conventions.yaml
+because ``Strategy``'s own default needs it and ``sim.specs`` reads no catalog."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Strategy:
     """How one training step is parallelised.  Degrees multiply to the GPU count.
@@ -510,7 +518,7 @@ class Strategy:
     vp: int = 1
     mbs: int = 1
     gbs: int = 1
-    seq_len: int = 2048
+    seq_len: int = DEFAULT_SEQ_LEN
     zero: int = 0
     sp: bool = False
     recompute: str = "none"

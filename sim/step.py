@@ -145,6 +145,28 @@ class ChunkSums:
     param_frac: float
 
 
+def layout_chunk_sums(sums: Sequence[tuple[Num, Num, Num, Num, Num]], chunk_params: Sequence[Num], *,
+                      stage_params: float, layer_params: float, extras_first: bool, extra_fwd_s: Num,
+                      extra_bwd_s: Num) -> tuple[ChunkSums, ...]:
+    """A stage's chunks under a pipeline layout, from each chunk's layer sums ``(fwd, bwd,
+    recompute, exposed fwd, exposed bwd)`` and parameters (``chunk_params``) out of the stage's
+    ``stage_params``, ``layer_params`` of them in its layers: the embedding/head compute
+    (``extra_*``) and the parameters outside the layers ride in the first chunk when
+    ``extras_first`` (the first stage of a pipeline: the embedding), else in the last (the
+    head), as the event engine cuts the stage (``sim.event.scenario``).  Called with floats by
+    ``sim.costs.StageCost.chunk_sums`` and with arrays by ``planner.fastmodel``."""
+    extra_chunk = 0 if extras_first else len(sums) - 1
+    extra_frac = max(0.0, 1.0 - layer_params / stage_params) if stage_params > 0 and layer_params > 0 else 1.0
+    out = []
+    for c, ((fwd, bwd, rc, exp_fwd, exp_bwd), params) in enumerate(zip(sums, chunk_params)):
+        mine = c == extra_chunk
+        frac = params / stage_params if stage_params > 0 else 0.0
+        out.append(ChunkSums(layer_fwd_s=fwd, layer_bwd_s=bwd, recompute_s=rc, exposed_fwd_s=exp_fwd,
+                             exposed_bwd_s=exp_bwd, extra_fwd_s=extra_fwd_s if mine else 0.0,
+                             extra_bwd_s=extra_bwd_s if mine else 0.0, param_frac=frac + (extra_frac if mine else 0.0)))
+    return tuple(out)
+
+
 @dataclass(frozen=True, slots=True)
 class StepTimes:
     """The composed step: ``step_time_s`` and, per stage entry, the terms a breakdown needs."""

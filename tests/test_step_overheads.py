@@ -17,7 +17,8 @@ from planner.published import summary
 from sim.analytic import simulate_analytic
 from sim.catalog import get_gpu, get_nic
 from sim.clusters import cluster_from_catalog
-from sim.compute import default_efficiency, matmul_efficiency, network_kwargs
+from sim.compute import default_efficiency, matmul_efficiency
+from sim.netefficiency import network_kwargs
 from sim.costs import layer_cost, plan_layer_ops, step_costs
 from sim.event import simulate_event
 from sim.framework import apply_framework, get_framework

@@ -80,7 +80,7 @@ def _truth_step(strategy_text: str, num_gpus: int, gpus_per_node: int) -> float:
     """The step the known constants predict, without any profile."""
     from sim.analytic import simulate_analytic
     from sim.catalog import get_model
-    from sim.compute import network_size_curves
+    from sim.netefficiency import network_size_curves
     from sim.network import Network
     from sim.plan import Plan, parse_strategy
 
@@ -131,7 +131,7 @@ def test_round_trip_across_nodes(tmp_path, capsys, world, rpn):
 def _truth_breakdown(strategy_text: str, num_gpus: int, gpus_per_node: int) -> dict:
     from sim.analytic import simulate_analytic
     from sim.catalog import get_model
-    from sim.compute import network_size_curves
+    from sim.netefficiency import network_size_curves
     from sim.network import Network
     from sim.plan import Plan, parse_strategy
 
@@ -148,7 +148,7 @@ def test_one_rank_per_node_profile_keeps_the_catalog_nvlink(tmp_path, capsys):
     link, so tp=8 inside a node is priced on the catalog's NVLink (the placeholder 1 GB/s link
     of old made llama3-8b at tp=8 take 30.9 s instead of 0.76 s)."""
     from sim.catalog import get_gpu
-    from sim.compute import network_kwargs
+    from sim.netefficiency import network_kwargs
     from sim.network import Network
     from sim.specs import Cluster
 

@@ -21,13 +21,12 @@ from sim.framework import get_framework
 from sim.result import StepResult
 from sim.run import RunChoices, resolve
 from sim.simulate import simulate_run
-from sim.specs import Cluster, Model, Strategy
+from sim.specs import DEFAULT_SEQ_LEN, Cluster, Model, Strategy
 
 from planner.recommend import Settings, recommend
 from planner.report import priced
 from planner.search import SearchSpace
 
-DEFAULT_SEQ_LEN = 2048
 QUICK_SPACE = SearchSpace(tp=(1, 2, 4, 8), pp=(1, 2, 4, 8, 16), cp=(1,), mbs=(1,), zero=(1, 3), sp=(True,),
                           recompute=("selective", "full"), schedule=("1f1b",))
 

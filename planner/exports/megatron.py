@@ -89,6 +89,25 @@ def placeholder_block(spec: LaunchSpec, *, style: str = "shell") -> str:
 def megatron_args(spec: LaunchSpec, var: Callable[[str], str] = shell_var) -> tuple[list[str], list[str]]:
     """(argument tokens, warnings).  ``var(name)`` writes a reference to a run variable
     (``PLACEHOLDERS``, ``TRAIN_ITERS``): ``${NAME}`` in shell scripts, ``$(NAME)`` in Kubernetes."""
+    act_offload = _check_offload(spec)
+    warn: list[str] = []
+    a: list[str] = []
+
+    def opt(flag: str, value: object | None = None) -> None:
+        a.append(flag)
+        if value is not None:
+            a.append(str(value))
+
+    _architecture_args(spec, opt, var)
+    _parallel_args(spec, opt)
+    _batch_args(spec, opt, var)
+    _memory_args(spec, opt, act_offload)
+    _precision_args(spec, opt)
+    return a, warn
+
+
+def _check_offload(spec: LaunchSpec) -> bool:
+    """Refuse offloading Megatron-LM cannot state; whether the plan offloads activations."""
     m, s = spec.model, spec.strategy
     act_offload = s.offload == "activations" and s.offload_num_layers is not None
     if s.offload != "none" and not (s.offload == "optimizer" and s.zero == 1 and s.offload_device == "cpu") \
@@ -103,15 +122,12 @@ def megatron_args(spec: LaunchSpec, var: Callable[[str], str] = shell_var) -> tu
         raise InputError("export", "megatron", f"offload_num_layers={s.offload_num_layers}: Megatron-Core's CPU "
                          "activation offloading (--cpu-offloading-num-layers) needs pp=1, recompute=none and fewer "
                          f"layers than the model's {m.num_layers}")
-    warn: list[str] = []
-    a: list[str] = []
+    return act_offload
 
-    def opt(flag: str, value: object | None = None) -> None:
-        a.append(flag)
-        if value is not None:
-            a.append(str(value))
 
-    # Architecture.
+def _architecture_args(spec: LaunchSpec, opt, var: Callable[[str], str]) -> None:
+    """The model's shape, attention, MoE, tokenizer and data."""
+    m, s = spec.model, spec.strategy
     opt("--num-layers", m.num_layers)
     opt("--hidden-size", m.hidden_size)
     opt("--ffn-hidden-size", m.ffn_hidden_size)
@@ -157,7 +173,10 @@ def megatron_args(spec: LaunchSpec, var: Callable[[str], str] = shell_var) -> tu
     opt("--data-path", var("DATA_PATH"))
     opt("--split", "99,1,0")
 
-    # Parallelism.
+
+def _parallel_args(spec: LaunchSpec, opt) -> None:
+    """Tensor, pipeline (with the layer split), context and expert parallelism and their overlaps."""
+    m, s = spec.model, spec.strategy
     opt("--tensor-model-parallel-size", s.tp)
     opt("--pipeline-model-parallel-size", s.pp)
     _pipeline_split(spec, opt)
@@ -183,7 +202,10 @@ def megatron_args(spec: LaunchSpec, var: Callable[[str], str] = shell_var) -> tu
     if s.cuda_graphs:
         opt("--enable-cuda-graph")
 
-    # Batch.
+
+def _batch_args(spec: LaunchSpec, opt, var: Callable[[str], str]) -> None:
+    """Batch, iterations, the (unmodelled) optimizer settings, checkpointing and logging."""
+    s = spec.strategy
     opt("--micro-batch-size", s.mbs)
     opt("--global-batch-size", s.gbs)
     opt("--train-iters", var("TRAIN_ITERS"))
@@ -199,7 +221,11 @@ def megatron_args(spec: LaunchSpec, var: Callable[[str], str] = shell_var) -> tu
     opt("--eval-interval", 1000)
     opt("--eval-iters", 10)
 
-    # Memory.
+
+def _memory_args(spec: LaunchSpec, opt, act_offload: bool) -> None:
+    """Recomputation, activation and optimizer offloading, the distributed optimizer / Megatron
+    FSDP, and the data-parallel overlaps."""
+    s = spec.strategy
     if s.recompute == "selective":
         opt("--recompute-granularity", "selective")
     elif s.recompute == "full":
@@ -227,7 +253,10 @@ def megatron_args(spec: LaunchSpec, var: Callable[[str], str] = shell_var) -> tu
         if s.zero >= 1:
             opt("--overlap-param-gather")
 
-    # Precision and kernels.
+
+def _precision_args(spec: LaunchSpec, opt) -> None:
+    """Precision, the fp8 recipe and the attention backend."""
+    s = spec.strategy
     if s.precision == "fp16":
         opt("--fp16")
     else:
@@ -237,7 +266,6 @@ def megatron_args(spec: LaunchSpec, var: Callable[[str], str] = shell_var) -> tu
         opt("--fp8-recipe", s.fp8_recipe)
     # Megatron-Core's backends: auto (the best fused kernel: cuDNN/TE), flash (the flash-attn package)
     opt("--attention-backend", {"flash": "auto", "flash2": "flash"}.get(spec.attention, "unfused"))
-    return a, warn
 
 
 def _pipeline_split(spec: LaunchSpec, opt) -> None:
