@@ -285,6 +285,18 @@ def stage_activation_bytes(shape: StageShape, dense_act_bytes: Num, moe_act_byte
     return shape.num_dense_layers * dense_act_bytes + shape.num_moe_layers * moe_act_bytes
 
 
+def offloaded_activation_bytes(shape: StageShape, dense_act_bytes: Num, moe_act_bytes: Num,
+                               offload_layers: Num | None = None) -> Num:
+    """Saved activations of one micro-batch that activation offload moves each way: the
+    stage's, or with ``offload_layers`` (``Strategy.offload_num_layers``, Megatron-Core's
+    ``--cpu-offloading-num-layers``; ``inf`` stands for every layer in arrays) that share of its
+    layers, the share ``stage_memory`` moves to the host."""
+    moved = stage_activation_bytes(shape, dense_act_bytes, moe_act_bytes)
+    if offload_layers is None or not shape.num_layers:
+        return moved
+    return moved * np.minimum(offload_layers, shape.num_layers) / shape.num_layers
+
+
 def layer_backward_bytes(model: Model, strategy: Strategy, *, moe: bool, moe_imbalance: float = 1.0) -> float:
     """Temporaries of one layer's backward on one GPU (bytes): the gradients of the widest
     intermediate (the MLP's up-projection outputs, two of them live with SwiGLU), and for an
