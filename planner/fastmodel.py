@@ -41,7 +41,7 @@ from sim.memory import (head_activation_bytes, inflight, layer_activations, laye
 from sim.network import Network
 from sim.offload import OffloadRates, host_spec, offload_constants, offload_rates
 from sim.plan import Plan
-from sim.runtime import default_comm_runtime, default_runtime, device_extra_bytes, state_layout
+from sim.runtime import default_comm_runtime, default_runtime, device_extra_bytes, nvls_buffers, state_layout
 from sim.specs import Cluster, Model, Strategy, expert_dp_size, offload_flags
 from sim.stages import StageShape, layer_params, stage_index_shapes, stage_parameter_tensors, stage_shapes
 from sim.step import ChunkSums, DpCollectives, compose, stage_pieces, stage_times
@@ -335,7 +335,8 @@ class FastModel:
         lay = state_layout(probe.state_layout)
         stage_list = stage_index_shapes(model, self.representative(layout))
         extra = device_extra_bytes(self.representative(layout), model, megatron_groups=lay.name == "megatron",
-                                   nvls=bool(nvls_gain(cl.gpu.nvlink_generation)), domain_gpus=cl.nvlink_domain)
+                                   nvls=nvls_buffers(cl.gpu.architecture, multicast=bool(nvls_gain(cl.gpu.nvlink_generation))),
+                                   domain_gpus=cl.nvlink_domain)
         norm_tok = np.array([[mbs * self.seq_len // layout.cp / (layout.tp if sp else 1) for sp in grid.sp]
                              for mbs in grid.mbs], dtype=float).reshape(M, S, 1, 1, 1)
 

@@ -39,7 +39,7 @@ import numpy as np
 from sim.activations import BYTES_ACT, activation_bytes_per_layer, model_has_dropout
 from sim.offload import OffloadConstants, host_spec, offload_constants
 from sim.compute import nvls_gain
-from sim.runtime import MemoryRuntime, StateLayout, default_runtime, device_extra_bytes, state_layout
+from sim.runtime import MemoryRuntime, StateLayout, default_runtime, device_extra_bytes, nvls_buffers, state_layout
 from sim.specs import Cluster, Model, Strategy
 from sim.stages import StageParams, StageShape, stage_index_shapes
 from sim.step import Num, local_params
@@ -545,7 +545,8 @@ def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
     back = max(layer_backward_bytes(model, s, moe=False),
                layer_backward_bytes(model, s, moe=True, moe_imbalance=moe_imbalance) if model.moe is not None else 0.0)
     extra = device_extra_bytes(s, model, megatron_groups=lay.name == "megatron",
-                               nvls=bool(nvls_gain(cluster.gpu.nvlink_generation)),
+                               nvls=nvls_buffers(cluster.gpu.architecture,
+                                                 multicast=bool(nvls_gain(cluster.gpu.nvlink_generation))),
                                domain_gpus=cluster.nvlink_domain)
     head_act = head_activation_bytes(model, s, eager=eager)
     host = host_spec(cluster)
