@@ -37,12 +37,12 @@ from sim.netefficiency import nvls_gain
 from sim.costs import (LayerCost, default_network, dp_collectives, end_costs, plan_layer_ops, layer_cost, p2p_bytes,
                        p2p_time_s, piece_settings)
 from sim.memory import (head_activation_bytes, inflight, layer_activations, layer_backward_bytes,
-                        recompute_time_fraction, split_of, stage_activation_bytes, stage_memory,
+                        recompute_time_fraction, split_of, offloaded_activation_bytes, stage_memory,
                         fp8_weight_cache_of, gpus_sharing_a_host, within_host)
 from sim.network import Network
 from sim.offload import OffloadRates, host_spec, offload_constants, offload_rates
 from sim.plan import Plan
-from sim.runtime import default_comm_runtime, default_runtime, device_extra_bytes, state_layout
+from sim.runtime import default_comm_runtime, default_runtime, device_extra_bytes, nvls_buffers, state_layout
 from sim.specs import Cluster, Model, Strategy, expert_dp_size, offload_flags
 from sim.stages import StageShape, layer_params, stage_index_shapes, stage_parameter_tensors, stage_shapes
 from sim.step import ChunkSums, DpCollectives, compose, layout_chunk_sums, stage_pieces, stage_times
@@ -97,6 +97,12 @@ class Grid:
     # partial recomputation paired with ``recompute`` entry by entry (empty: none): Megatron's
     # block method with N layers per model chunk (Strategy.recompute_num_layers)
     recompute_layers: tuple[int | None, ...] = ()
+    # partial activation offload paired with ``zero`` entry by entry (empty: none): Megatron-Core's
+    # --cpu-offloading-num-layers N (Strategy.offload_num_layers) on entries that offload activations
+    offload_layers: tuple[int | None, ...] = ()
+
+    def offload_layers_of(self, z: int) -> int | None:
+        return self.offload_layers[z] if self.offload_layers else None
 
     def recompute_of(self, k: int) -> int | None:
         return self.recompute_layers[k] if self.recompute_layers else None
@@ -117,7 +123,7 @@ class Grid:
                         recompute=self.recompute[k], precision=layout.precision, schedule=schedule,
                         offload=off, offload_device=dev, recompute_num_layers=self.recompute_of(int(k)),
                         recompute_method="block" if self.recompute_of(int(k)) is not None else "uniform",
-                        pipeline_layout=layout.pipeline_layout)
+                        offload_num_layers=self.offload_layers_of(int(z)), pipeline_layout=layout.pipeline_layout)
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,7 +308,7 @@ class FastModel:
         def msr(name: str) -> np.ndarray:  # (M, S, R) -> broadcastable 5-D
             return table[:, _COLUMN[name]].reshape(M, S, R, 1, 1)
 
-        zero, off_opt, off_par, off_act, on_nvme, modes, twins = self._z_axis(grid, dpcp)
+        zero, off_opt, off_par, off_act, on_nvme, off_layers, modes, twins = self._z_axis(grid, dpcp)
         any_offload = twins is not None
         vp = np.array([v for v, _ in grid.pipes], dtype=float).reshape(1, 1, 1, 1, K)
         gpipe = np.array([sch == "gpipe" for _, sch in grid.pipes], dtype=bool).reshape(1, 1, 1, 1, K)
@@ -315,6 +321,11 @@ class FastModel:
             rl = np.array([n or 0 for n in grid.recompute_layers], dtype=float).reshape(1, 1, R, 1, 1)
             chunk = np.array([max(1, per_stage // v) for v, _ in grid.pipes], dtype=float).reshape(1, 1, 1, 1, K)
             valid = valid & (rl <= chunk)
+        if any(n is not None for n in grid.offload_layers):  # sim.framework: Megatron-Core offloads N layers
+            # only without recomputation
+            partial = np.array([n is not None for n in grid.offload_layers], dtype=bool).reshape(1, 1, 1, Z, 1)
+            recomputing = np.array([rc != "none" for rc in grid.recompute], dtype=bool).reshape(1, 1, R, 1, 1)
+            valid = valid & ~(partial & recomputing)
         full = np.array([rc == "full" for rc in grid.recompute], dtype=bool).reshape(1, 1, R, 1, 1)
         selective = np.array([rc == "selective" for rc in grid.recompute], dtype=bool).reshape(1, 1, R, 1, 1)
 
@@ -325,7 +336,8 @@ class FastModel:
         lay = state_layout(probe.state_layout)
         stage_list = stage_index_shapes(model, self.representative(layout))
         extra = device_extra_bytes(self.representative(layout), model, megatron_groups=lay.name == "megatron",
-                                   nvls=bool(nvls_gain(cl.gpu.nvlink_generation)), domain_gpus=cl.nvlink_domain)
+                                   nvls=nvls_buffers(cl.gpu.architecture, multicast=bool(nvls_gain(cl.gpu.nvlink_generation))),
+                                   domain_gpus=cl.nvlink_domain)
         norm_tok = np.array([[mbs * self.seq_len // layout.cp / (layout.tp if sp else 1) for sp in grid.sp]
                              for mbs in grid.mbs], dtype=float).reshape(M, S, 1, 1, 1)
 
@@ -345,6 +357,7 @@ class FastModel:
                                    inflight_mb=flight, tokens=tokens, rt=self.mem_rt,
                                    offload_optimizer=pick(off_opt), offload_params=pick(off_par),
                                    offload_activations=pick(off_act), on_nvme=pick(on_nvme), oc=oc, layout=lay,
+                                   offload_layers=pick(off_layers) if off_layers is not None else None,
                                    microbatches=m, pp=p, dense_full_bytes=dense_full, moe_full_bytes=moe_full,
                                    recompute_inputs=fi, recompute_full=ff, recompute_transient=tl,
                                    backward_bytes=back, head_act_bytes=head_act, device_extra_bytes=extra,
@@ -379,6 +392,7 @@ class FastModel:
         sel = np.flatnonzero(fits.any(axis=(0, 1, 2, 4)))
         if sel.size < Z:
             zero, off_opt, off_par, off_act = (a[:, :, :, sel, :] for a in (zero, off_opt, off_par, off_act))
+            off_layers = off_layers[:, :, :, sel, :] if off_layers is not None else None
         timed_offload = any(modes[z][0] != "none" for z in sel)
         rates = self._rates([modes[z][1] for z in sel]) if timed_offload else None
 
@@ -431,7 +445,8 @@ class FastModel:
                                   tensors=stage_parameter_tensors(model, sh) if settings.per_tensor_gather else 0,
                                   offload_optimizer=off_opt,
                                   offload_params=off_par, offload_activations=off_act,
-                                  act_bytes=stage_activation_bytes(sh, dense_act, moe_act) if timed_offload else 0.0,
+                                  act_bytes=offloaded_activation_bytes(sh, dense_act, moe_act, off_layers)
+                                  if timed_offload else 0.0,
                                   rates=rates)
             stages.append(stage_times(layer_fwd_s=lf, layer_bwd_s=lb, recompute_s=lr,
                                       layer_exposed_fwd_s=layer_sum(sh, "exposed_fwd_s"),
@@ -479,9 +494,10 @@ class FastModel:
         return out.reshape(1, 1, R, 1, K)
 
     def _z_axis(self, grid: Grid, dpcp: int) -> tuple:
-        """The grid's Z axis as arrays (ZeRO stage, offload flags, NVMe), its (offload, device)
-        entries and their twins without offload (None without offload); cached per entry list."""
-        key = (grid.zero, grid.offload, grid.offload_device, dpcp == 1)
+        """The grid's Z axis as arrays (ZeRO stage, offload flags, NVMe, offloaded layers: None
+        without partial offload, ``inf`` for every layer), its (offload, device) entries and their
+        twins without offload (None without offload); cached per entry list."""
+        key = (grid.zero, grid.offload, grid.offload_device, grid.offload_layers, dpcp == 1)
         got = self._zaxis.get(key)
         if got is None:
             Z = len(grid.zero)
@@ -492,7 +508,9 @@ class FastModel:
 
             flags = [offload_flags(o) for o, _ in modes]
             got = (zvec(list(grid.zero)).astype(int), zvec([f[0] for f in flags]), zvec([f[1] for f in flags]),
-                   zvec([f[2] for f in flags]), zvec([d == "nvme" for _, d in modes]), modes,
+                   zvec([f[2] for f in flags]), zvec([d == "nvme" for _, d in modes]),
+                   zvec([np.inf if n is None else float(n) for n in grid.offload_layers]).astype(float)
+                   if any(n is not None for n in grid.offload_layers) else None, modes,
                    _twins(grid, dpcp) if any(o != "none" for o, _ in modes) else None)
             self._zaxis[key] = got
         return got

@@ -349,6 +349,8 @@ def framework_space(space: SearchSpace, fw_id: str, cluster: Cluster) -> SearchS
     ch["offload_device"] = cut("offload-device", space.offload_device, caps.offload_devices)
     if not caps.partial_recompute:
         ch["recompute_layers"] = ()
+    if not caps.partial_offload:
+        ch["offload_layers"] = ()
     if caps.pp and caps.schedules:
         ch["schedule"] = cut("schedule", space.schedule, caps.schedules)
     else:

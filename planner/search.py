@@ -49,7 +49,8 @@ from sim.errors import InfeasibleError, InputError
 from sim.placement import group_shape
 from sim.layout import balanced_layout
 from sim.plan import check_feasible, check_offload, vp_split
-from sim.specs import OFFLOAD_DEVICES, OFFLOADS, RECOMPUTES, SCHEDULES, TRAIN_PRECISIONS, Cluster, Model, Strategy
+from sim.specs import (OFFLOAD_DEVICES, OFFLOADS, RECOMPUTES, SCHEDULES, TRAIN_PRECISIONS, Cluster, Model, Strategy,
+                       offload_flags)
 from sim.stages import stage_layers
 
 from planner import progress
@@ -96,6 +97,11 @@ class SearchSpace:
     # partial recomputation (Megatron --recompute-method block --recompute-num-layers N) next to
     # recompute=full: None = N at a quarter, half and three quarters of a stage's layers; () = none
     recompute_layers: tuple[int, ...] | None = None
+    # partial activation offload (Megatron-Core --cpu-offloading-num-layers N) next to every
+    # offload entry that moves activations, on layouts without pipelining and plans without
+    # recomputation (Megatron-Core's rule, sim.framework): None = N at a quarter, half and three
+    # quarters of the layers; () = none (recommend sets it for profiles without partial_offload)
+    offload_layers: tuple[int, ...] | None = None
     # pipeline layouts (sim.layout) for the (pp, vp) pairs the default split cannot interleave:
     # the framework must run Megatron-Core's --pipeline-model-parallel-layout (recommend sets it);
     # ``layouts_only`` evaluates just those (recommend's refinement around its best layouts)
@@ -323,6 +329,7 @@ def _evaluate_layouts(fm: FastModel, space: SearchSpace, work: list[tuple[int, L
         zeros, offs, devs = _zero_entries(space, min(2, lay.dp * lay.cp))
         if not zeros:
             continue  # offload modes whose ZeRO stages the space leaves out: not candidates
+        zeros, offs, devs, off_layers = _partial_offload(model, fm, space, lay, zeros, offs, devs)
         rcs = tuple(dict.fromkeys(space.recompute))
         rc_layers: tuple[int | None, ...] = ()
         if "full" in rcs and space.recompute_layers != ():
@@ -380,13 +387,18 @@ def _evaluate_layouts(fm: FastModel, space: SearchSpace, work: list[tuple[int, L
         if not any(any(r) for r in pipe_ok):
             continue
         grid = Grid(mbs=tuple(mbs_ok), sp=sps, recompute=rcs, zero=zeros, pipes=tuple(pipes), pipe_ok=tuple(pipe_ok),
-                    offload=offs, offload_device=devs, recompute_layers=rc_layers)
+                    offload=offs, offload_device=devs, recompute_layers=rc_layers, offload_layers=off_layers)
         if rc_layers:  # partial recomputation deeper than a model chunk (sim.plan.check_feasible)
             for row in pipe_ok:
                 for (vp, _), ok in zip(pipes, row):
                     if ok:
                         deep = sum(1 for n in rc_layers if n is not None and n > max(1, per_stage // vp))
                         rejected["layers"] += deep * len(sps) * len(zeros)
+        if off_layers:  # partial activation offload with recomputation (sim.framework: Megatron-Core refuses it)
+            n_partial = sum(1 for n in off_layers if n is not None)
+            n_recomputing = sum(1 for rc in rcs if rc != "none")
+            n_ok = sum(ok for row in pipe_ok for ok in row)
+            rejected["framework"] += n_partial * n_recomputing * len(sps) * n_ok
         ev = fm.evaluate(lay, grid)
         n_valid = int(ev.valid.sum())
         n_fit = int(ev.fits.sum())
@@ -447,6 +459,29 @@ def _zero_entries(space: SearchSpace, dpcp: int) -> tuple[tuple[int, ...], tuple
                 offs.append(off)
                 devs.append(dev)
     return tuple(zeros), tuple(offs), tuple(devs)
+
+
+def _partial_offload(model: Model, fm: FastModel, space: SearchSpace, lay: Layout, zeros: tuple[int, ...],
+                     offs: tuple[str, ...], devs: tuple[str, ...]) -> tuple[tuple, tuple, tuple, tuple]:
+    """The Z axis with partial activation offload (``SearchSpace.offload_layers``): every entry
+    that offloads activations again with each N below the stage's layers, N in
+    ``Grid.offload_layers`` (empty when there is none).  Megatron-Core runs it without pipelining
+    and without recomputation (``TransformerConfig.__post_init__``): only ``pp == 1`` layouts,
+    and only where the space has ``recompute=none``."""
+    if space.offload_layers == () or lay.pp > 1 or "none" not in space.recompute:
+        return zeros, offs, devs, ()
+    acts = [z for z, off in enumerate(offs) if offload_flags(off)[2]]
+    if not acts:
+        return zeros, offs, devs, ()
+    layers = min(len(ls) for ls in stage_layers(model, fm.representative(lay)))
+    ns = space.offload_layers if space.offload_layers is not None else \
+        sorted({max(1, round(layers * f)) for f in (0.25, 0.5, 0.75)})
+    ns = tuple(n for n in ns if n < layers)
+    if not ns:
+        return zeros, offs, devs, ()
+    extra = [(z, n) for z in acts for n in ns]
+    return (zeros + tuple(zeros[z] for z, _ in extra), offs + tuple(offs[z] for z, _ in extra),
+            devs + tuple(devs[z] for z, _ in extra), (None,) * len(zeros) + tuple(n for _, n in extra))
 
 
 _FORKED: tuple[FastModel, SearchSpace] | None = None  # set before forking workers

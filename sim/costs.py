@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from sim.conventions import conventions
 from sim.compute import KernelEfficiency, default_efficiency, fp8_weight_cast_bytes_per_param, ops_time
-from sim.memory import layer_activations, recompute_time_fraction, stage_activation_bytes
+from sim.memory import layer_activations, offloaded_activation_bytes, recompute_time_fraction
 from sim.moe_routing import remote_destinations
 from sim.netefficiency import network_kwargs
 from sim.network import Network
@@ -453,7 +453,7 @@ def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | N
         if pieces is None:
             pieces = stage_pieces_for(plan, net, eff, sh.params, len(layers), sum(c.fwd_s for c in costs) + extra_f,
                                       sum(c.bwd_s + c.recompute_s for c in costs) + extra_b,
-                                      act_bytes=float(stage_activation_bytes(sh, *act)),
+                                      act_bytes=float(offloaded_activation_bytes(sh, *act, s.offload_num_layers)),
                                       tensors=stage_parameter_tensors(model, sh)).as_floats()
             pieces_of[sh.index] = pieces
         stages.append(StageCost(
@@ -485,7 +485,8 @@ def offload_report(plan: Plan) -> dict[str, object]:
     best: tuple[float, float, float] | None = None
     for sh in stage_shapes(plan.model, s):
         vol = offload_bytes(local_params(sh.params, s.zero, s.zero_shard, s.expert_dp),
-                            stage_activation_bytes(sh, *act), zero=s.zero, offload_optimizer=s.offload_optimizer,
+                            offloaded_activation_bytes(sh, *act, s.offload_num_layers), zero=s.zero,
+                            offload_optimizer=s.offload_optimizer,
                             offload_params=s.offload_params, offload_activations=s.offload_activations, rates=rates)
         h2d, d2h = (float(x) for x in vol.per_step(s.num_microbatches))
         weights = float(s.num_microbatches * 2 * vol.weights_in_per_pass + vol.weights_back_per_step)

@@ -65,6 +65,9 @@ class Capabilities:
     dp_impls: tuple[str, ...] = ("ddp", "dataparallel")  # how data parallelism runs (Strategy.dp_impl)
     # Megatron's partial recomputation (--recompute-method block|uniform --recompute-num-layers N)
     partial_recompute: bool = True
+    # Megatron-Core's partial activation offload (--cpu-offloading-num-layers N, Strategy.offload_num_layers):
+    # TransformerConfig.__post_init__ refuses it with pipelining and with recomputation
+    partial_offload: bool = False
     offload_zero: tuple[int, ...] = (0, 1, 2, 3)  # ZeRO stages it offloads states with (Megatron: its distributed optimizer)
     offload_needs_sharding: bool = False  # offload only with states sharded over dp*cp > 1 (FSDP2 CPUOffloadPolicy)
     source: str = ""
@@ -100,6 +103,13 @@ class Capabilities:
             return "dp_impl", s.dp_impl, f"not supported (data parallelism: {', '.join(self.dp_impls)})"
         if s.recompute_num_layers is not None and not self.partial_recompute:
             return "recompute_num_layers", s.recompute_num_layers, "not supported (no partial recomputation)"
+        if s.offload_num_layers is not None:
+            if not self.partial_offload:
+                return "offload_num_layers", s.offload_num_layers, "not supported (no partial activation offload)"
+            if s.pp > 1:  # Megatron-Core: 'no support for Pipeline parallelism with CPU offloading'
+                return "offload_num_layers", s.offload_num_layers, "not supported with pipelining (pp > 1)"
+            if s.recompute != "none":  # 'CPU offloading does not work when activation recomputation is enabled'
+                return "offload_num_layers", s.offload_num_layers, f"not supported with recompute={s.recompute}"
         if (s.offload_optimizer or s.offload_params) and s.zero not in self.offload_zero:  # offloaded states
             return "zero", s.zero, f"not supported with offload (ZeRO stages: {', '.join(map(str, self.offload_zero))})"
         if s.offload != "none" and self.offload_needs_sharding and s.dp * s.cp == 1:
@@ -129,7 +139,7 @@ def _capabilities(r: Record) -> Capabilities:
     c = r.mapping("capabilities", allowed=("schedules", "zero", "precisions", "fp8_recipes", *_DIMS, *_SWITCHES,
                                            "uneven_vp", "pipeline_layout", "sp_with_tp", "zero_bubble_min_vp", "orders",
                                            "zero_with_pp", "offloads", "offload_devices", "dp_impls", "partial_recompute",
-                                           "offload_zero", "offload_needs_sharding", "source"))
+                                           "partial_offload", "offload_zero", "offload_needs_sharding", "source"))
     def choices(key: str, allowed: tuple, default: tuple) -> tuple:
         if not c.has(key):
             return default
@@ -150,7 +160,7 @@ def _capabilities(r: Record) -> Capabilities:
                         offloads=choices("offloads", OFFLOADS, ("none",)),
                         offload_devices=choices("offload_devices", OFFLOAD_DEVICES, ("cpu",)),
                         dp_impls=choices("dp_impls", DP_IMPLS, ("ddp", "dataparallel")),
-                        partial_recompute=c.flag("partial_recompute"),
+                        partial_recompute=c.flag("partial_recompute"), partial_offload=c.flag("partial_offload"),
                         offload_zero=choices("offload_zero", (0, 1, 2, 3), (0, 1, 2, 3)),
                         offload_needs_sharding=c.flag("offload_needs_sharding"),
                         source=c.text("source"))

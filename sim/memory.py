@@ -39,7 +39,7 @@ import numpy as np
 from sim.activations import BYTES_ACT, activation_bytes_per_layer, model_has_dropout
 from sim.offload import OffloadConstants, host_spec, offload_constants
 from sim.netefficiency import nvls_gain
-from sim.runtime import MemoryRuntime, StateLayout, default_runtime, device_extra_bytes, state_layout
+from sim.runtime import MemoryRuntime, StateLayout, default_runtime, device_extra_bytes, nvls_buffers, state_layout
 from sim.specs import Cluster, Model, Strategy
 from sim.stages import StageParams, StageShape, stage_index_shapes
 from sim.step import Num, local_params
@@ -283,6 +283,18 @@ def stage_activation_bytes(shape: StageShape, dense_act_bytes: Num, moe_act_byte
     """Saved activations of one micro-batch through the stage's layers (what activation
     offload moves each way per micro-batch)."""
     return shape.num_dense_layers * dense_act_bytes + shape.num_moe_layers * moe_act_bytes
+
+
+def offloaded_activation_bytes(shape: StageShape, dense_act_bytes: Num, moe_act_bytes: Num,
+                               offload_layers: Num | None = None) -> Num:
+    """Saved activations of one micro-batch that activation offload moves each way: the
+    stage's, or with ``offload_layers`` (``Strategy.offload_num_layers``, Megatron-Core's
+    ``--cpu-offloading-num-layers``; ``inf`` stands for every layer in arrays) that share of its
+    layers, the share ``stage_memory`` moves to the host."""
+    moved = stage_activation_bytes(shape, dense_act_bytes, moe_act_bytes)
+    if offload_layers is None or not shape.num_layers:
+        return moved
+    return moved * np.minimum(offload_layers, shape.num_layers) / shape.num_layers
 
 
 def layer_backward_bytes(model: Model, strategy: Strategy, *, moe: bool, moe_imbalance: float = 1.0) -> float:
@@ -533,7 +545,8 @@ def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
     back = max(layer_backward_bytes(model, s, moe=False),
                layer_backward_bytes(model, s, moe=True, moe_imbalance=moe_imbalance) if model.moe is not None else 0.0)
     extra = device_extra_bytes(s, model, megatron_groups=lay.name == "megatron",
-                               nvls=bool(nvls_gain(cluster.gpu.nvlink_generation)),
+                               nvls=nvls_buffers(cluster.gpu.architecture,
+                                                 multicast=bool(nvls_gain(cluster.gpu.nvlink_generation))),
                                domain_gpus=cluster.nvlink_domain)
     head_act = head_activation_bytes(model, s, eager=eager)
     host = host_spec(cluster)

@@ -111,8 +111,27 @@ class DeviceMemory:
     nccl_ring_bytes_per_communicator: float
     nccl_bytes_per_alltoall_peer: float
     nccl_p2p_bytes_per_peer: float
-    nvls_channels: int
-    nvls_bytes_per_channel_per_head: float
+    nvls: Mapping[str, "NvlsBuffers"]  # by GPU architecture: the NCCL release its runs use
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NvlsBuffers:
+    """NCCL's NVLink SHARP buffers of one communicator in the NCCL release a GPU generation's
+    runs use (``catalogs/runtime.yaml`` device_memory.nvls): ``channels x
+    bytes_per_channel_per_head`` per NVLS head, one head per GPU of the group in the NVLink
+    domain, at most ``max_heads`` (``NCCL_MAX_NVLS_ARITY``)."""
+
+    channels: int
+    bytes_per_channel_per_head: float
+    max_heads: int
+    nccl: str
+
+    def group_bytes(self, local_gpus: int) -> float:
+        """Bytes per GPU for a group with ``local_gpus`` GPUs in one NVLink domain (none for
+        two or fewer: ``ncclNvlsInit``)."""
+        if local_gpus <= 2:
+            return 0.0
+        return self.channels * self.bytes_per_channel_per_head * min(local_gpus, self.max_heads)
 
 
 def _doc() -> Record:
@@ -146,8 +165,30 @@ def device_memory() -> DeviceMemory:
                         nccl_ring_bytes_per_communicator=d.req("nccl_ring_bytes_per_communicator"),
                         nccl_bytes_per_alltoall_peer=d.req("nccl_bytes_per_alltoall_peer"),
                         nccl_p2p_bytes_per_peer=d.req("nccl_p2p_bytes_per_peer"),
-                        nvls_channels=int(d.req("nvls_channels", positive=True)),
-                        nvls_bytes_per_channel_per_head=d.req("nvls_bytes_per_channel_per_head"))
+                        nvls=_nvls_table(d.mapping("nvls")))
+
+
+def _nvls_table(n: Record) -> dict[str, NvlsBuffers]:
+    out = {}
+    for arch in n.rec:
+        e = n.mapping(arch)
+        out[arch] = NvlsBuffers(channels=int(e.req("channels", positive=True)),
+                                bytes_per_channel_per_head=e.req("bytes_per_channel_per_head", positive=True),
+                                max_heads=int(e.req("max_heads", positive=True)), nccl=e.text("nccl"))
+    return out
+
+
+def nvls_buffers(architecture: str | None, *, multicast: bool) -> NvlsBuffers | None:
+    """The NVLS buffers of a GPU generation (``device_extra_bytes``' ``nvls``): None without
+    multicast NVSwitch (``sim.compute.nvls_gain`` empty); a GPU with multicast whose
+    architecture has no NCCL release in the catalog is an error naming the known ones."""
+    if not multicast:
+        return None
+    table = device_memory().nvls
+    if architecture not in table:
+        raise ValueError(f"runtime.yaml device_memory.nvls has no NCCL release for GPU architecture "
+                         f"{architecture!r} (known: {', '.join(sorted(table))})")
+    return table[architecture]
 
 
 def group_local_ranks(dims: "tuple[tuple[int, int], ...]", domain_gpus: int) -> int:
@@ -162,7 +203,7 @@ def group_local_ranks(dims: "tuple[tuple[int, int], ...]", domain_gpus: int) -> 
 
 
 def device_extra_bytes(strategy: "Strategy", model: "Model", *, megatron_groups: bool = False,
-                       nvls: bool = False, domain_gpus: int = 1) -> float:
+                       nvls: NvlsBuffers | None = None, domain_gpus: int = 1) -> float:
     """What ``nvidia-smi`` shows beyond PyTorch's reserved pool: the CUDA context and the NCCL
     buffers of every communicator the rank uses (``catalogs/runtime.yaml``): ring
     communicators for tp, cp, the data-parallel gradient group and (MoE) the expert
@@ -177,11 +218,10 @@ def device_extra_bytes(strategy: "Strategy", model: "Model", *, megatron_groups:
     ``clip_grad_norm_fp32``, core/optimizer/clip_grads.py line 98) and on the default group
     (training.py line 208); groups of one rank are not counted.
 
-    ``nvls``: the GPUs' NVSwitch supports NVLink SHARP (multicast; ``sim.netefficiency.nvls_gain``
-    not empty): every communicator with more than two GPUs in one NVLink domain of
-    ``domain_gpus`` also holds the NVLS buffers, ``nvls_channels x
-    nvls_bytes_per_channel_per_head`` per GPU of the group in the domain (NCCL 2.18-2.19
-    ``ncclNvlsSetup``; ``catalogs/runtime.yaml``).  Expert-parallel groups are not counted
+    ``nvls``: the NVLS buffers of the GPUs' NCCL release where their NVSwitch supports NVLink
+    SHARP (``nvls_buffers``; None without multicast, ``sim.netefficiency.nvls_gain``): every communicator with more than two
+    GPUs in one NVLink domain of ``domain_gpus`` also holds them, per GPU of the group in the
+    domain up to NCCL's head limit (``NvlsBuffers.group_bytes``; ``catalogs/runtime.yaml``).  Expert-parallel groups are not counted
     (MoE rows are priced by their ring and all-to-all buffers only)."""
     s, d = strategy, device_memory()
     groups = [((s.tp, 1),), ((s.cp, s.tp),), ((s.cp, s.tp), (s.dp, s.tp * s.cp))]
@@ -191,11 +231,9 @@ def device_extra_bytes(strategy: "Strategy", model: "Model", *, megatron_groups:
     groups = [g for g in groups if math.prod(n for n, _ in g) > 1]
     rings = len(groups)
     nvls_bytes = 0.0
-    if nvls:
-        per_head = d.nvls_channels * d.nvls_bytes_per_channel_per_head
+    if nvls is not None:
         for g in groups:
-            local = group_local_ranks(g, domain_gpus)
-            nvls_bytes += per_head * local if local > 2 else 0.0
+            nvls_bytes += nvls.group_bytes(group_local_ranks(g, domain_gpus))
     if model.moe is not None:
         rings += s.expert_dp > 1 and s.expert_dp != s.dp * s.cp
         if s.expert_tp != s.tp:

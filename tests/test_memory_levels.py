@@ -247,25 +247,51 @@ def test_fsdp2_sharded_gradients_reserved_in_the_reduce_scatter_stream_pool():
 
 
 def test_nvls_buffers_per_communicator_on_nvswitch_with_multicast():
-    """NCCL 2.18-2.19 ncclNvlsSetup: 16 channels x 2 x (4 MiB + 2 MiB) per NVLS head, one head
-    per GPU of the group in the NVLink domain, groups of more than two GPUs only: 1.5 GiB for an
-    8-GPU group (NVIDIA/nccl #864: ~1.6 GB for one all-reduce communicator on H100); none on
-    A100 (no multicast) and none for a 2-GPU tensor-parallel group."""
-    from sim.runtime import device_extra_bytes, group_local_ranks
+    """NCCL 2.18-2.19 ncclNvlsSetup (Hopper runs): 16 channels x 2 x (4 MiB + 2 MiB) per NVLS
+    head, one head per GPU of the group in the NVLink domain, groups of more than two GPUs only:
+    1.5 GiB for an 8-GPU group (NVIDIA/nccl #864: ~1.6 GB for one all-reduce communicator on
+    H100); none on A100 (no multicast) and none for a 2-GPU tensor-parallel group."""
+    from sim.runtime import device_extra_bytes, group_local_ranks, nvls_buffers
     from sim.specs import Strategy
 
     model = get_model("llama3-8b")
+    hopper = nvls_buffers("hopper", multicast=True)
     tp8 = Strategy(tp=8, gbs=1)
     off = device_extra_bytes(tp8, model)
-    on = device_extra_bytes(tp8, model, nvls=True, domain_gpus=8)
+    on = device_extra_bytes(tp8, model, nvls=hopper, domain_gpus=8)
     assert on - off == pytest.approx(16 * 2 * 6 * 2**20 * 8)
     tp2 = Strategy(tp=2, dp=4, gbs=4, zero=1)  # tp: 2 GPUs (none); dp: 4 GPUs at stride 2 (4 heads)
-    assert (device_extra_bytes(tp2, model, nvls=True, domain_gpus=8) - device_extra_bytes(tp2, model)
+    assert (device_extra_bytes(tp2, model, nvls=hopper, domain_gpus=8) - device_extra_bytes(tp2, model)
             == pytest.approx(16 * 2 * 6 * 2**20 * 4))
     assert group_local_ranks(((8, 1), (4, 8)), 8) == 8 and group_local_ranks(((2, 8),), 8) == 1
     h100 = plan_memory(_plan("llama3-8b", 8, "tp=8,mbs=1,gbs=8,seq=4096,sp=1", gpu="h100-80gb"))
     a100 = plan_memory(_plan("llama3-8b", 8, "tp=8,mbs=1,gbs=8,seq=4096,sp=1", gpu="a100-80gb"))
     assert h100.device_bytes - h100.reserved_bytes > a100.device_bytes - a100.reserved_bytes + 1.5 * 2**30
+    assert nvls_buffers("ampere", multicast=False) is None
+    with pytest.raises(ValueError, match="hopper"):  # a multicast GPU without a stated NCCL release
+        nvls_buffers("volta", multicast=True)
+
+
+def test_nvls_buffers_follow_each_generation_nccl_and_stop_at_its_head_limit():
+    """The term is bounded by NCCL's NVLS arity (src/include/device.h NCCL_MAX_NVLS_ARITY: 8
+    through 2.20, 32 after), not linear in the NVLink domain; Blackwell runs use NCCL >= 2.21,
+    whose ncclNvlsBufferSetup sizes a head by NCCL_NVLS_CHUNKSIZE x NCCL_STEPS (128 KiB x 8):
+    16 x 2 x 1 MiB = 32 MiB per head, 1 GiB at most for a dp group spanning an NVL72 rack."""
+    from sim.runtime import device_extra_bytes, nvls_buffers
+    from sim.specs import Strategy
+
+    model = get_model("llama3-8b")
+    blackwell, hopper = nvls_buffers("blackwell", multicast=True), nvls_buffers("hopper", multicast=True)
+    dp72 = Strategy(dp=72, gbs=72, zero=1)
+    base = device_extra_bytes(dp72, model)
+    nvl72 = device_extra_bytes(dp72, model, nvls=blackwell, domain_gpus=72) - base
+    assert nvl72 == pytest.approx(16 * 2 * 2**20 * 32)  # 32 heads, not 72
+    assert blackwell.group_bytes(8) == pytest.approx(256 * 2**20)  # 6x below the 2.18-2.19 buffers
+    assert hopper.group_bytes(32) == hopper.group_bytes(8) == pytest.approx(1.5 * 2**30)
+    gb200 = plan_memory(_plan("llama3-8b", 72, "tp=1,dp=72,mbs=1,gbs=72,seq=4096,zero=1", gpu="gb200-186gb"))
+    b200 = plan_memory(_plan("llama3-8b", 72, "tp=1,dp=72,mbs=1,gbs=72,seq=4096,zero=1", gpu="b200-180gb"))
+    # Megatron's dp, dp-without-cp and default groups span the rack: 32 heads each instead of 8
+    assert gb200.device_bytes - b200.device_bytes == pytest.approx(3 * 16 * 2 * 2**20 * (32 - 8))
 
 
 def test_event_engine_prices_fsdp_with_pipelining_once_per_step_like_the_analytic_engine():

@@ -115,7 +115,7 @@ def test_pruning_keeps_exactly_the_feasible_plans_that_fit():
     model, cl = get_model("gpt-7.5b"), cluster("a100-40gb", 16)
     space = SearchSpace(max_tp=8, max_cp=2, max_mbs=2, max_vp=2, zero=(0, 3), recompute=("none", "full"),
                         precision=("bf16",), offload=("none", "optimizer", "params", "activations"),
-                        recompute_layers=())  # partial recomputation: tests/test_memory_levels.py
+                        recompute_layers=(), offload_layers=())  # partial keys: their own tests
     r = search(model, cl, gbs=24, seq_len=2048, space=space)
     found = {r.strategy(i).to_string() for i in range(r.evaluated)}
     expected, total = _brute_force(model, cl, 24, 2048, space)
@@ -125,6 +125,51 @@ def test_pruning_keeps_exactly_the_feasible_plans_that_fit():
     assert any("offload=" in f for f in found)  # offload rescues some plans that do not fit without it
     assert len(found) > 50
     assert found == expected
+
+
+def test_search_offers_partial_activation_offload_priced_as_simulate():
+    """Megatron-Core's --cpu-offloading-num-layers N (Strategy.offload_num_layers): searched next to
+    every activation-offload entry, only without pipelining and recomputation (its
+    TransformerConfig refuses both); each plan priced as simulate prices it (the host link moves N
+    of the stage's layers), and the profiles without it (framework_space) never get it."""
+    from planner.recommend import framework_space
+    from sim.costs import offload_report
+    from sim.run import RunChoices, resolve
+
+    model, cl = get_model("llama3-8b"), cluster("h100-80gb", 8)
+    st = Settings.from_framework("megatron-core")
+    space = SearchSpace(pp=(1, 2), cp=(1,), mbs=(1, 2, 4), zero=(1,), recompute=("none", "full"),
+                        offload=("none", "activations"), precision=("bf16",), schedule=("1f1b",))
+    r = search(model, cl, gbs=64, seq_len=8192, space=framework_space(space, "megatron-core", cl),
+               plan_kwargs=st.kwargs, dp_overlap=st.dp_overlap)
+    assert r.evaluated + sum(r.rejected.values()) == r.considered and r.rejected["framework"] > 0
+    partial = [i for i in range(r.evaluated) if r.strategy(i).offload_num_layers is not None]
+    assert len({r.strategy(i).offload_num_layers for i in partial}) >= 2
+    full_offload = {r.strategy(i).with_(offload_num_layers=None).to_string() for i in partial}
+    for i in partial:
+        s = r.strategy(i)
+        assert s.pp == 1 and s.recompute == "none" and s.offload_num_layers < model.num_layers
+        run = resolve(model, cl, s.to_string(), RunChoices(framework="megatron-core"))  # the profile runs it
+        res = simulate_analytic(r.fastmodel.plan(s), net=r.fastmodel.net)
+        assert r.candidates.step_time_s[i] == pytest.approx(res.step_time_s, rel=REL), s.to_string()
+        assert r.candidates.memory_device_bytes[i] == pytest.approx(res.memory_device_bytes, rel=REL)
+        assert run.plan.strategy.offload_num_layers == s.offload_num_layers
+        whole = simulate_analytic(r.fastmodel.plan(s.with_(offload_num_layers=None)), net=r.fastmodel.net)
+        assert res.memory_device_bytes > whole.memory_device_bytes  # fewer layers leave the GPU
+        assert res.breakdown.exposed_offload_s <= whole.breakdown.exposed_offload_s
+        moved, moved_all = (offload_report(r.fastmodel.plan(x))["d2h_bytes_per_step"]
+                            for x in (s, s.with_(offload_num_layers=None)))
+        assert moved == pytest.approx(moved_all * s.offload_num_layers / model.num_layers, rel=1e-12)
+    assert full_offload  # the same plans offloading every layer were searched too
+    for fw in ("megatron-deepspeed", "torchtitan"):
+        assert framework_space(SearchSpace(), fw, cl).offload_layers == ()
+    with pytest.raises(InputError):  # a profile without it refuses it by name
+        resolve(model, cl, "tp=2,dp=4,mbs=1,gbs=64,seq=8192,zero=1,offload=activations,offload_num_layers=8",
+                RunChoices(framework="megatron-deepspeed"))
+    for bad in ("pp=2,dp=4,tp=1,recompute=none", "tp=2,dp=4,recompute=full"):
+        with pytest.raises(InputError):
+            resolve(model, cl, f"{bad},mbs=1,gbs=64,seq=8192,zero=1,offload=activations,offload_num_layers=8",
+                    RunChoices(framework="megatron-core"))
 
 
 def test_restricted_space_only_yields_allowed_values():
