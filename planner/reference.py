@@ -21,6 +21,8 @@ row states, never by a per-row value:
   blockwise scaling, MXFP8), overlap switches the ``overlap`` text names (TP comm overlap,
   overlapped p2p, expert all-to-all overlap, CUDA graphs); an Automodel MoE row whose notes
   state its fake balanced gate routes each token to consecutive experts (``sim.moe_routing``);
+  a profile that runs one pipeline schedule per local batch (Automodel) with a stated local batch
+  runs ``global_batch / (local_batch x dp)`` of them per step (``Plan.pipeline_flushes``);
 * **published step time**: the iteration time as published; else global batch x sequence
   length over tokens/s; else the source's own FLOP count (its convention is stated in the row's
   notes: Narayanan eq. 3, Megatron's ``num_floating_point_operations``, NeMo's ``flops_formulas``)
@@ -359,6 +361,12 @@ def strategy_of(row: dict, fw: Framework, *, unstated_vp_searched: bool) -> Mapp
         # NeMo Automodel's FakeBalancedGate routes token t to experts (t k + j) mod E (sim.moe_routing)
         plan["moe_routing"] = "contiguous"
         notes.append("routing of Automodel's FakeBalancedGate (consecutive experts per token)")
+    if fw.pipeline_schedule_per == "local_batch" and pp > 1 and s.get("local_batch"):
+        # one pipeline schedule (fill and drain) per gradient-accumulation step (sim.step.compose)
+        flushes = int(s["global_batch"]) // (int(s["local_batch"]) * dp)
+        if flushes > 1:
+            plan["pipeline_flushes"] = flushes
+            notes.append(f"{flushes} pipeline schedules per step, one per local batch of {s['local_batch']}")
     return Mapped(strategy=values, plan=plan, assumptions=tuple(notes), interleaved_unstated=interleaved_unstated)
 
 

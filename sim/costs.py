@@ -184,7 +184,7 @@ def layer_cost(plan: Plan, net: Network, lops: LayerOps, eff: KernelEfficiency, 
     slowest = eff.slowest_rank_factor(plan.cluster.num_gpus)
 
     def timed(ops: tuple, eager: bool = False) -> tuple[float, float]:
-        f, b = ops_time(gpu, s.precision, ops, eff, eager=eager)
+        f, b = ops_time(gpu, s.precision, ops, eff, eager=eager, fused=plan.fused_ops)
         return slowest * f, slowest * b
 
     fwd, bwd = timed(lops.ops, eager)
@@ -521,7 +521,7 @@ def end_costs(plan: Plan, eff: KernelEfficiency) -> EndCosts:
     s, gpu, model = plan.strategy, plan.cluster.gpu, plan.model
     k = eff.slowest_rank_factor(plan.cluster.num_gpus)  # the slowest GPU sets the pace (sim.variability)
     head = head_ops(model, s)
-    head_f, head_b = ops_time(gpu, s.precision, head, eff, eager=plan.eager_elementwise)
+    head_f, head_b = ops_time(gpu, s.precision, head, eff, eager=plan.eager_elementwise, fused=plan.fused_ops)
     emb_f, emb_b = ops_time(gpu, s.precision, embedding_ops(model, s), eff)
     return EndCosts(embedding_fwd_s=k * emb_f, embedding_bwd_s=k * emb_b, head_fwd_s=k * head_f, head_bwd_s=k * head_b,
                     head_flops=sum(op.counted_flops for op in head))

@@ -99,6 +99,13 @@ def _gemm(name: str, m: int, n: int, k: int, *, batch: int = 1, elt_bytes: float
     return Op(name, "matmul", flops, hbm, m, n, k, batch, **kw)  # type: ignore[arg-type]
 
 
+# memory-bound ops a framework may run as one fused kernel while its other element-wise ops run
+# eagerly (``Plan.fused_ops``, a profile's ``fused_ops``): the names ``_mem`` gives them below
+FUSIBLE_OPS: tuple[str, ...] = ("norm_attn", "norm_mlp", "final_norm", "rope", "router_topk_permute",
+                                "activation", "expert_activation", "shared_activation", "softmax_dropout",
+                                "residual_dropout_attn", "residual_dropout_mlp", "cross_entropy")
+
+
 def _mem(name: str, hbm_bytes: float, **kw: object) -> Op:
     return Op(name, "memory", 0.0, hbm_bytes, **kw)  # type: ignore[arg-type]
 
