@@ -25,7 +25,7 @@ from sim.ops import LayerOps, embedding_ops, head_ops, layer_ops
 from sim.plan import HostSyncs, Plan
 from sim.runtime import CommRuntime, default_comm_runtime
 from sim.specs import Cluster, Model, Strategy
-from sim.stages import (StageParams, chunk_signature, layer_params, stage_chunks, stage_layers,
+from sim.stages import (StageParams, chunk_signature, layer_params, model_chunks, stage_layers,
                         stage_parameter_tensors, stage_shapes)
 from sim.step import (ChunkSums, DpCollectives, Num, PieceSettings, StagePieces, StageTimes, local_params, stage_pieces,
                       stage_times)
@@ -434,7 +434,7 @@ def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | N
     # Stages of one shape (sim.stages) have the same parameters and layer sums: their pieces
     # are computed once.
     layers_of = stage_layers(model, s)
-    chunks_of = stage_chunks(s)
+    chunks_of = model_chunks(model, s)
     by_signature = {(sh.num_layers, sh.num_moe_layers, sh.first, sh.last, sh.chunks): sh for sh in stage_shapes(model, s)}
     moe_layers = [sum(model.is_moe_layer(j) for j in ls) for ls in layers_of] if model.moe is not None \
         else [0] * len(layers_of)
