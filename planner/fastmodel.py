@@ -455,7 +455,7 @@ class FastModel:
                                       first=sh.first, last=sh.last, count=sh.count, before=sh.before,
                                       chunks=chunk_sums(sh), stage_ids=sh.stages))
         out = compose(stages, m=m, vp=vp, zero_bubble=zero_bubble, pp=p, zero=zero, dp_overlap=self.dp_overlap,
-                      overlap_slowdown=self.eff.overlap_compute_slowdown)
+                      overlap_slowdown=self.eff.overlap_compute_slowdown, flushes=self.probe.pipeline_flushes)
         sub = np.broadcast_to(out.step_time_s, (M, S, R, sel.size, K))
         if sel.size < Z:
             full_step = np.full(shape5, np.nan)

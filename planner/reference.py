@@ -21,6 +21,8 @@ row states, never by a per-row value:
   blockwise scaling, MXFP8), overlap switches the ``overlap`` text names (TP comm overlap,
   overlapped p2p, expert all-to-all overlap, CUDA graphs); an Automodel MoE row whose notes
   state its fake balanced gate routes each token to consecutive experts (``sim.moe_routing``);
+  a profile that runs one pipeline schedule per local batch (Automodel) with a stated local batch
+  runs ``global_batch / (local_batch x dp)`` of them per step (``Plan.pipeline_flushes``);
 * **published step time**: the iteration time as published; else global batch x sequence
   length over tokens/s; else the source's own FLOP count (its convention is stated in the row's
   notes: Narayanan eq. 3, Megatron's ``num_floating_point_operations``, NeMo's ``flops_formulas``)
@@ -45,6 +47,7 @@ from sim.errors import InputError
 from sim.framework import Framework, get_framework
 from sim.ops import model_flops_per_step
 from sim.specs import Cluster, Model, MoeSpec, Strategy
+from sim.layout import megatron_layout
 from sim.units import GIB
 
 from planner.refcheck import check_row
@@ -195,7 +198,26 @@ def model_of(row: dict) -> Model:
                  q_lora_rank=int(mla["q_lora_rank"]) if mla.get("q_lora_rank") else None,
                  kv_lora_rank=int(mla["kv_lora_rank"]) if mla else None,
                  qk_rope_head_dim=int(mla.get("qk_rope_head_dim") or 0),
-                 v_head_dim=int(mla["v_head_dim"]) if mla.get("v_head_dim") else None)
+                 v_head_dim=int(mla["v_head_dim"]) if mla.get("v_head_dim") else None,
+                 mtp_layers=_mtp_layers(row))
+
+
+def _nemo_deepseek_v3_recipe(row: dict) -> bool:
+    """A row run with NeMo 2.0's DeepSeek-V3 performance recipe whose notes say the pipeline split
+    and MTP are that recipe's defaults (not restated by the source)."""
+    return ("deepseek-v3" in _text(row["model"].get("name")) and "nemo" in _text(row.get("framework"))
+            and bool(re.search(r"pp layout[^;]*?mtp[^;]*?recipe defaults", _text(row.get("notes")))))
+
+
+def _mtp_layers(row: dict) -> int:
+    """Multi-token-prediction depth: the row's ``mtp_layers``, else the recipe's default where the
+    row says it ran one: NeMo 25.04's ``deepseek_v3.pretrain_recipe(use_mtp=True)`` builds
+    ``DeepSeekV3Config(mtp_num_layers=1)`` (nemo/collections/llm/recipes/deepseek_v3.py, v2.3.0),
+    which scripts/performance/llm/pretrain_deepseek_v3.py calls with its defaults."""
+    stated = row["model"].get("mtp_layers")
+    if stated is not None:
+        return int(stated)
+    return 1 if _nemo_deepseek_v3_recipe(row) else 0
 
 
 # --------------------------------------------------------------------------- framework
@@ -359,6 +381,18 @@ def strategy_of(row: dict, fw: Framework, *, unstated_vp_searched: bool) -> Mapp
         # NeMo Automodel's FakeBalancedGate routes token t to experts (t k + j) mod E (sim.moe_routing)
         plan["moe_routing"] = "contiguous"
         notes.append("routing of Automodel's FakeBalancedGate (consecutive experts per token)")
+    if _nemo_deepseek_v3_recipe(row) and pp > 1 and not s.get("vp"):
+        # scripts/performance/llm/pretrain_deepseek_v3.py (NeMo v2.3.0, lines 72-75): 64 // pp - 1
+        # decoder layers on the first stage (it also embeds), 64 // pp - 2 on the last (loss and MTP)
+        per = 64 // pp
+        values["pipeline_layout"] = megatron_layout(int(row["model"]["layers"]), pp, first=per - 1, last=per - 2)
+        notes.append(f"NeMo DeepSeek-V3 recipe's pipeline split: {per - 1} layers first, {per - 2} last, MTP depth 1")
+    if fw.pipeline_schedule_per == "local_batch" and pp > 1 and s.get("local_batch"):
+        # one pipeline schedule (fill and drain) per gradient-accumulation step (sim.step.compose)
+        flushes = int(s["global_batch"]) // (int(s["local_batch"]) * dp)
+        if flushes > 1:
+            plan["pipeline_flushes"] = flushes
+            notes.append(f"{flushes} pipeline schedules per step, one per local batch of {s['local_batch']}")
     return Mapped(strategy=values, plan=plan, assumptions=tuple(notes), interleaved_unstated=interleaved_unstated)
 
 

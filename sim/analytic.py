@@ -41,7 +41,8 @@ def simulate_analytic(plan: Plan, *, net: Network | None = None, eff: KernelEffi
     # Identical stages compose once, weighted by how many there are (sim.step: count, before).
     entries, entry_of = _distinct(times)
     out = compose(entries, m=m, vp=v, zero_bubble=s.schedule == "zero-bubble", pp=p, zero=s.zero,
-                  dp_overlap=s.dp_overlap, overlap_slowdown=eff.overlap_compute_slowdown, pp_overlap=s.pp_overlap)
+                  dp_overlap=s.dp_overlap, overlap_slowdown=eff.overlap_compute_slowdown, pp_overlap=s.pp_overlap,
+                  flushes=plan.pipeline_flushes)
     t_pipe = float(out.pipeline_s)
     tot = [float(out.fwd_s[k] + out.bwd_s[k]) for k in entry_of]
     b_idx = max(range(p), key=lambda i: tot[i])

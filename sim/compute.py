@@ -321,11 +321,13 @@ def op_time(gpu: Gpu, precision: str, op: Op, eff: KernelEfficiency, *, eager: b
 
 
 def ops_time(gpu: Gpu, precision: str, ops: tuple[Op, ...], eff: KernelEfficiency, *,
-             eager: bool = False) -> tuple[float, float]:
-    """Summed (forward, backward) seconds of a sequence of ops executed back to back."""
+             eager: bool = False, fused: tuple[str, ...] = ()) -> tuple[float, float]:
+    """Summed (forward, backward) seconds of a sequence of ops executed back to back; under
+    ``eager`` the memory-bound ops named in ``fused`` still run as one fused kernel each
+    (``Plan.fused_ops``)."""
     f = b = 0.0
     for op in ops:
-        t = op_time(gpu, precision, op, eff, eager=eager)
+        t = op_time(gpu, precision, op, eff, eager=eager and op.name not in fused)
         f += t.fwd_s
         b += t.bwd_s
     assert math.isfinite(f) and math.isfinite(b)

@@ -25,7 +25,7 @@ from sim.ops import LayerOps, embedding_ops, head_ops, layer_ops
 from sim.plan import HostSyncs, Plan
 from sim.runtime import CommRuntime, default_comm_runtime
 from sim.specs import Cluster, Model, Strategy
-from sim.stages import (StageParams, chunk_signature, layer_params, stage_chunks, stage_layers,
+from sim.stages import (StageParams, chunk_signature, layer_params, model_chunks, stage_layers,
                         stage_parameter_tensors, stage_shapes)
 from sim.step import (ChunkSums, DpCollectives, Num, PieceSettings, StagePieces, StageTimes, layout_chunk_sums,
                       local_params, stage_pieces, stage_times)
@@ -178,7 +178,7 @@ def layer_cost(plan: Plan, net: Network, lops: LayerOps, eff: KernelEfficiency, 
     slowest = eff.slowest_rank_factor(plan.cluster.num_gpus)
 
     def timed(ops: tuple, eager: bool = False) -> tuple[float, float]:
-        f, b = ops_time(gpu, s.precision, ops, eff, eager=eager)
+        f, b = ops_time(gpu, s.precision, ops, eff, eager=eager, fused=plan.fused_ops)
         return slowest * f, slowest * b
 
     fwd, bwd = timed(lops.ops, eager)
@@ -428,7 +428,7 @@ def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | N
     # Stages of one shape (sim.stages) have the same parameters and layer sums: their pieces
     # are computed once.
     layers_of = stage_layers(model, s)
-    chunks_of = stage_chunks(s)
+    chunks_of = model_chunks(model, s)
     by_signature = {(sh.num_layers, sh.num_moe_layers, sh.first, sh.last, sh.chunks): sh for sh in stage_shapes(model, s)}
     moe_layers = [sum(model.is_moe_layer(j) for j in ls) for ls in layers_of] if model.moe is not None \
         else [0] * len(layers_of)
@@ -516,7 +516,7 @@ def end_costs(plan: Plan, eff: KernelEfficiency) -> EndCosts:
     s, gpu, model = plan.strategy, plan.cluster.gpu, plan.model
     k = eff.slowest_rank_factor(plan.cluster.num_gpus)  # the slowest GPU sets the pace (sim.variability)
     head = head_ops(model, s)
-    head_f, head_b = ops_time(gpu, s.precision, head, eff, eager=plan.eager_elementwise)
+    head_f, head_b = ops_time(gpu, s.precision, head, eff, eager=plan.eager_elementwise, fused=plan.fused_ops)
     emb_f, emb_b = ops_time(gpu, s.precision, embedding_ops(model, s), eff)
     return EndCosts(embedding_fwd_s=k * emb_f, embedding_bwd_s=k * emb_b, head_fwd_s=k * head_f, head_bwd_s=k * head_b,
                     head_flops=sum(op.counted_flops for op in head))

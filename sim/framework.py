@@ -18,6 +18,7 @@ from sim.plan import (ATTENTION_IMPLS, GRAD_ACCUMULATION, LOSS_IMPLS, MOE_DISPAT
                       SELECTIVE_POLICIES, TP_OVERLAP_KINDS, ZERO3_GATHERS, HostSyncs)
 from sim.specs import (DEFAULT_ORDER, DP_IMPLS, FP8_RECIPES, OFFLOAD_DEVICES, OFFLOADS, ORDERS, SCHEDULES,
                        TRAIN_PRECISIONS, Strategy)
+from sim.ops import FUSIBLE_OPS
 from sim.records import Record
 from sim.runtime import STATE_LAYOUTS
 
@@ -174,6 +175,17 @@ def _host_syncs(r: Record) -> HostSyncs:
     return HostSyncs(**{k: h.integer(k, minimum=0, optional=True, default=0) for k in ("forward", "backward", "p2p", "step")})
 
 
+PIPELINE_SCHEDULE_PER = ("step", "local_batch")
+
+
+def _fused_ops(r: Record) -> tuple[str, ...]:
+    ops = r.strings("fused_ops")
+    for name in ops:
+        if name not in FUSIBLE_OPS:
+            raise r.fail("fused_ops", f"{name!r} is not a memory-bound op; known: {', '.join(FUSIBLE_OPS)}")
+    return ops
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Framework:
     id: str
@@ -201,6 +213,11 @@ class Framework:
     zero3_gather: str = "bucketed"  # bucketed | per_tensor_sync (DeepSpeed ZeRO-3 of 2021)
     tp_overlap_kind: str = "userbuffers"  # userbuffers (TE) | async_tp (torch.compile micro-pipelining)
     host_syncs: HostSyncs = HostSyncs()  # per micro-batch (forward, backward, p2p) and per step
+    # memory-bound ops run as fused kernels although element-wise ops are eager (sim.ops.FUSIBLE_OPS)
+    fused_ops: tuple[str, ...] = ()
+    # step: one pipeline schedule per step; local_batch: one per local batch (gradient-accumulation
+    # step), Plan.pipeline_flushes = gbs / (local batch x dp) (planner.reference)
+    pipeline_schedule_per: str = "step"
     aliases: tuple[str, ...] = ()
     source: str = ""
     notes: str = ""
@@ -210,7 +227,7 @@ _KEYS = ("id", "name", "aliases", "attention", "dp_overlap", "elementwise", "sel
          "grad_accumulation", "fsdp_copies", "loss", "sequence_parallel_default", "tp_overlap_default", "zero_default",
          "fp8_weight_cache", "family", "capabilities", "moe_dispatcher", "optimizer", "dp_impl", "model_states",
          "fp8_saved_inputs", "deepspeed_bf16_optimizer", "zero3_gather", "tp_overlap_kind", "host_syncs", "source",
-         "notes")
+         "notes", "fused_ops", "pipeline_schedule_per")
 
 
 @functools.cache
@@ -238,7 +255,9 @@ def _frameworks() -> dict[str, Framework]:
                        deepspeed_bf16_optimizer=r.flag("deepspeed_bf16_optimizer"),
                        zero3_gather=r.text("zero3_gather", default="bucketed", choices=ZERO3_GATHERS),
                        tp_overlap_kind=r.text("tp_overlap_kind", default="userbuffers", choices=TP_OVERLAP_KINDS),
-                       host_syncs=_host_syncs(r),
+                       host_syncs=_host_syncs(r), fused_ops=_fused_ops(r),
+                       pipeline_schedule_per=r.text("pipeline_schedule_per", default="step",
+                                                    choices=PIPELINE_SCHEDULE_PER),
                        aliases=r.strings("aliases", lower=False),
                        source=r.text("source"), notes=r.text("notes", default=""))
         for key in (fw.id, *fw.aliases):
@@ -265,7 +284,7 @@ def apply_framework(plan_kwargs: dict, fw: Framework) -> dict:
             "uneven_vp": fw.capabilities.uneven_vp, "moe_dispatcher": fw.moe_dispatcher,
             "optimizer_impl": fw.optimizer, "state_layout": fw.model_states, "fp8_saved_inputs": fw.fp8_saved_inputs,
             "deepspeed_bf16_optimizer": fw.deepspeed_bf16_optimizer, "zero3_gather": fw.zero3_gather,
-            "tp_overlap_kind": fw.tp_overlap_kind, "host_syncs": fw.host_syncs}
+            "tp_overlap_kind": fw.tp_overlap_kind, "host_syncs": fw.host_syncs, "fused_ops": fw.fused_ops}
 
 
 def list_frameworks() -> list[Framework]:

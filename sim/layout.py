@@ -19,7 +19,8 @@ split``, even splits; ``get_num_layers_to_build`` in megatron/core/transformer/t
 ``check_layout`` applies Megatron's ``validate_layer_layout`` rules (the embedding first, the
 loss last, each once, the model's decoder layers exactly, MTP layers after every decoder layer
 and only in a rank's last chunk).  The cost model prices every chunk (``sim.stages``); MTP
-layers are carried but not priced (the model has no MTP block; docs/recipes/megatron.md).
+layers are priced from the model's ``mtp_layers`` in the last stage's last chunk
+(``sim.stages.model_chunks``), the layout's ``m`` marks are checked here only.
 """
 
 from __future__ import annotations

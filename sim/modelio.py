@@ -46,7 +46,7 @@ MAX_SEQ_LEN = 1 << 30
 MODEL_KEYS: tuple[str, ...] = (
     "name", "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
     "ffn_hidden_size", "ffn_type", "vocab_size", "tied_embeddings", "moe", "max_seq_len",
-    "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "source",
+    "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "mtp_layers", "source",
 )
 """Keys of the project model schema (see catalogs/README.md for defaults)."""
 
@@ -192,6 +192,7 @@ def _from_project(d: Mapping[str, Any], *, where: str, default_name: str) -> Mod
         kv_lora_rank=_int(d, "kv_lora_rank", where, required=False),
         qk_rope_head_dim=_int(d, "qk_rope_head_dim", where, required=False, minimum=0) or 0,
         v_head_dim=_int(d, "v_head_dim", where, required=False),
+        mtp_layers=_int(d, "mtp_layers", where, required=False, minimum=0) or 0,
         source=_str(d, "source", where, default="") or "",
     )
     if kwargs["q_lora_rank"] is not None and kwargs["kv_lora_rank"] is None:

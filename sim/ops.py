@@ -99,6 +99,13 @@ def _gemm(name: str, m: int, n: int, k: int, *, batch: int = 1, elt_bytes: float
     return Op(name, "matmul", flops, hbm, m, n, k, batch, **kw)  # type: ignore[arg-type]
 
 
+# memory-bound ops a framework may run as one fused kernel while its other element-wise ops run
+# eagerly (``Plan.fused_ops``, a profile's ``fused_ops``): the names ``_mem`` gives them below
+FUSIBLE_OPS: tuple[str, ...] = ("norm_attn", "norm_mlp", "final_norm", "rope", "router_topk_permute",
+                                "activation", "expert_activation", "shared_activation", "softmax_dropout",
+                                "residual_dropout_attn", "residual_dropout_mlp", "cross_entropy")
+
+
 def _mem(name: str, hbm_bytes: float, **kw: object) -> Op:
     return Op(name, "memory", 0.0, hbm_bytes, **kw)  # type: ignore[arg-type]
 
@@ -248,16 +255,31 @@ def _with_fp8_casts(ops: list[Op], recipe: str, bytes_per_element: float) -> lis
 
 
 def head_ops(model: Model, strategy: Strategy) -> tuple[Op, ...]:
-    """Final norm, output projection (logits) and cross-entropy on the last pipeline stage."""
+    """Final norm, output projection (logits) and cross-entropy on the last pipeline stage.
+
+    With multi-token prediction (``model.mtp_layers``), each depth adds what Megatron-Core's
+    ``MultiTokenPredictionLayer`` runs around its transformer layer (which ``sim.stages`` puts on
+    this stage as one more layer): the embedding of the shifted tokens, ``enorm`` and ``hnorm``,
+    ``eh_proj`` (a column-parallel ``2h -> h`` linear), its final norm, and the shared output layer
+    and loss again (megatron/core/transformer/multi_token_prediction.py, core_v0.12.0
+    ``MultiTokenPredictionLayer.__init__`` and ``MultiTokenPredictionBlock.forward``; the
+    output-layer call in ``process_mtp_loss`` of later versions)."""
     tp, b, s_loc = strategy.tp, strategy.mbs, strategy.seq_len // strategy.cp
     tokens = b * s_loc
     h, v_loc = model.hidden_size, model.vocab_size // tp
-    return (
-        _mem("final_norm", 2 * BYTES_BF16 * tokens * h / (tp if strategy.sp else 1)),
+    sp = tp if strategy.sp else 1
+    one = (
+        _mem("final_norm", 2 * BYTES_BF16 * tokens * h / sp),
         _gemm("logits", tokens, v_loc, h),
         # fp32 upcast, log-softmax, loss: read bf16 logits, write/read fp32 twice
         _mem("cross_entropy", tokens * v_loc * (BYTES_BF16 + 4 + 4)),
     )
+    mtp: tuple[Op, ...] = ()
+    for _ in range(model.mtp_layers):
+        mtp += (_mem("mtp_embedding", 2 * BYTES_BF16 * tokens * h / sp),
+                _mem("mtp_norms", 2 * 2 * BYTES_BF16 * tokens * h / sp),
+                _gemm("mtp_eh_proj", tokens, h // tp, 2 * h)) + one
+    return one + mtp
 
 
 def embedding_ops(model: Model, strategy: Strategy) -> tuple[Op, ...]:

@@ -113,6 +113,13 @@ class Plan:
     zero3_gather: str = "bucketed"  # ZERO3_GATHERS (sim.step.stage_pieces)
     tp_overlap_kind: str = "userbuffers"  # TP_OVERLAP_KINDS (sim.costs.layer_cost)
     host_syncs: HostSyncs = HostSyncs()  # host synchronisations per micro-batch and per step
+    # pipeline schedules run per step, each over num_microbatches / pipeline_flushes micro-batches
+    # with its own fill and drain (NeMo Automodel runs schedule.step once per gradient-accumulation
+    # step: sim.step.compose); 1 = one schedule over the step's micro-batches (Megatron, torchtitan)
+    pipeline_flushes: int = 1
+    # memory-bound ops (sim.ops names) that run as fused kernels where element-wise ops otherwise
+    # run eagerly (a framework's TE RMSNorm, fused RoPE, fused token permutation): sim.compute.ops_time
+    fused_ops: tuple[str, ...] = ()
 
     @property
     def bf16_optimizer_active(self) -> bool:
@@ -142,6 +149,9 @@ class Plan:
             raise InputError("moe-dispatcher", self.moe_dispatcher, f"must be one of {', '.join(MOE_DISPATCHERS)}")
         if self.moe_routing not in ROUTINGS:
             raise InputError("moe_routing", self.moe_routing, f"must be one of {', '.join(ROUTINGS)}")
+        if isinstance(self.pipeline_flushes, bool) or not isinstance(self.pipeline_flushes, int) \
+                or self.pipeline_flushes < 1:
+            raise InputError("pipeline_flushes", self.pipeline_flushes, "must be an integer >= 1")
         if isinstance(self.moe_imbalance, bool) or not isinstance(self.moe_imbalance, (int, float)) \
                 or not 1.0 <= self.moe_imbalance <= 64.0:
             raise InputError("moe-imbalance", self.moe_imbalance, "must be a number in [1, 64] (busiest rank / mean)")
@@ -151,6 +161,13 @@ class Plan:
         could run it).  Construction checks only the fields; the resolution of a run
         (``sim.run.resolve``), the search and the published-run mapping call this."""
         check_feasible(self.model, self.cluster, self.strategy, uneven_vp=self.uneven_vp)
+        s, k = self.strategy, self.pipeline_flushes
+        if k > 1:
+            m = s.num_microbatches
+            if m % k or (s.pp > 1 and s.vp > 1 and (m // k) % s.pp):
+                raise InfeasibleError("indivisible", "pipeline_flushes", k,
+                                      f"{m} micro-batches do not split into {k} pipeline schedules"
+                                      + (f" of a multiple of pp={s.pp}" if s.vp > 1 else ""))
         return self
 
 

@@ -226,9 +226,16 @@ class Model:
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int = 0
     v_head_dim: int | None = None
+    # multi-token prediction depth trained with the model (DeepSeek-V3: 1; Megatron-Core
+    # --mtp-num-layers): each depth is one more transformer layer of the decoder's last layer
+    # kind on the stage holding the loss, with its own projection, norms, output layer and loss
+    # (sim.stages.stage_layers, sim.ops.head_ops)
+    mtp_layers: int = 0
     source: str = ""
 
     def __post_init__(self) -> None:
+        if isinstance(self.mtp_layers, bool) or not isinstance(self.mtp_layers, int) or not 0 <= self.mtp_layers <= 8:
+            raise InputError("model.mtp_layers", self.mtp_layers, "must be an integer in [0, 8]")
         for n in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size"):
             _positive_int(f"model.{n}", getattr(self, n), limit=MAX_LAYERS if n == "num_layers" else MAX_DIM)
         if self.num_kv_heads is not None:
@@ -285,7 +292,9 @@ class Model:
         return 3 if self.ffn_type == "swiglu" else 2
 
     def is_moe_layer(self, layer: int) -> bool:
-        """Whether 0-based ``layer`` uses the MoE FFN."""
+        """Whether 0-based ``layer`` uses the MoE FFN (a multi-token-prediction layer, numbered
+        from ``num_layers``, is of the last decoder layer's kind)."""
+        layer = min(layer, self.num_layers - 1)
         if self.moe is None or layer < self.moe.first_k_dense_layers:
             return False
         return (layer - self.moe.first_k_dense_layers) % self.moe.layer_frequency == 0

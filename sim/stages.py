@@ -68,6 +68,17 @@ def stage_chunks(strategy: Strategy) -> list[list[list[int]]] | None:
     return chunk_layer_ids(strategy.pipeline_layout, strategy.pp)
 
 
+def model_chunks(model: Model, strategy: Strategy) -> list[list[list[int]]] | None:
+    """``stage_chunks`` with the model's multi-token-prediction layers (numbered after the
+    decoder layers) in the last stage's last chunk, where Megatron-Core builds them (the
+    layout's ``m`` marks are checked by ``sim.layout``, the model says how many are priced)."""
+    chunks = stage_chunks(strategy)
+    if chunks is not None and model.mtp_layers:
+        chunks = [[list(c) for c in row] for row in chunks]
+        chunks[-1][-1].extend(range(model.num_layers, model.num_layers + model.mtp_layers))
+    return chunks
+
+
 def stage_layer_counts(num_layers: int, pp: int) -> list[int]:
     """Layers per pipeline stage (module docstring), in O(pp): the remainder of
     ``num_layers / pp`` goes to the middle stages first."""
@@ -80,8 +91,11 @@ def stage_layer_counts(num_layers: int, pp: int) -> list[int]:
 
 
 def stage_layers(model: Model, strategy: Strategy) -> list[list[int]]:
-    """Layer indices per pipeline stage (module docstring)."""
-    chunks = stage_chunks(strategy)
+    """Layer indices per pipeline stage (module docstring).  Multi-token-prediction layers
+    (``model.mtp_layers``) are numbered after the decoder layers and sit on the last stage with
+    the loss (Megatron-Core builds them on the rank of the last decoder layer, in its last model
+    chunk: ``mtp_on_this_rank``), each of the decoder's last layer kind (``Model.is_moe_layer``)."""
+    chunks = model_chunks(model, strategy)
     if chunks is not None:
         return [[j for chunk in row for j in chunk] for row in chunks]
     counts = stage_layer_counts(model.num_layers, strategy.pp)
@@ -89,6 +103,7 @@ def stage_layers(model: Model, strategy: Strategy) -> list[list[int]]:
     for c in counts:
         out.append(list(range(start, start + c)))
         start += c
+    out[-1].extend(range(model.num_layers, model.num_layers + model.mtp_layers))
     return out
 
 
@@ -125,6 +140,14 @@ def stage_params(model: Model, strategy: Strategy, layers: list[int] | tuple[int
         if not model.tied_embeddings or strategy.pp > 1:
             # a tied output layer on another stage keeps its own copy (Megatron)
             dense += model.embedding_params / tp
+        if model.mtp_layers:
+            # per depth: eh_proj (2h x h, column-parallel) and enorm, hnorm, final norm; the
+            # output layer is shared; the embedding is built on the MTP rank too (GPTModel:
+            # pre_process or mtp_process)
+            h = model.hidden_size
+            dense += model.mtp_layers * (2 * h * h / tp + 3 * h)
+            if not first:
+                dense += model.embedding_params / tp
     return StageParams(dense, expert)
 
 
@@ -146,7 +169,7 @@ def _shapes(model: Model, tp: int, ep: int, etp: int, pp: int,
     s = Strategy(tp=tp, ep=ep, etp=etp, pp=pp, dp=ep * etp, gbs=ep * etp, vp=vp,
                  schedule="interleaved" if vp > 1 else "1f1b", pipeline_layout=layout)
     layers = stage_layers(model, s)
-    per_chunk = stage_chunks(s)
+    per_chunk = model_chunks(model, s)
     sigs: list[tuple] = []
     of_stage: list[int] = []
     for i, ls in enumerate(layers):

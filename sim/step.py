@@ -532,16 +532,28 @@ def overlap_window(t: Num, num_layers: int, vp: Num, pp: int) -> Num:
 
 
 def compose(stages: Sequence[StageTimes], *, m: Num, vp: Num, zero_bubble: Num, pp: int, zero: Num,
-            dp_overlap: bool, overlap_slowdown: float, pp_overlap: Num = False) -> StepTimes:
+            dp_overlap: bool, overlap_slowdown: float, pp_overlap: Num = False, flushes: int = 1) -> StepTimes:
     """Step time of ``stages`` (module docstring).  ``zero`` may be an array (ZeRO-3 traffic is
-    per micro-batch, inside ``F``/``B``; stages 0-2 reduce after the last backward)."""
+    per micro-batch, inside ``F``/``B``; stages 0-2 reduce after the last backward).
+
+    ``flushes``: pipeline schedules run back to back per step, each over ``m / flushes``
+    micro-batches with its own fill and drain (``Plan.pipeline_flushes``; NeMo Automodel's
+    benchmark and training loops call ``schedule.step`` once per gradient-accumulation step).
+    The next schedule's first forward on stage 0 waits for stage 0's last backward of the one
+    before, which ends the schedule, so the pipeline takes ``flushes`` times one schedule's
+    time; with ``pp == 1`` there is no fill or drain and nothing changes."""
     fb = [st.critical_path(vp, pp_overlap) for st in stages]
     chunked = pp > 1 and stages[0].chunk_fwd_s is not None and len(stages[0].chunk_fwd_s) > 1 \
         and not np.any(zero_bubble)
+    k = flushes if pp > 1 else 1
+    m_one = np.asarray(m) / k if k > 1 else m
     if chunked:  # a pipeline layout with interleaving: the schedule evaluated chunk by chunk
-        t_pipe, stage_end = chunked_pipeline(stages, m, vp, pp, pp_overlap)
+        t_pipe, stage_end = chunked_pipeline(stages, m_one, vp, pp, pp_overlap)
+        if k > 1:
+            stage_end = [e + (k - 1) * t_pipe for e in stage_end]
+            t_pipe = k * t_pipe
     else:
-        t_pipe = pipeline_time_s(stages, fb, m, vp, zero_bubble, pp)
+        t_pipe = k * pipeline_time_s(stages, fb, m_one, vp, zero_bubble, pp)
     sigma = overlap_slowdown
     z3 = np.asarray(zero) >= 3
     ends, exposed, slows, opts, offs = [], [], [], [], []

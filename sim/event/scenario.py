@@ -29,7 +29,7 @@ import numpy as np
 from sim.network import Network
 from sim.costs import LayerCost, StageCost, StepCosts
 from sim.errors import InputError
-from sim.event.schedules import Op, schedule_orders
+from sim.event.schedules import Op, flushed_orders
 from sim.event.whatif import WhatIf, apply_layers_per_stage
 from sim.placement import stage_block
 from sim.plan import Plan
@@ -135,7 +135,8 @@ class Scenario:
         self.param_gather = s.zero in (1, 2) or plan.bf16_optimizer_active
         self.dp_overlap = s.dp_overlap
         self.explicit = explicit
-        self.orders: list[list[Op]] = schedule_orders(s.schedule, self.p, self.m, self.v)
+        # one schedule per pipeline flush (Plan.pipeline_flushes), run back to back, micro-batches numbered on
+        self.orders: list[list[Op]] = flushed_orders(s.schedule, self.p, self.m, self.v, plan.pipeline_flushes)
         self.stage_size = s.tp * s.cp * s.dp
         moe = plan.model.moe is not None and s.ep > 1
         self.group_dp = (_replicas_per_expert_group(s) if moe else 1) if explicit else s.dp  # dp replicas per unit

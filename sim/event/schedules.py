@@ -57,3 +57,19 @@ def w_limit(p: int, stage: int, v: int) -> int:
 
 def schedule_orders(schedule: str, p: int, m: int, v: int) -> list[list[Op]]:
     return [stage_order(schedule, p, m, v, i) for i in range(p)]
+
+
+def flushed_orders(schedule: str, p: int, m: int, v: int, flushes: int = 1) -> list[list[Op]]:
+    """Each stage's passes when a step runs ``flushes`` schedules back to back, each over
+    ``m / flushes`` micro-batches with its own fill and drain (``Plan.pipeline_flushes``: NeMo
+    Automodel calls ``schedule.step`` once per gradient-accumulation step); micro-batches are
+    numbered on across the schedules.  Under zero-bubble the engine may run a schedule's deferred
+    ``W`` passes while the next one fills, which the closed form (``sim.step.compose``) does not."""
+    if flushes == 1 or p == 1:
+        return schedule_orders(schedule, p, m, v)
+    one = m // flushes
+    if one * flushes != m:
+        raise InfeasibleError("indivisible", "pipeline_flushes", flushes,
+                              f"{m} micro-batches do not split into {flushes} pipeline schedules")
+    orders = schedule_orders(schedule, p, one, v)
+    return [[(ph, mb + f * one, c) for f in range(flushes) for ph, mb, c in order] for order in orders]
