@@ -104,9 +104,11 @@ class Capabilities:
             return "dp_impl", s.dp_impl, f"not supported (data parallelism: {', '.join(self.dp_impls)})"
         if s.recompute_num_layers is not None and not self.partial_recompute:
             return "recompute_num_layers", s.recompute_num_layers, "not supported (no partial recomputation)"
-        if s.offload_num_layers is not None:
-            if not self.partial_offload:
-                return "offload_num_layers", s.offload_num_layers, "not supported (no partial activation offload)"
+        if s.offload_num_layers is not None and not self.partial_offload:
+            return "offload_num_layers", s.offload_num_layers, "not supported (no partial activation offload)"
+        if s.offload_activations and self.partial_offload:  # Megatron-Core's activation offload: N layers
+            if s.offload_num_layers is None:  # 'CPU offloading can be done only for layers less than num_layers'
+                return "offload", s.offload, "offloads the activations of N < num_layers layers: state offload_num_layers"
             if s.pp > 1:  # Megatron-Core: 'no support for Pipeline parallelism with CPU offloading'
                 return "offload_num_layers", s.offload_num_layers, "not supported with pipelining (pp > 1)"
             if s.recompute != "none":  # 'CPU offloading does not work when activation recomputation is enabled'
