@@ -107,3 +107,29 @@ def test_layer_cost_follows_recompute_and_cuda_graphs_through_the_memo():
     assert costs["none", True].fwd_s < costs["none", False].fwd_s  # no host floor per op in a graph
     assert costs["full", False].exposed_tp_bwd_s == pytest.approx(2 * costs["none", False].exposed_tp_bwd_s)
     assert [f.name for f in fields(costs["none", False])]  # a LayerCost
+
+
+def test_event_link_sharing_groups_match_the_plain_loop():
+    """``sim.event.resources``: the vectorised grouping of shared links and the distinct
+    demand columns equal the loop and ``np.unique(axis=1)`` they replace."""
+    import numpy as np
+
+    from sim.event.resources import _sharing_groups, _unique_columns
+
+    rng = np.random.default_rng(3)
+    for trial in range(30):
+        kinds = int(rng.integers(2, 40))
+        link = rng.integers(0, 200, size=600)
+        owner = rng.integers(0, kinds, size=600)
+        pairs = np.unique(np.stack([link, owner]), axis=1)  # one entry per (link, kind)
+        link, owner = pairs[0], pairs[1]
+        order = np.lexsort((owner, link))
+        link, owner = link[order], owner[order]
+        starts = np.flatnonzero(np.r_[True, link[1:] != link[:-1]])
+        ends = np.r_[starts[1:], len(link)]
+        multi = np.flatnonzero(ends - starts > 1)
+        fast = _sharing_groups(link, owner, starts, ends, multi, kinds)
+        slow = _sharing_groups(link, owner, starts, ends, multi, 100)  # > 62 kinds: the loop
+        assert [(g, ids.tolist()) for g, ids in fast] == [(g, ids.tolist()) for g, ids in slow]
+        dem = rng.choice([0.0, 0.25, 0.5, 1.0, 1 / 3], size=(int(rng.integers(1, 5)), int(rng.integers(1, 50))))
+        assert np.array_equal(_unique_columns(dem), np.unique(dem, axis=1))
