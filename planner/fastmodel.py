@@ -40,6 +40,7 @@ from sim.memory import (head_activation_bytes, inflight, layer_activations, laye
                         recompute_time_fraction, split_of, offloaded_activation_bytes, stage_memory,
                         fp8_weight_cache_of, gpus_sharing_a_host, within_host)
 from sim.network import Network
+from sim.ops import LayerOps
 from sim.offload import OffloadRates, host_spec, offload_constants, offload_rates
 from sim.plan import Plan
 from sim.runtime import default_comm_runtime, default_runtime, device_extra_bytes, nvls_buffers, state_layout
@@ -193,6 +194,7 @@ class FastModel:
         self._split_cache: dict[tuple, tuple] = {}
         self._reps: dict[tuple, Strategy] = {}
         self._dense: dict[tuple, list[float]] = {}
+        self._ops: dict[tuple, LayerOps] = {}
         if share is not None:  # the same step model (a narrower search of it): its network and cached pieces
             assert (share.model, share.cluster, share.gbs, share.seq_len, share.plan_kwargs, share.dp_overlap,
                     share.fp8_recipe) == (model, cluster, gbs, seq_len, self.plan_kwargs, dp_overlap, fp8_recipe)
@@ -200,6 +202,7 @@ class FastModel:
             self._net, self.eff = share.net, share.eff
             self._micro, self._coll, self._p2p, self._zaxis = share._micro, share._coll, share._p2p, share._zaxis
             self._split_cache, self._reps, self._dense = share._split_cache, share._reps, share._dense
+            self._ops = share._ops
 
     @property
     def net(self) -> Network:
@@ -252,8 +255,12 @@ class FastModel:
         plan = self.plan(s)
 
         def cost(moe: bool) -> LayerCost:
-            return layer_cost(plan, self.net, plan_layer_ops(plan, s, self.eff, moe=moe), self.eff,
-                              layer_params(model, s, moe=moe).total)
+            # a layer's ops do not depend on recomputation (sim.ops.layer_ops): one per other key
+            okey = (tp, cp, ep, etp, mbs, sp, precision, moe)
+            lops = self._ops.get(okey)
+            if lops is None:
+                lops = self._ops[okey] = plan_layer_ops(plan, s, self.eff, moe=moe)
+            return layer_cost(plan, self.net, lops, self.eff, layer_params(model, s, moe=moe).total)
 
         is_moe = model.moe is not None
         # a dense layer and the embedding/head do not involve the expert groups: one cost per

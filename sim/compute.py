@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from sim.catalog import catalog_document
 from sim.errors import InputError
@@ -325,10 +325,47 @@ def ops_time(gpu: Gpu, precision: str, ops: tuple[Op, ...], eff: KernelEfficienc
     """Summed (forward, backward) seconds of a sequence of ops executed back to back; under
     ``eager`` the memory-bound ops named in ``fused`` still run as one fused kernel each
     (``Plan.fused_ops``)."""
+    return sum_op_times(op_times(gpu, precision, tuple(ops), eff, eager=eager, fused=fused))
+
+
+def sum_op_times(times: Iterable[OpTime]) -> tuple[float, float]:
+    """(forward, backward) seconds of ``times`` summed in order (``ops_time``)."""
     f = b = 0.0
-    for op in ops:
-        t = op_time(gpu, precision, op, eff, eager=eager and op.name not in fused)
+    for t in times:
         f += t.fwd_s
         b += t.bwd_s
     assert math.isfinite(f) and math.isfinite(b)
     return f, b
+
+
+# op_times memo: {(id(eff), id(gpu)): (eff, gpu, {(ops, precision, eager): times})}.  The entry
+# holds eff and gpu so their ids cannot be reused by other objects while it exists; the table
+# is keyed by everything else op_time reads (every field of every op, precision, eager).
+# KernelEfficiency holds dicts (not hashable) and is frozen, so its identity stands for its
+# contents.  Bounded: a table is cleared past _MEMO_MAX entries, the whole memo past 64 tables.
+_MEMO: dict[tuple[int, int], tuple[KernelEfficiency, Gpu, dict[tuple, tuple[OpTime, ...]]]] = {}
+_MEMO_MAX = 50_000
+
+
+def op_times(gpu: Gpu, precision: str, ops: tuple[Op, ...], eff: KernelEfficiency, *,
+             eager: bool = False, fused: tuple[str, ...] = ()) -> tuple[OpTime, ...]:
+    """``op_time`` of every op of ``ops`` (under ``eager``, the ops named in ``fused`` run fused),
+    memoised per (gpu, eff) object and (ops, precision, eager, fused): a search prices the same
+    layer's ops for every recompute setting.  Ops with an
+    attention backward factor read from ``catalogs/conventions.yaml`` (not stated on the op)
+    are not memoised: the catalog may change between calls."""
+    entry = _MEMO.get((id(eff), id(gpu)))
+    if entry is None or entry[0] is not eff or entry[1] is not gpu:
+        if len(_MEMO) >= 64:
+            _MEMO.clear()
+        entry = _MEMO[(id(eff), id(gpu))] = (eff, gpu, {})
+    table = entry[2]
+    key = (ops, precision, eager, tuple(fused))
+    got = table.get(key)
+    if got is None:
+        got = tuple(op_time(gpu, precision, op, eff, eager=eager and op.name not in fused) for op in ops)
+        if all(op.kind != "attention" or op.backward_flops_per_forward is not None for op in ops):
+            if len(table) >= _MEMO_MAX:
+                table.clear()
+            table[key] = got
+    return got

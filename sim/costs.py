@@ -14,7 +14,8 @@ import math
 from dataclasses import dataclass, replace
 
 from sim.conventions import conventions
-from sim.compute import KernelEfficiency, default_efficiency, fp8_weight_cast_bytes_per_param, ops_time
+from sim.compute import (KernelEfficiency, default_efficiency, fp8_weight_cast_bytes_per_param, op_times, ops_time,
+                          sum_op_times)
 from sim.memory import layer_activations, offloaded_activation_bytes, recompute_time_fraction
 from sim.moe_routing import remote_destinations
 from sim.netefficiency import network_kwargs
@@ -167,18 +168,37 @@ SELECTIVE_OPS: dict[str, frozenset[str]] = {
 }
 
 
+_GRAPHED: dict[int, tuple[KernelEfficiency, KernelEfficiency]] = {}  # id(eff): (eff, eff without the host floor)
+
+
+def _graphed(eff: KernelEfficiency) -> KernelEfficiency:
+    """``eff`` without the host-side floor of an op (CUDA graphs), one object per ``eff`` (so
+    that ``sim.compute.op_times`` memoises its ops)."""
+    got = _GRAPHED.get(id(eff))
+    if got is None or got[0] is not eff:
+        if len(_GRAPHED) >= 16:
+            _GRAPHED.clear()
+        got = _GRAPHED[id(eff)] = (eff, replace(eff, host_op_floor_s=0.0))
+    return got[1]
+
+
 def layer_cost(plan: Plan, net: Network, lops: LayerOps, eff: KernelEfficiency, layer_params: float) -> LayerCost:
     s, gpu = plan.strategy, plan.cluster.gpu
     if s.cuda_graphs:
         # the layers' kernels replay from a captured CUDA graph (Megatron-Core / TE
         # make_graphed_callables): no per-op host dispatch, only the GPU-side launch cost
-        eff = replace(eff, host_op_floor_s=0.0)
+        eff = _graphed(eff)
     eager = plan.eager_elementwise
     # GPU work runs at the pace of the job's slowest GPU (sim.variability)
     slowest = eff.slowest_rank_factor(plan.cluster.num_gpus)
 
+    # every op timed once (memoised across plans: sim.compute.op_times), subsets summed in order
+    as_run = op_times(gpu, s.precision, lops.ops, eff, eager=eager, fused=plan.fused_ops)
+    plain = as_run if not eager else op_times(gpu, s.precision, lops.ops, eff)
+    by_op = {id(op): (t, u) for op, t, u in zip(lops.ops, as_run, plain)}
+
     def timed(ops: tuple, eager: bool = False) -> tuple[float, float]:
-        f, b = ops_time(gpu, s.precision, ops, eff, eager=eager, fused=plan.fused_ops)
+        f, b = sum_op_times(by_op[id(op)][0 if eager else 1] for op in ops)
         return slowest * f, slowest * b
 
     fwd, bwd = timed(lops.ops, eager)

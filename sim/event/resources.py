@@ -180,6 +180,42 @@ class Flow:
         return self.fixed_s + (self.bytes / self.rate if self.rate < math.inf else 0.0)
 
 
+def _sharing_groups(link: np.ndarray, owner: np.ndarray, starts: np.ndarray, ends: np.ndarray, multi: np.ndarray,
+                    num_kinds: int) -> list[tuple[tuple[int, ...], np.ndarray]]:
+    """The links used by more than one kind, grouped by the set of kinds using them: (kinds in
+    ascending order, link ids in ascending order), groups in order of their first link.
+    ``link``/``owner`` are sorted by (link, owner); ``starts``/``ends`` delimit each link's
+    entries and ``multi`` indexes the links with more than one."""
+    if num_kinds > 62 or not multi.size:  # the set of kinds as one int64 bit mask needs <= 62 kinds
+        groups: dict[tuple[int, ...], list[int]] = {}
+        owners, links = owner.tolist(), link.tolist()
+        for j in multi.tolist():
+            a, b = int(starts[j]), int(ends[j])
+            groups.setdefault(tuple(owners[a:b]), []).append(links[a])
+        return [(g, np.array(ids, dtype=np.int64)) for g, ids in groups.items()]
+    mask = np.bitwise_or.reduceat(np.left_shift(np.int64(1), owner.astype(np.int64)), starts)[multi]
+    first_links = link[starts[multi]]
+    _, first, inverse = np.unique(mask, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    members = np.split(first_links[np.argsort(inverse, kind="stable")], np.cumsum(np.bincount(inverse))[:-1])
+    out = []
+    for u in np.argsort(first, kind="stable").tolist():  # groups in order of their first link
+        m = int(mask[first[u]])
+        out.append((tuple(i for i in range(num_kinds) if m >> i & 1), members[u]))
+    return out
+
+
+def _unique_columns(dem: np.ndarray) -> np.ndarray:
+    """``np.unique(dem, axis=1)`` for a 2-D float array: its distinct columns in lexicographic
+    order (the first row first), by one lexsort instead of a structured-dtype sort."""
+    if dem.shape[1] <= 1:
+        return dem
+    order = np.lexsort(dem[::-1])
+    srt = dem[:, order]
+    keep = np.r_[True, np.any(srt[:, 1:] != srt[:, :-1], axis=0)]
+    return srt[:, keep]
+
+
 class FairShare:
     """Flows in ``env`` sharing ``table``'s links in proportion to demand (module docstring)."""
 
@@ -223,18 +259,13 @@ class FairShare:
             starts = np.flatnonzero(np.r_[True, link[1:] != link[:-1]])
             ends = np.r_[starts[1:], len(link)]
             multi = np.flatnonzero(ends - starts > 1)
-            groups: dict[tuple[int, ...], list[int]] = {}
-            owners, links = owner.tolist(), link.tolist()
-            for j in multi.tolist():
-                a, b = int(starts[j]), int(ends[j])
-                groups.setdefault(tuple(owners[a:b]), []).append(links[a])
+            groups = _sharing_groups(link, owner, starts, ends, multi, len(self.kinds))
             # One column per distinct demand pattern of a set of sharing kinds: links whose
             # every kind puts the same fraction of capacity on them are one constraint.
-            for group, id_list in groups.items():
-                ids = np.array(id_list, dtype=np.int64)
+            for group, ids in groups:
                 dem = np.stack([self.kinds[a].loads[np.searchsorted(self.kinds[a].ids, ids)]
                                 * self.kinds[a].alone_rate for a in group])
-                dem = np.unique(dem / self.table.cap[ids], axis=1)
+                dem = _unique_columns(dem / self.table.cap[ids])
                 n = dem.shape[1]
                 for j, a in enumerate(group):
                     cols[a].append(np.arange(ncol, ncol + n))
