@@ -73,6 +73,19 @@ def test_memo_keyed_by_precision_eager_gpu_and_efficiency():
     assert ops_time(GPU.gpu, "bf16", ops, more_overhead) != base
 
 
+def test_memo_keyed_by_the_fused_ops():
+    """Under eager execution, naming an op fused (Plan.fused_ops) changes its time: the memo
+    keeps the two apart."""
+    p = _moe_plan()
+    eff = default_efficiency()
+    ops = plan_layer_ops(p, p.strategy, eff, moe=True).ops
+    names = tuple(sorted({op.name for op in ops}))
+    eager = ops_time(GPU.gpu, "bf16", ops, eff, eager=True)
+    fused = ops_time(GPU.gpu, "bf16", ops, eff, eager=True, fused=names)
+    assert fused == ops_time(GPU.gpu, "bf16", ops, eff, eager=False) != eager
+    assert ops_time(GPU.gpu, "bf16", ops, eff, eager=True) == eager  # the eager entry is still its own
+
+
 def test_memo_bounded():
     eff = replace(default_efficiency(), kernel_overhead_s=1.234e-6)
     ops = plan_layer_ops(_moe_plan(), _moe_plan().strategy, eff, moe=False).ops
