@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from sim.units import GIB, fmt_s
+from sim.base.units import GIB, fmt_s
 
 
 # Step-time parts in the order a reader expects them (compute first, idle last).

@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 
 from appkit.charts import BREAKDOWN_PARTS, breakdown_parts
 from appkit.present import mfu_pct, precision_text, strategy_of
-from sim.units import GIB
+from sim.base.units import GIB
 
 MAX_DESIGNS = 3
 

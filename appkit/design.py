@@ -1,7 +1,7 @@
 """A cluster design as the app's user states it, and how it becomes the core's specs.
 
 A ``Design`` holds exactly what the sidebar shows: ``None`` means "the GPU's usual server"
-(the same defaults as the CLI's cluster flags, built by ``planner.inputs.cluster_from_args``
+(the same defaults as the CLI's cluster flags, built by ``planner.commands.inputs.cluster_from_args``
 so the app and ``planner simulate`` never disagree).  Bad input raises ``InputError``;
 ``widget_for_error`` says next to which widget the message belongs.
 """
@@ -15,11 +15,11 @@ from pathlib import PurePath
 
 import yaml
 
-from sim.clusters import cluster_from_catalog
-from sim.conventions import conventions
-from sim.errors import InfeasibleError, InputError
-from sim.modelio import MAX_FILE_BYTES, model_from_dict
-from sim.specs import DEFAULT_SEQ_LEN, TRAIN_PRECISIONS, Cluster, Model
+from sim.net.clusters import cluster_from_catalog
+from sim.data.conventions import conventions
+from sim.base.errors import InfeasibleError, InputError
+from sim.data.modelio import MAX_FILE_BYTES, model_from_dict
+from sim.data.specs import DEFAULT_SEQ_LEN, TRAIN_PRECISIONS, Cluster, Model
 
 """Token budget when none is given: ~20 tokens per parameter (Hoffmann et al. 2022, Chinchilla,
 Table 3: compute-optimal training).  Only a default; users set their own budget."""
@@ -52,7 +52,7 @@ class Design:
     plans one framework profile runs (``--framework``); ``None`` is the recommender's default.
     ``memory_headroom`` is the fraction of GPU memory (device level, as ``nvidia-smi``) a plan
     keeps free (``--memory-headroom``); ``None`` is the memory model's measured error
-    (``planner.uncertainty.memory_headroom``).
+    (``planner.fitting.uncertainty.memory_headroom``).
     """
 
     model: Model
@@ -134,7 +134,7 @@ def _int_field(name: str, value: object, *, limit: int = 1 << 30) -> None:
 
 
 def cluster_of(design: Design) -> Cluster:
-    """The ``Cluster`` of a design, with the CLI's defaults (``sim.clusters.cluster_from_catalog``)."""
+    """The ``Cluster`` of a design, with the CLI's defaults (``sim.net.clusters.cluster_from_catalog``)."""
     return cluster_from_catalog(design.gpu, design.num_gpus, gpus_per_node=design.gpus_per_node,
                                 nvlink_domain=design.nvlink_domain, nic=design.nic,
                                 nics_per_node=design.nics_per_node, topology=design.topology,
@@ -144,10 +144,10 @@ def cluster_of(design: Design) -> Cluster:
 
 def model_from_upload(file_name: str, data: bytes) -> Model:
     """Parse an uploaded model file in memory: a Hugging Face ``config.json`` or the project's
-    YAML/JSON model schema (``sim.modelio``).
+    YAML/JSON model schema (``sim.data.modelio``).
 
     Raises ``InputError('model', file_name, ...)`` for an oversized, binary, non-UTF-8 or
-    unparsable file; malformed content raises ``sim.modelio``'s errors (``model.<key>``).
+    unparsable file; malformed content raises ``sim.data.modelio``'s errors (``model.<key>``).
     """
     name = PurePath(str(file_name or "model")).name or "model"
     suffix = PurePath(name).suffix.lower().lstrip(".")

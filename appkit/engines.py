@@ -16,14 +16,14 @@ from typing import Any, Callable, Mapping
 
 from planner.economics.tco import TcoOptions, compute_tco
 from planner.exports import FORMATS, LaunchSpec, job_name, render
-from planner.recommend import Settings, recommend as planner_recommend
-from planner.search import SearchSpace
-from sim.conventions import default_global_batch
-from sim.errors import InputError
-from sim.plan import Plan
-from sim.run import RunChoices
-from sim.simulate import simulate
-from sim.specs import Cluster, Model
+from planner.plans.recommend import Settings, recommend as planner_recommend
+from planner.plans.search import SearchSpace
+from sim.data.conventions import default_global_batch
+from sim.base.errors import InputError
+from sim.cost.plan import Plan
+from sim.engines.run import RunChoices
+from sim.engines.simulate import simulate
+from sim.data.specs import Cluster, Model
 
 
 # --------------------------------------------------------------------------- recommender
@@ -42,7 +42,7 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int | None, seq_len: int, 
     search then holds only plans it runs); ``memory_headroom`` the fraction of GPU memory a plan
     keeps free (``--memory-headroom``; ``None``: the memory model's measured error);
     ``progress`` is called with each phase's name as it starts.  The search space is the one
-    ``planner recommend`` builds from these flags (``planner.cmd_recommend.space_from_args``)."""
+    ``planner recommend`` builds from these flags (``planner.commands.cmd_recommend.space_from_args``)."""
     space = SearchSpace(precision=tuple(precisions) if precisions is not None else None)
     res = planner_recommend(model, cluster, gbs=gbs if gbs is not None else default_global_batch(seq_len), seq_len=seq_len,
                             top=top, rerank=None if rerank else 0, space=space,

@@ -15,11 +15,11 @@ from typing import Any, Callable, Mapping
 from planner.report import priced, simulate_command
 from appkit import engines
 from appkit.design import Design, cluster_of
-from sim.errors import InputError
-from sim.plan import Plan, parse_strategy
-from sim.run import Run, RunChoices, resolve
-from sim.simulate import simulate_run
-from sim.specs import Cluster, Strategy
+from sim.base.errors import InputError
+from sim.cost.plan import Plan, parse_strategy
+from sim.engines.run import Run, RunChoices, resolve
+from sim.engines.simulate import simulate_run
+from sim.data.specs import Cluster, Strategy
 
 DEFAULT_TOP = 5
 
@@ -63,7 +63,7 @@ def fixed_strategy(design: Design, cluster: Cluster) -> Strategy:
 
 
 def run_of(design: Design, cluster: Cluster, strategy: str, framework: str | None = None) -> Run:
-    """The resolved run of a STRATEGY string on the design (``sim.run.resolve``, as ``planner
+    """The resolved run of a STRATEGY string on the design (``sim.engines.run.resolve``, as ``planner
     simulate`` resolves it): ``framework`` None picks the first default profile that runs it."""
     return resolve(design.model, cluster, strategy, RunChoices(framework=framework), seq_len=design.seq_len)
 
@@ -205,7 +205,7 @@ def cli_command(ev: Evaluation, plan: Mapping[str, Any], *, catalog_model: bool)
     """The ``planner simulate`` command line that reproduces ``plan`` exactly: every cluster
     default spelled out (``cluster_flags``), the plan's STRATEGY string (its precision
     included), the engine that timed it (``event`` for the plans the recommender re-ranked,
-    else ``analytic``) and the plan's framework (``Run.flags``: its run, ``sim.run.resolve``,
+    else ``analytic``) and the plan's framework (``Run.flags``: its run, ``sim.engines.run.resolve``,
     is the one the app priced, fp8 recipe included)."""
     d = ev.design
     run = run_of(d, ev.cluster, str(plan["strategy"]), plan.get("framework"))

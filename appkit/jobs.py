@@ -1,7 +1,7 @@
 """Long computations (the recommender's search) run in a background thread, stage by stage.
 
 The page asks for a design's recommendation with ``JobStore.start``; the search runs in a
-daemon thread and reports its stages through the ``progress`` callback ``planner.recommend``
+daemon thread and reports its stages through the ``progress`` callback ``planner.plans.recommend``
 calls at each phase (search, rank and verify, event re-ranking, explanation).  The page polls
 ``Job.stages`` to draw progress and takes ``Job.result`` when it is done.  A Streamlit rerun (the
 user edits an input while the search runs) interrupts the page, not the search: the next run
@@ -21,7 +21,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from sim.errors import InputError
+from sim.base.errors import InputError
 
 _log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ import math
 import zlib
 from typing import Any, Mapping
 
-from sim.errors import InputError
+from sim.base.errors import InputError
 
 MAX_LINK_MODEL_CHARS = 8000  # longer addresses are cut by some mail clients and proxies
 MAX_MODEL_BYTES = 1 << 20  # a decoded model file larger than this is not a model file

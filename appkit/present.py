@@ -3,8 +3,8 @@
 
 The app tells the story the CLI tells (``planner recommend``'s text output): plans numbered by
 the recommender's rank (the user's fixed strategy is "yours", not #1), the same "bound by"
-sentence (``planner.explain.bound_line``), and bands read from the plan
-(``step_time_s_low`` / ``_high``, ``planner.uncertainty``).  Nothing here simulates.
+sentence (``planner.plans.explain.bound_line``), and bands read from the plan
+(``step_time_s_low`` / ``_high``, ``planner.fitting.uncertainty``).  Nothing here simulates.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Sequence
 
 from appkit.charts import fmt_s
-from planner.explain import bound_line
-from sim.errors import InputError
-from sim.plan import parse_strategy
-from sim.specs import Cluster, Strategy
-from sim.units import GIB
+from planner.plans.explain import bound_line
+from sim.base.errors import InputError
+from sim.cost.plan import parse_strategy
+from sim.data.specs import Cluster, Strategy
+from sim.base.units import GIB
 
 MEMORY_COLUMN = "peak memory (GiB, device)"
 
@@ -93,7 +93,7 @@ def scaled_band(value: float, plan: Mapping[str, Any], figures: Mapping[str, Any
 
 def model_step(plan: Mapping[str, Any]) -> dict[str, Any]:
     """The plan as the model timed it: ``model_step_time_s`` and the breakdown without the
-    calibration term (``planner.uncertainty.headline`` adds the bias of published runs like it
+    calibration term (``planner.fitting.uncertainty.headline`` adds the bias of published runs like it
     to ``overhead_s`` and shows it as ``calibration_s``; it is not a mechanism of the step)."""
     bd = dict(plan.get("breakdown") or {})
     if "model_step_time_s" not in plan or "calibration_s" not in bd:
@@ -104,7 +104,7 @@ def model_step(plan: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def verdict(plan: Mapping[str, Any]) -> str:
-    """The one sentence on what bounds the plan (``planner.explain.bound_line`` of the model's
+    """The one sentence on what bounds the plan (``planner.plans.explain.bound_line`` of the model's
     step, as the CLI's "why #1" writes it), with memory first when the plan does not fit."""
     line = bound_line(model_step(plan))
     if not plan.get("fits_memory", True):
@@ -164,7 +164,7 @@ def plans_table(plans: Sequence[Mapping[str, Any]], cluster: Cluster, seq_len: i
 
 def cluster_summary(cluster: Cluster) -> str:
     """The cluster as what it is: NVLink domains for SXM parts, the PCIe server for cards
-    (``sim.hostspecs.Server``: sockets, switches, peer-to-peer mode, bridges)."""
+    (``sim.data.hostspecs.Server``: sockets, switches, peer-to-peer mode, bridges)."""
     c = cluster
     nodes = c.num_gpus // c.gpus_per_node
     head = f"{nodes:,} node{'s' if nodes != 1 else ''} x {c.gpus_per_node} {c.gpu.id}"

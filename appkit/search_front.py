@@ -13,7 +13,7 @@ from typing import Any
 import streamlit as st
 
 from planner.economics.search_report import best_designs, front_figure, read_trials_csv
-from sim.errors import InputError
+from sim.base.errors import InputError
 
 
 def load_front(source: str | Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -20,11 +20,11 @@ import streamlit as st
 
 from appkit.design import Design, error_text, model_from_upload
 from appkit.links import decode_upload, encode_upload
-from planner.uncertainty import memory_headroom
-from sim.conventions import conventions
-from sim.errors import InputError
-from sim.specs import DEFAULT_SEQ_LEN, TOPOLOGIES
-from sim.units import GIB
+from planner.fitting.uncertainty import memory_headroom
+from sim.data.conventions import conventions
+from sim.base.errors import InputError
+from sim.data.specs import DEFAULT_SEQ_LEN, TOPOLOGIES
+from sim.base.units import GIB
 
 AUTO = "auto"
 BIND = "query-params"

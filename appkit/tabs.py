@@ -20,8 +20,8 @@ from appkit.evaluate import Evaluation, cli_command, plan_of, recommend_command,
 from appkit.topoview import summarize_topology, topology_figure
 from appkit.view import catalog, md
 from planner.exports import FORMAT_FRAMEWORK, FORMATS
-from sim.errors import InputError
-from sim.topology import build_topology, topology_metrics
+from sim.base.errors import InputError
+from sim.net.topology import build_topology, topology_metrics
 
 
 @st.cache_data(show_spinner=False, max_entries=16)

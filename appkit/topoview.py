@@ -1,4 +1,4 @@
-"""A readable picture of a cluster fabric, from the networkx graph of ``sim.topology``.
+"""A readable picture of a cluster fabric, from the networkx graph of ``sim.net.topology``.
 
 A 1024-GPU fat-tree is ~2,200 graph nodes; nobody reads that.  ``summarize_topology`` folds
 the graph into at most ``max_boxes`` boxes per tier (GPUs, NVLink switches, NICs, grid
@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
-from sim.fabric import level_name
+from sim.net.fabric import level_name
 
 TIER_COLORS = {"scale-up": "#2ca02c", "host": "#8c8c8c", "scale-out": "#1f77b4"}
 KIND_COLORS = {"gpu": "#76b900", "nvswitch": "#2ca02c", "nic": "#9467bd", "router": "#ff7f0e",
                "switch": "#1f77b4", "host": "#8c8c8c"}
-HOST_KINDS = ("pcie-switch", "root", "dram")  # the inside of a PCIe server (sim.server)
+HOST_KINDS = ("pcie-switch", "root", "dram")  # the inside of a PCIe server (sim.net.server)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -72,7 +72,7 @@ def _range(lo: int, hi: int) -> str:
 
 
 def summarize_topology(graph: nx.Graph, *, max_boxes: int = 12) -> TopoSummary:
-    """Fold ``graph`` (from ``sim.topology.build_topology``) into at most ``max_boxes`` boxes
+    """Fold ``graph`` (from ``sim.net.topology.build_topology``) into at most ``max_boxes`` boxes
     per tier (see the module docstring)."""
     if max_boxes < 1:
         raise ValueError("max_boxes must be >= 1")

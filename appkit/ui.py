@@ -29,8 +29,8 @@ from appkit.links import ignored_values
 from appkit.sidebar import BOUND, design_from, sidebar, widget_values
 from appkit.tabs import compare_tab, handoff_tab, plans_tab, timeline_tab, topology_tab
 from appkit.view import cached_economics, catalog, headline, md
-from sim.errors import InputError
-from sim.specs import Cluster
+from sim.base.errors import InputError
+from sim.data.specs import Cluster
 
 _log = logging.getLogger(__name__)
 TABS = ("Plans", "Timeline", "Topology", "Compare", "Hand-off")

@@ -12,9 +12,9 @@ from appkit import charts, present
 from appkit.design import Design
 from appkit.evaluate import economics_of
 from planner.report import mfu_text
-from sim.catalog import list_gpus, list_links, list_models, list_server_designs
-from sim.framework import list_frameworks
-from sim.units import GIB
+from sim.data.catalog import list_gpus, list_links, list_models, list_server_designs
+from sim.cost.framework import list_frameworks
+from sim.base.units import GIB
 
 
 

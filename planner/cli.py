@@ -6,14 +6,15 @@ import argparse
 import sys
 from typing import Sequence
 
-from sim.errors import InputError
-from sim.jsonout import print_json
-from sim.outpaths import check_file
-from sim.plan import MOE_DISPATCHERS, SELECTIVE_POLICIES
-from sim.units import GIB, fmt_s
+from sim.base.errors import InputError
+from sim.base.jsonout import print_json
+from sim.base.outpaths import check_file
+from sim.cost.plan import MOE_DISPATCHERS, SELECTIVE_POLICIES
+from sim.base.units import GIB, fmt_s
 
-from planner import cmd_check, cmd_economics, cmd_import, cmd_recommend, cmd_validate, progress
-from planner.argcheck import check_model_flags, check_not_empty, typed_message
+from planner import progress
+from planner.commands import cmd_check, cmd_economics, cmd_import, cmd_recommend, cmd_validate
+from planner.commands.argcheck import check_model_flags, check_not_empty, typed_message
 
 EXIT_BAD_INPUT = 2
 
@@ -122,11 +123,11 @@ def print_step_summary(out: dict, *, model: str, gpu: str, num_gpus: int) -> Non
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from planner.cmd_import import apply_recipe
-    from planner.inputs import cluster_from_args, model_from_args, seq_len_from_args
+    from planner.commands.cmd_import import apply_recipe
+    from planner.commands.inputs import cluster_from_args, model_from_args, seq_len_from_args
     from planner.report import priced, run_choices
-    from sim.run import resolve
-    from sim.simulate import simulate_run
+    from sim.engines.run import resolve
+    from sim.engines.simulate import simulate_run
 
     imported = apply_recipe(args, command="simulate")  # --recipe: the flags it states
     model = model_from_args(args)
@@ -156,10 +157,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def _engine_for(args: argparse.Namespace, plan, whatif) -> tuple[str, str | None]:
     """``--engine``, else the event engine unless the step is beyond what it schedules in about a
-    minute (``sim.limits.EVENT_MAX_PIECES``) and nothing asked for it (what-ifs, a trace,
+    minute (``sim.base.limits.EVENT_MAX_PIECES``) and nothing asked for it (what-ifs, a trace,
     explicit ranks): then the analytic engine, with a warning saying so."""
-    from sim.event.scenario import event_pieces
-    from sim.limits import EVENT_MAX_PIECES
+    from sim.engines.event.scenario import event_pieces
+    from sim.base.limits import EVENT_MAX_PIECES
 
     if args.engine is not None:
         return args.engine, None
@@ -172,7 +173,7 @@ def _engine_for(args: argparse.Namespace, plan, whatif) -> tuple[str, str | None
 
 
 def _whatif_from_args(args: argparse.Namespace) -> "object | None":
-    from sim.event.whatif import WhatIf, parse_layers_per_stage, parse_slow_link, parse_straggler
+    from sim.engines.event.whatif import WhatIf, parse_layers_per_stage, parse_slow_link, parse_straggler
 
     if not (args.straggler or args.slow_link or args.layers_per_stage is not None):
         return None
@@ -186,13 +187,13 @@ def _framework_records() -> list[dict]:
     """Framework profiles (catalogs/frameworks.yaml) as ``planner catalog`` lists them."""
     from dataclasses import asdict
 
-    from sim.framework import list_frameworks
+    from sim.cost.framework import list_frameworks
 
     return [{**asdict(fw), "aliases": list(fw.aliases)} for fw in list_frameworks()]
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:
-    from sim.catalog import catalog_records
+    from sim.data.catalog import catalog_records
 
     kinds = ("gpus", "links", "models", "frameworks", "hosts", "servers") if args.kind == "all" else (args.kind,)
     data = {k: (_framework_records() if k == "frameworks" else catalog_records(k)) for k in kinds}
@@ -209,8 +210,8 @@ def cmd_catalog(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from planner.inputs import add_cluster_args, add_model_args
-    from planner.ps_args import add_ps_args
+    from planner.commands.inputs import add_cluster_args, add_model_args
+    from planner.commands.ps_args import add_ps_args
 
     parser = _Parser(prog="planner", description="Cluster design planner and simulator for large-model training")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
@@ -278,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_not_empty(args, argv)
         with progress.reporting(f"planner {args.command}"):  # long work reports on stderr
             return int(args.func(args) or 0)
-    except InputError as exc:  # named by the flag the user typed (planner.argcheck)
+    except InputError as exc:  # named by the flag the user typed (planner.commands.argcheck)
         text = typed_message(exc, argv, getattr(args, "flag_names", None))
         print(f"error: {one_line(text)}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -1,9 +1,9 @@
 """What every entry point reports for a priced run: the same JSON and the same words.
 
 ``run_choices`` reads the run flags (``--framework``, ``--calibration``, ``--attention``,
-``--recompute-policy``, ``--moe-*``) into ``sim.run.RunChoices``; ``priced`` turns a resolved
+``--recompute-policy``, ``--moe-*``) into ``sim.engines.run.RunChoices``; ``priced`` turns a resolved
 run and its ``StepResult`` into the JSON ``planner simulate --json`` prints (the number to plan
-with and its band from ``planner.uncertainty``, the framework that runs it, the run's notes),
+with and its band from ``planner.fitting.uncertainty``, the framework that runs it, the run's notes),
 which ``planner tco``, ``planner recommend`` and the app report too; ``mfu_text`` says MFU the
 one way the text outputs say it; ``simulate_command`` is the ``planner simulate`` line that
 reproduces a run.
@@ -15,12 +15,12 @@ import argparse
 import shlex
 from typing import Mapping, Sequence
 
-from sim.result import StepResult
-from sim.run import Run, RunChoices
+from sim.engines.result import StepResult
+from sim.engines.run import Run, RunChoices
 
-from planner.explain import bound
-from planner.ps_args import ps_from_args
-from planner.uncertainty import above_published_note, band_for, headline
+from planner.plans.explain import bound
+from planner.commands.ps_args import ps_from_args
+from planner.fitting.uncertainty import above_published_note, band_for, headline
 
 
 def run_choices(args: argparse.Namespace, *, framework: str | None = None) -> RunChoices:
@@ -38,7 +38,7 @@ def priced(run: Run, result: StepResult) -> dict[str, object]:
     """The JSON of a priced run (docs/interface.md ``planner simulate``): the step result with
     the calibrated estimate as ``step_time_s`` inside its band, the model's own step as
     ``model_step_time_s``, the framework profile that runs it, the one verdict on what bounds
-    it (``bound_by``, ``planner.explain.bound``: the verdict ``recommend`` explains), and one
+    it (``bound_by``, ``planner.plans.explain.bound``: the verdict ``recommend`` explains), and one
     warning each for the run's notes and an MFU above every published run like it."""
     plan, cluster = run.plan, run.plan.cluster
     cal = run.calibration.id if run.calibration is not None else None

@@ -40,7 +40,7 @@ CHANGES = [  # (widget key, value) applied one after another to GPT-3 175B on 10
 def bench_evaluate(rerank: bool) -> list[tuple[str, float]]:
     from appkit.design import Design
     from appkit.evaluate import evaluate
-    from sim.catalog import get_model
+    from sim.data.catalog import get_model
 
     base = dict(model=get_model("gpt3-175b"), model_ref="gpt3-175b", gpu="a100-80gb", num_gpus=1024, rerank=rerank)
     evaluate(Design(**base))  # imports, catalog and numpy warm-up

@@ -20,13 +20,13 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from sim.catalog import get_gpu, get_nic  # noqa: E402
-from sim.network import Network  # noqa: E402
-from sim.costs import step_costs  # noqa: E402
-from sim.event.engine import simulate_event  # noqa: E402
-from sim.models import load_model  # noqa: E402
-from sim.plan import Plan, parse_strategy  # noqa: E402
-from sim.specs import Cluster  # noqa: E402
+from sim.data.catalog import get_gpu, get_nic  # noqa: E402
+from sim.net.network import Network  # noqa: E402
+from sim.cost.costs import step_costs  # noqa: E402
+from sim.engines.event.engine import simulate_event  # noqa: E402
+from sim.data.models import load_model  # noqa: E402
+from sim.cost.plan import Plan, parse_strategy  # noqa: E402
+from sim.data.specs import Cluster  # noqa: E402
 
 CASES = [
     ("gpt3-175b 4096 GPUs pp=16 vp=3 m=128 (symmetric)", "gpt3-175b", "a100-80gb", 4096,

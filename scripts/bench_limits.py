@@ -1,4 +1,4 @@
-"""Wall time of each command at the limits of ``sim.limits`` (docs/interface.md "Limits").
+"""Wall time of each command at the limits of ``sim.base.limits`` (docs/interface.md "Limits").
 
 Every command must answer within about a minute on a 2-core machine for inputs inside the
 limits (or report its progress), and refuse what lies beyond them at once.  Each case runs the

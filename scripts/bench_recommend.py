@@ -22,12 +22,12 @@ import time
 
 import numpy as np
 
-from planner.recommend import recommend
-from planner.search import SearchSpace, search
-from sim.analytic import simulate_analytic
-from sim.catalog import get_model
-from sim.clusters import cluster_from_catalog
-from sim.specs import Cluster
+from planner.plans.recommend import recommend
+from planner.plans.search import SearchSpace, search
+from sim.engines.analytic import simulate_analytic
+from sim.data.catalog import get_model
+from sim.net.clusters import cluster_from_catalog
+from sim.data.specs import Cluster
 
 CASES = [
     # name, model, gpu, num_gpus, gbs, seq_len[, cluster_from_catalog keywords]
@@ -55,7 +55,7 @@ def _cpu_s() -> float:
 def bench_case(name: str, model_id: str, gpu: str, n: int, gbs: int, seq: int,
                cluster_kw: dict[str, object] | None = None) -> dict[str, object]:
     model, cl = get_model(model_id), cluster(gpu, n, **(cluster_kw or {}))
-    # recommend first: the process-wide memos (sim.compute.op_times) start cold, as in a command
+    # recommend first: the process-wide memos (sim.layers.compute.op_times) start cold, as in a command
     t0, c0 = time.perf_counter(), _cpu_s()
     rec = recommend(model, cl, gbs=gbs, seq_len=seq, space=SearchSpace())
     wall, cpu = time.perf_counter() - t0, _cpu_s() - c0

@@ -26,9 +26,9 @@ from planner.economics.goodput import goodput_report  # noqa: E402
 from planner.economics.scheduler import POLICIES, ClusterSpec, simulate_schedule  # noqa: E402
 from planner.economics.sweep import SweepOptions, design_grid, run_sweep  # noqa: E402
 from planner.economics.traces import generate_jobs  # noqa: E402
-from sim.catalog import get_gpu, get_nic  # noqa: E402
-from sim.models import load_model  # noqa: E402
-from sim.specs import Cluster  # noqa: E402
+from sim.data.catalog import get_gpu, get_nic  # noqa: E402
+from sim.data.models import load_model  # noqa: E402
+from sim.data.specs import Cluster  # noqa: E402
 
 
 def bench_sweep(use_ray: bool, quick: bool) -> None:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fit the hardware-efficiency constants of catalogs/efficiency.yaml (``planner.fit``).
+"""Fit the hardware-efficiency constants of catalogs/efficiency.yaml (``planner.fitting.fit``).
 
 Inputs: NCCL bus-bandwidth curves and Korthikanti et al. 2022 Table 4 (the ``microbenchmarks``
 section of catalogs/reference/published_runs.yaml), the kernel microbenchmarks of
@@ -23,7 +23,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from planner.fit import FIT_SOURCES, fit_all  # noqa: E402
+from planner.fitting.fit import FIT_SOURCES, fit_all  # noqa: E402
 
 MARKER = "# --- fitted by scripts/fit_efficiency.py; do not edit by hand ---\n"
 

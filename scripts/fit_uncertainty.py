@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fit catalogs/uncertainty.yaml (``planner.uncertainty``) from the leave-one-source-out
+"""Fit catalogs/uncertainty.yaml (``planner.fitting.uncertainty``) from the leave-one-source-out
 comparisons of the development set (``planner check-published --loso``): the calibrated
 step-time bias and 80% band per class, their measured leave-one-source-out coverage, the
 default memory headroom and the best published MFU per GPU architecture and precision.
@@ -22,11 +22,11 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from planner.published import compare_all  # noqa: E402
-from planner.uncertainty import MIN_RUNS, MIN_SOURCES, fit_document  # noqa: E402
+from planner.fitting.published import compare_all  # noqa: E402
+from planner.fitting.uncertainty import MIN_RUNS, MIN_SOURCES, fit_document  # noqa: E402
 
 HEADER = f"""\
-# Calibrated step-time estimate and 80% band (planner/uncertainty.py), from the leave-one-source-
+# Calibrated step-time estimate and 80% band (planner/fitting/uncertainty.py), from the leave-one-source-
 # out predictions of the development set (catalogs/reference/).  centers: the model's bias
 # (median published/predicted - 1) per GPU architecture/framework family, architecture, all;
 # spreads: 10th/90th percentiles of the out-of-source deviations per GPU architecture, all.

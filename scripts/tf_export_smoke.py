@@ -15,7 +15,7 @@ For a tiny dense model (2 layers, hidden 64, GQA, SwiGLU) it exports and runs:
    collectives), ``bytes_per_pack`` > 0;
 4. ``ParameterServerStrategy``: a chief, 2 workers and 2 PS tasks on localhost, asynchronous;
 
-and checks that the Keras model creates the variables ``sim.parameter_server.keras_variables``
+and checks that the Keras model creates the variables ``sim.engines.parameter_server.keras_variables``
 lists, in that order (what the PS sharding model assumes).  Exit status 0 when all pass.
 """
 
@@ -33,10 +33,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from planner.exports import LaunchSpec, write  # noqa: E402
-from sim.modelio import model_from_dict  # noqa: E402
-from sim.parameter_server import keras_variables  # noqa: E402
-from sim.plan import parse_strategy  # noqa: E402
-from sim.psspecs import ParameterServers  # noqa: E402
+from sim.data.modelio import model_from_dict  # noqa: E402
+from sim.engines.parameter_server import keras_variables  # noqa: E402
+from sim.cost.plan import parse_strategy  # noqa: E402
+from sim.data.psspecs import ParameterServers  # noqa: E402
 
 TINY = {"name": "tiny", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_kv_heads": 2,
         "ffn_hidden_size": 128, "ffn_type": "swiglu", "vocab_size": 256}
@@ -121,7 +121,7 @@ def main() -> int:
             failed += 1
             print(out[-3000:])
     ok, why = check_variables(args.tf_python, root / "mirrored", model)
-    print(f"{'variables':<18} {'match' if ok else 'DIFFER'} sim.parameter_server.keras_variables" + ("" if ok else f": {why}"))
+    print(f"{'variables':<18} {'match' if ok else 'DIFFER'} sim.engines.parameter_server.keras_variables" + ("" if ok else f": {why}"))
     return 1 if failed or not ok else 0
 
 

@@ -1,12 +1,12 @@
 """Shared test helpers.  ``cluster`` builds catalog clusters with the defaults every entry point
-uses (``sim.clusters.cluster_from_catalog``); tests import it (``from tests.conftest import cluster``)."""
+uses (``sim.net.clusters.cluster_from_catalog``); tests import it (``from tests.conftest import cluster``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from sim.clusters import cluster_from_catalog
-from sim.specs import Cluster
+from sim.net.clusters import cluster_from_catalog
+from sim.data.specs import Cluster
 
 
 def cluster(gpu: str = "a100-80gb", n: int = 8, *, gpn: int | None = None, domain: int | None = None,
@@ -23,6 +23,6 @@ def cluster(gpu: str = "a100-80gb", n: int = 8, *, gpn: int | None = None, domai
 def loso_rows():
     """(rows, skipped) of ``planner check-published --loso``: computed once per test session
     (each fit source is refitted without its data; tens of seconds) for every test that reads it."""
-    from planner.published import compare_all
+    from planner.fitting.published import compare_all
 
     return compare_all(loso=True, with_skipped=True)

@@ -22,9 +22,9 @@ from appkit import charts, compare, engines, present
 from appkit.design import WIDGETS, Design, cluster_of, model_from_upload, widget_for_error
 from appkit.evaluate import cli_command, evaluate, result_document, simulate_strategy
 from appkit.topoview import summarize_topology, topology_figure
-from sim.catalog import get_model
-from sim.errors import InfeasibleError, InputError
-from sim.topology import build_topology
+from sim.data.catalog import get_model
+from sim.base.errors import InfeasibleError, InputError
+from sim.net.topology import build_topology
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = str(ROOT / "app.py")
@@ -353,7 +353,7 @@ def test_every_error_target_is_a_sidebar_widget():
 
 
 def test_model_from_upload_matches_load_model():
-    from sim.models import load_model
+    from sim.data.models import load_model
 
     for fname in ("hf_llama3_8b_config.json", "hf_mixtral_8x7b_config.json", "gpt_22b.yaml"):
         up = model_from_upload(fname, (DATA / fname).read_bytes())

@@ -21,8 +21,8 @@ from appkit.evaluate import evaluate
 from appkit.jobs import Cancelled, JobStore
 from appkit.links import MAX_LINK_MODEL_CHARS, decode_upload, encode_upload, ignored_values
 from planner.exports import FORMATS
-from sim.catalog import get_model
-from sim.errors import InputError
+from sim.data.catalog import get_model
+from sim.base.errors import InputError
 
 from tests.test_app import APP, DATA, _by_key, error_next_to, fresh, metric, open_tab, plain, set_inputs
 

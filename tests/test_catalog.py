@@ -10,9 +10,9 @@ import textwrap
 
 import pytest
 
-from sim import catalog
-from sim.errors import InputError
-from sim.specs import Gpu, Link, Model
+from sim.data import catalog
+from sim.base.errors import InputError
+from sim.data.specs import Gpu, Link, Model
 
 INTERFACE_GPUS = ("v100-32gb", "a100-40gb", "a100-80gb", "h100-80gb", "h100-96gb", "h800-80gb",
                   "h200-141gb", "b200-180gb", "gb200-186gb", "gb300-288gb", "mi250x-128gb",

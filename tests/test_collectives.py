@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from sim import collectives as cf
-from sim.errors import InputError
-from sim.network import GroupLink, Network
-from sim.placement import all_groups, group_ranks, pipeline_pairs
-from sim.routing import graph_group_link
-from sim.topology import build_topology
+from sim.net import collectives as cf
+from sim.base.errors import InputError
+from sim.net.network import GroupLink, Network
+from sim.net.placement import all_groups, group_ranks, pipeline_pairs
+from sim.net.routing import graph_group_link
+from sim.net.topology import build_topology
 from tests.topo_fixtures import A100, GB200, make_cluster, make_gpu, make_nic, make_strategy
 
 S, B, A = 1e9, 25e9, 5e-6
@@ -213,7 +213,7 @@ NIC = make_nic(radix=6)
 CONFIGS = {  # name: (gpu, cluster keyword overrides)
     "a100": (A100, {}),
     "shared-nic": (A100, {"nics_per_node": 4}),
-    # two 25 GB/s NICs per GPU: 50 GB/s, which a PCIe gen5 x16 link feeds (sim.fabric.check_nics)
+    # two 25 GB/s NICs per GPU: 50 GB/s, which a PCIe gen5 x16 link feeds (sim.net.fabric.check_nics)
     "two-nics-per-gpu": (make_gpu(gpus_per_node=4, domain=4, nics_per_node=8, pcie_generation=5), {}),
     "pcie-only": (make_gpu(domain=1), {"nvlink_domain": 1, "nics_per_node": 4}),
     "half-node-domain": (A100, {"nvlink_domain": 4}),

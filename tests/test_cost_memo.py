@@ -7,14 +7,14 @@ from dataclasses import fields, replace
 
 import pytest
 
-from sim import compute
-from sim.catalog import get_model
-from sim.clusters import cluster_from_catalog
-from sim.compute import default_efficiency, op_time, op_times, ops_time
-from sim.costs import default_network, layer_cost, plan_layer_ops
-from sim.ops import layer_ops
-from sim.plan import Plan
-from sim.specs import Strategy
+from sim.layers import compute
+from sim.data.catalog import get_model
+from sim.net.clusters import cluster_from_catalog
+from sim.layers.compute import default_efficiency, op_time, op_times, ops_time
+from sim.cost.costs import default_network, layer_cost, plan_layer_ops
+from sim.layers.ops import layer_ops
+from sim.cost.plan import Plan
+from sim.data.specs import Strategy
 
 GPU = cluster_from_catalog("h100-80gb", 64)
 
@@ -95,7 +95,7 @@ def test_memo_bounded():
 
 
 def test_layer_ops_do_not_depend_on_recompute():
-    """planner.fastmodel caches a layer's ops without the recompute setting (its key)."""
+    """planner.plans.fastmodel caches a layer's ops without the recompute setting (its key)."""
     model = get_model("deepseek-v3")
     base = Strategy(tp=2, ep=8, dp=32, gbs=64, mbs=1, seq_len=4096, sp=True)
     for moe in (False, True):
@@ -123,11 +123,11 @@ def test_layer_cost_follows_recompute_and_cuda_graphs_through_the_memo():
 
 
 def test_event_link_sharing_groups_match_the_plain_loop():
-    """``sim.event.resources``: the vectorised grouping of shared links and the distinct
+    """``sim.engines.event.resources``: the vectorised grouping of shared links and the distinct
     demand columns equal the loop and ``np.unique(axis=1)`` they replace."""
     import numpy as np
 
-    from sim.event.resources import _sharing_groups, _unique_columns
+    from sim.engines.event.resources import _sharing_groups, _unique_columns
 
     rng = np.random.default_rng(3)
     for trial in range(30):

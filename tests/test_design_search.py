@@ -16,7 +16,7 @@ from planner.economics.design_search import (Constraints, DesignSpace, apply_con
 from planner.economics.search_report import read_trials_csv
 from planner.economics.sweep import SweepOptions, evaluate_point, pareto_front, ray_available
 from planner.economics.tco import TcoOptions
-from sim.errors import InputError
+from sim.base.errors import InputError
 
 optuna = pytest.importorskip("optuna")
 

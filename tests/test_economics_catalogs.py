@@ -4,12 +4,12 @@ import math
 
 import pytest
 
-from sim.catalog import list_gpus, list_links
-from sim.errors import InputError
+from sim.data.catalog import list_gpus, list_links
+from sim.base.errors import InputError
 
 from planner.economics.failures import load_failure_model, rates_for_units
 from planner.economics.prices import load_prices
-from sim.catalog import catalog_file_records as load_records
+from sim.data.catalog import catalog_file_records as load_records
 from planner.economics.storage import load_storage
 
 

@@ -1,6 +1,6 @@
 """Random flags for the economics commands never produce a traceback (exit 0 or one-line exit 2).
 
-The work limits of ``sim.limits`` are lowered so every accepted run stays fast; seeds, cluster
+The work limits of ``sim.base.limits`` are lowered so every accepted run stays fast; seeds, cluster
 sizes, campaign lengths, job counts and nodes are then fuzzed over their whole range: what is
 beyond a limit is refused with the limit named, nothing runs for minutes.
 """
@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner.cli import main
-from sim import limits
+from sim.base import limits
 
 
 @pytest.fixture(autouse=True)

@@ -11,10 +11,10 @@ from planner.cli import main
 from planner.economics.campaign import CampaignSpec, FailureMode, mean_ci95, run_campaigns, simulate_campaign
 from planner.economics.goodput import daly_goodput, daly_interval_s, goodput_report, young_interval_s
 from planner.economics.storage import checkpoint_bytes
-from sim.catalog import get_gpu, get_nic
-from sim.errors import InputError
-from sim.models import load_model
-from sim.specs import Cluster
+from sim.data.catalog import get_gpu, get_nic
+from sim.base.errors import InputError
+from sim.data.models import load_model
+from sim.data.specs import Cluster
 
 M = 3 * 3600.0  # MTBF
 MODES = (FailureMode(name="gpu", rate_per_s=0.7 / M, needs_node=True),

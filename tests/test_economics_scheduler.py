@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from planner.cli import main
 from planner.economics.scheduler import ClusterSpec, simulate_schedule
 from planner.economics.traces import JobSpec, format_trace, generate_jobs, parse_trace, read_trace
-from sim.errors import InputError
+from sim.base.errors import InputError
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "catalogs" / "traces" / "example_jobs.csv"
 NODES4 = ClusterSpec(num_nodes=4, gpus_per_node=8)

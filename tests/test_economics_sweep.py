@@ -8,7 +8,7 @@ import planner.economics.sweep as sweep_mod
 from planner.cli import main
 from planner.economics.sweep import SweepOptions, design_grid, evaluate_point, pareto_front, run_sweep
 from planner.economics.tco import TcoOptions
-from sim.errors import InputError
+from sim.base.errors import InputError
 
 OPTS = SweepOptions(tco=TcoOptions(tokens=1e11), quick=True)
 

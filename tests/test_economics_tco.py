@@ -12,9 +12,9 @@ from planner.economics.power import gpu_power_w
 from planner.economics.prices import PriceQuote, load_prices
 from planner.economics.strategy import choose_plan
 from planner.economics.tco import TcoOptions, compute_tco
-from sim.errors import InputError
-from sim.models import load_model
-from sim.plan import parse_strategy
+from sim.base.errors import InputError
+from sim.data.models import load_model
+from sim.cost.plan import parse_strategy
 from tests.conftest import cluster as shared_cluster
 
 QUOTE = PriceQuote(value=27500.0, source="test", estimate=False)
@@ -92,7 +92,7 @@ def test_tco_identities(gpt3_tco):
     r = gpt3_tco
     model = load_model("gpt3-175b")
     assert r.tokens == pytest.approx(20 * model.num_params)  # Chinchilla default
-    # time to train plans with the calibrated estimate (planner.uncertainty), and carries its band
+    # time to train plans with the calibrated estimate (planner.fitting.uncertainty), and carries its band
     bias = r.plan.out["uncertainty"]["bias"]
     assert r.plan.tokens_per_s == pytest.approx(r.plan.result.tokens_per_s / (1 + bias))
     assert r.time_to_train_ideal_s == pytest.approx(r.tokens / r.plan.tokens_per_s)
@@ -138,7 +138,7 @@ def test_unpriced_gpu_asks_for_a_price():
 
 def test_quick_space_returns_a_fitting_plan():
     chosen = choose_plan(load_model("llama3-8b"), cluster(n=64), quick=True)
-    assert chosen.result.fits_memory and chosen.source == "planner.recommend (quick space)"
+    assert chosen.result.fits_memory and chosen.source == "planner.plans.recommend (quick space)"
     assert chosen.strategy.num_gpus == 64 and chosen.strategy.tp in (1, 2, 4, 8) and chosen.strategy.mbs == 1
 
 

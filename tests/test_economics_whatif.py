@@ -7,12 +7,12 @@ import pytest
 from planner.cli import main
 from planner.economics.comm_reduction import CAVEATS, comm_reduction
 from planner.economics.input_pipeline import input_pipeline
-from sim.catalog import get_gpu, get_nic
-from sim.errors import InputError
-from sim.models import load_model
-from sim.plan import Plan, parse_strategy
-from sim.specs import Cluster
-from sim.fabric import pcie_x16_bytes_per_s
+from sim.data.catalog import get_gpu, get_nic
+from sim.base.errors import InputError
+from sim.data.models import load_model
+from sim.cost.plan import Plan, parse_strategy
+from sim.data.specs import Cluster
+from sim.net.fabric import pcie_x16_bytes_per_s
 
 M8 = load_model("llama3-8b")
 

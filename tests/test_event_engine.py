@@ -11,23 +11,23 @@ import pytest
 import simpy
 from hypothesis import given, settings, strategies as st
 
-from sim.analytic import simulate_analytic
-from sim.catalog import get_gpu, get_nic
-from sim.network import Network
-from sim.costs import step_costs
-from sim.errors import InputError
-from sim.event.engine import Engine, simulate_event
-from sim.event.resources import FairShare, LinkTable
-from sim.event.scenario import Scenario
-from sim.event.whatif import (SlowLink, Straggler, WhatIf, apply_layers_per_stage, parse_layers_per_stage,
+from sim.engines.analytic import simulate_analytic
+from sim.data.catalog import get_gpu, get_nic
+from sim.net.network import Network
+from sim.cost.costs import step_costs
+from sim.base.errors import InputError
+from sim.engines.event.engine import Engine, simulate_event
+from sim.engines.event.resources import FairShare, LinkTable
+from sim.engines.event.scenario import Scenario
+from sim.engines.event.whatif import (SlowLink, Straggler, WhatIf, apply_layers_per_stage, parse_layers_per_stage,
                               parse_slow_link, parse_straggler)
-from sim.models import load_model
-from sim.plan import Plan, parse_strategy
-from sim.placement import all_groups
-from sim.specs import Cluster
-from sim.step import SCALES, StagePieces
-from sim.routing import route_stripes
-from sim.topology import build_topology
+from sim.data.models import load_model
+from sim.cost.plan import Plan, parse_strategy
+from sim.net.placement import all_groups
+from sim.data.specs import Cluster
+from sim.cost.step import SCALES, StagePieces
+from sim.net.routing import route_stripes
+from sim.net.topology import build_topology
 from tests.conftest import cluster as shared_cluster
 from tests.test_event_fixtures import run_engine, synthetic_costs, tiny_plan
 
@@ -72,7 +72,7 @@ def test_flows_sharing_a_nic_split_it() -> None:
 
 
 def test_link_loads_match_network_bottleneck() -> None:
-    """LinkTable routes exactly as sim.network: a group's alone rate is group_link's."""
+    """LinkTable routes exactly as sim.net.network: a group's alone rate is group_link's."""
     plan = real_plan("gpt3-175b", "a100-80gb", 256, "tp=8,pp=4,mbs=1,gbs=256", oversubscription=4.0)
     net = Network(plan.cluster)
     table = LinkTable(net)
@@ -128,10 +128,10 @@ def test_invariants_on_small_plans(p: int, dp: int, tp: int, k: int, schedule: s
     g = get_gpu("a100-80gb")
     n = p * dp * tp
     model = tiny_plan(p=p, m=m).model
-    # 8 NICs for 4 GPUs: 100G ones, two of which an A100's PCIe gen4 x16 link can feed (sim.fabric.check_nics)
+    # 8 NICs for 4 GPUs: 100G ones, two of which an A100's PCIe gen4 x16 link can feed (sim.net.fabric.check_nics)
     c = Cluster(gpu=g, num_gpus=n, nic=get_nic("ib-hdr-200" if nics <= 4 else "eth-100"), gpus_per_node=min(4, n),
                 nvlink_domain=min(4, n), nics_per_node=nics, oversubscription=oversub)
-    from sim.specs import Strategy
+    from sim.data.specs import Strategy
     plan = Plan(model=model, cluster=c, strategy=Strategy(tp=tp, pp=p, dp=dp, mbs=1, gbs=m * dp, schedule=schedule,
                                                           zero=zero))
     net = Network(c)
@@ -297,7 +297,7 @@ def test_whatif_parsing_errors() -> None:
 def _with_sigma(sigma: float):
     from dataclasses import replace
 
-    from sim.compute import default_efficiency
+    from sim.layers.compute import default_efficiency
 
     return replace(default_efficiency(), overlap_compute_slowdown=sigma)
 

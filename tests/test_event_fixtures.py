@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from sim.catalog import get_gpu, get_nic
-from sim.network import Network
-from sim.costs import LayerCost, StageCost, StepCosts
-from sim.event.engine import Engine
-from sim.event.resources import LinkTable
-from sim.event.scenario import Scenario
-from sim.event.whatif import WhatIf
-from sim.plan import Plan
-from sim.specs import Cluster, Model, Strategy
-from sim.step import StagePieces
+from sim.data.catalog import get_gpu, get_nic
+from sim.net.network import Network
+from sim.cost.costs import LayerCost, StageCost, StepCosts
+from sim.engines.event.engine import Engine
+from sim.engines.event.resources import LinkTable
+from sim.engines.event.scenario import Scenario
+from sim.engines.event.whatif import WhatIf
+from sim.cost.plan import Plan
+from sim.data.specs import Cluster, Model, Strategy
+from sim.cost.step import StagePieces
 
 
 def zeros(cls: type, **values: object) -> object:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from sim.errors import InfeasibleError, InputError
-from sim.event.measure import breakdown_from_log
-from sim.event.schedules import stage_order
+from sim.base.errors import InfeasibleError, InputError
+from sim.engines.event.measure import breakdown_from_log
+from sim.engines.event.schedules import stage_order
 from tests.test_event_fixtures import compute_log, run_engine, synthetic_costs, tiny_plan
 
 # --------------------------------------------------------------------------- orders

@@ -8,8 +8,8 @@ from collections import Counter
 import pytest
 
 from planner.cli import main
-from sim.event.engine import simulate_event
-from sim.event.trace import STREAMS
+from sim.engines.event.engine import simulate_event
+from sim.engines.event.trace import STREAMS
 from tests.test_event_engine import real_plan
 
 BASE = ["simulate", "--model", "gpt3-175b", "--gpu", "a100-80gb", "--num-gpus", "256",

@@ -12,10 +12,10 @@ import pytest
 from planner.cli import main
 from planner.exports import FORMAT_FRAMEWORK, FORMATS, LaunchSpec, render
 from planner.exports.readback import read_back
-from sim.analytic import simulate_analytic
-from sim.catalog import get_model
-from sim.framework import apply_framework, get_framework
-from sim.plan import Plan, parse_strategy
+from sim.engines.analytic import simulate_analytic
+from sim.data.catalog import get_model
+from sim.cost.framework import apply_framework, get_framework
+from sim.cost.plan import Plan, parse_strategy
 from tests.conftest import cluster
 
 # (model, GPUs, strategy) per framework an exporter launches; each uses that framework's options.

@@ -14,10 +14,10 @@ import yaml
 
 from planner.exports import FORMAT_FRAMEWORK, FORMATS, LaunchSpec, parse_formats, render, write
 from planner.exports.readback import options as _options
-from sim.catalog import get_model
-from sim.errors import InputError
-from sim.framework import get_framework
-from sim.plan import parse_strategy
+from sim.data.catalog import get_model
+from sim.base.errors import InputError
+from sim.cost.framework import get_framework
+from sim.cost.plan import parse_strategy
 
 BASH = shutil.which("bash")
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import yaml
 
-from sim.errors import InputError
-from sim.fitting import fit_ring_all_reduce, fit_scalar, parse_size
+from sim.base.errors import InputError
+from sim.base.fitting import fit_ring_all_reduce, fit_scalar, parse_size
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,7 +39,7 @@ def test_parse_size_and_scalar_fit():
 
 @pytest.fixture(scope="module")
 def fresh_fit():
-    from planner.fit import fit_all
+    from planner.fitting.fit import fit_all
 
     return fit_all()
 
@@ -47,7 +47,7 @@ def fresh_fit():
 def test_stored_fit_matches_fresh_fit(fresh_fit):
     fitted = fresh_fit
     stored = yaml.safe_load((ROOT / "catalogs" / "efficiency.yaml").read_text())["fitted"]
-    # the script stores exactly what planner.fit computes (nothing edited by hand)
+    # the script stores exactly what planner.fitting.fit computes (nothing edited by hand)
     assert fitted == stored
     assert fitted["scale_up"]["bandwidth_efficiency"] == stored["scale_up"]["bandwidth_efficiency"]
     # Large GEMMs sustain most, not all, of the best case (mamf-finder's searched shape).
@@ -82,7 +82,7 @@ def test_fp8_recipes_order_as_measured(fresh_fit):
 
 
 def test_attention_curves_rise_with_sequence_and_match_kernels(fresh_fit):
-    from sim.compute import SaturatingCurve
+    from sim.layers.compute import SaturatingCurve
 
     c = fresh_fit["attention_curves"]
     h = SaturatingCurve(*c["hopper"]["flash"]["fwd"])
@@ -97,7 +97,7 @@ def test_attention_curves_rise_with_sequence_and_match_kernels(fresh_fit):
 
 
 def test_saturating_fit_recovers_known_curve():
-    from sim.fitting import fit_saturating
+    from sim.base.fitting import fit_saturating
 
     xs = [1024, 2048, 4096, 8192, 16384]
     ys = [0.6 * x / (x + 900) for x in xs]
@@ -107,8 +107,8 @@ def test_saturating_fit_recovers_known_curve():
 
 
 def test_leave_one_source_out_refit_drops_table4():
-    from planner.fit import TABLE4_SOURCE, fit_all
-    from planner.published import fitted_without  # cached: shared with tests/test_published.py
+    from planner.fitting.fit import TABLE4_SOURCE, fit_all
+    from planner.fitting.published import fitted_without  # cached: shared with tests/test_published.py
 
     loso = fitted_without(TABLE4_SOURCE)
     assert loso["excluded_sources"] == [TABLE4_SOURCE]
@@ -123,8 +123,8 @@ def test_vtrain_multi_node_held_out():
     vTrain's own simulator reports 14.7% mean error on all multi-node rows."""
     import statistics
 
-    from planner.vtrain import load_vtrain
-    from sim.analytic import simulate_analytic
+    from planner.fitting.vtrain import load_vtrain
+    from sim.engines.analytic import simulate_analytic
 
     rows = load_vtrain("multi")
     assert len(rows) == 109
@@ -136,8 +136,8 @@ def test_vtrain_multi_node_held_out():
 def test_vtrain_single_node_fit_quality():
     import statistics
 
-    from planner.vtrain import load_vtrain
-    from sim.analytic import simulate_analytic
+    from planner.fitting.vtrain import load_vtrain
+    from sim.engines.analytic import simulate_analytic
 
     rows = load_vtrain("single")[1::8]  # rows the fit (every 4th from 0) did not use
     errs = [abs(simulate_analytic(r.plan).step_time_s / r.measured_step_time_s - 1) for r in rows]
@@ -145,7 +145,7 @@ def test_vtrain_single_node_fit_quality():
 
 
 def test_size_curve_interpolates_log_linearly_and_rejects_bad_points():
-    from sim.network import SizeCurve
+    from sim.net.network import SizeCurve
 
     c = SizeCurve([[1024, 0.2], [4096, 0.6], [1 << 20, 1.0]])
     # the bandwidth-bound time chunk/fraction is log-log linear between points
@@ -162,10 +162,10 @@ def test_size_curve_interpolates_log_linearly_and_rejects_bad_points():
 def test_calibrated_network_reproduces_the_a100_nccl_curve():
     """The fitted size curve makes the 8x A100 ring all-reduce match the measured bus bandwidth
     (an alpha-beta line alone was up to 2x fast at 1 MiB and 1.2-1.6x at 8-128 MiB)."""
-    from sim.catalog import get_gpu, get_nic
-    from sim.compute import default_efficiency
-    from sim.costs import default_network
-    from sim.specs import Cluster
+    from sim.data.catalog import get_gpu, get_nic
+    from sim.layers.compute import default_efficiency
+    from sim.cost.costs import default_network
+    from sim.data.specs import Cluster
 
     mb = yaml.safe_load((ROOT / "catalogs" / "reference" / "published_runs.yaml").read_text())["microbenchmarks"]
     curve = next(e for e in mb["allreduce_busbw"]["entries"] if "A100" in e["system"])["busbw_GBps_by_payload_bytes"]
@@ -181,9 +181,9 @@ def test_calibrated_network_reproduces_the_a100_nccl_curve():
 
 
 def test_calibrated_collectives_never_get_faster_with_size():
-    from sim.catalog import get_gpu, get_nic
-    from sim.costs import default_network
-    from sim.specs import Cluster
+    from sim.data.catalog import get_gpu, get_nic
+    from sim.cost.costs import default_network
+    from sim.data.specs import Cluster
 
     for gpu, nic, n in (("a100-80gb", "ib-hdr-200", 8), ("h100-80gb", "ib-ndr-400", 64)):
         cl = Cluster(gpu=get_gpu(gpu), num_gpus=n, nic=get_nic(nic), gpus_per_node=8, nvlink_domain=8, nics_per_node=8)

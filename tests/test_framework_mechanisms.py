@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from planner.published import compare_run, load_runs
-from sim.analytic import simulate_analytic
-from sim.catalog import get_gpu, get_model, get_nic
-from sim.compute import default_efficiency
-from sim.costs import step_costs
-from sim.runtime import default_comm_runtime
-from sim.errors import InputError
-from sim.framework import apply_framework, get_framework
-from sim.plan import Plan, parse_strategy
-from sim.specs import Cluster
+from planner.fitting.published import compare_run, load_runs
+from sim.engines.analytic import simulate_analytic
+from sim.data.catalog import get_gpu, get_model, get_nic
+from sim.layers.compute import default_efficiency
+from sim.cost.costs import step_costs
+from sim.data.runtime import default_comm_runtime
+from sim.base.errors import InputError
+from sim.cost.framework import apply_framework, get_framework
+from sim.cost.plan import Plan, parse_strategy
+from sim.data.specs import Cluster
 
 
 def _plan(framework: str, strategy: str, *, model: str = "gpt3-175b", gpu: str = "a100-80gb", n: int = 64) -> Plan:
@@ -86,7 +86,7 @@ def test_event_engine_spreads_per_parameter_work_over_the_layers() -> None:
     """The accumulation pass happens layer by layer: lumped into one virtual stage it would
     unbalance an interleaved pipeline (the event engine's bubble doubled before this was
     spread by parameter share)."""
-    from sim.event.engine import simulate_event
+    from sim.engines.event.engine import simulate_event
 
     spec = "tp=8,pp=8,vp=2,mbs=1,gbs=64,recompute=full"
     p21, p22 = _plan("megatron-lm-2021", spec, n=64), _plan("megatron-lm-2022", spec, n=64)

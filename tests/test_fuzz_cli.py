@@ -2,7 +2,7 @@
 
 Bad input is exit 2 with one line; good input exits 0 and its ``--json`` is strict JSON (no
 NaN/Infinity).  The flags include the ones added since the first fuzz (MoE, framework, output
-paths, NICs, PCIe servers, offload, rank order, fp8 recipes), and the limits of ``sim.limits``
+paths, NICs, PCIe servers, offload, rank order, fp8 recipes), and the limits of ``sim.base.limits``
 are lowered so every accepted run stays fast: work beyond them is refused, never run.
 """
 
@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner.cli import main
-from sim import limits
+from sim.base import limits
 
 
 @pytest.fixture(autouse=True)

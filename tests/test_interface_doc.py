@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 from planner.cli import build_parser, main
-from sim.plan import parse_strategy
+from sim.cost.plan import parse_strategy
 
 DOC = (Path(__file__).resolve().parents[1] / "docs" / "interface.md").read_text()
 SAMPLE = {"gbs": "8", "offload_device": "cpu", "recompute": "full", "precision": "bf16", "schedule": "1f1b", "offload": "none", "fp8_recipe": "delayed",

@@ -1,5 +1,5 @@
-"""Pipeline layouts (sim/layout.py): Megatron-Core's layout syntax, the layouts its older flags
-build, and chunks of unequal cost priced by both engines (sim/interleave.py, the event engine)."""
+"""Pipeline layouts (sim/data/layout.py): Megatron-Core's layout syntax, the layouts its older flags
+build, and chunks of unequal cost priced by both engines (sim/cost/interleave.py, the event engine)."""
 
 from __future__ import annotations
 
@@ -7,16 +7,16 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from planner.recommend import Settings, framework_space
-from planner.search import SearchSpace, search
-from sim.analytic import simulate_analytic
-from sim.catalog import get_model
-from sim.errors import InfeasibleError, InputError
-from sim.interleave import interleaved_time_s
-from sim.layout import (balanced_layout, check_layout, chunk_layer_ids, format_layout, layout_counts,
+from planner.plans.recommend import Settings, framework_space
+from planner.plans.search import SearchSpace, search
+from sim.engines.analytic import simulate_analytic
+from sim.data.catalog import get_model
+from sim.base.errors import InfeasibleError, InputError
+from sim.cost.interleave import interleaved_time_s
+from sim.data.layout import (balanced_layout, check_layout, chunk_layer_ids, format_layout, layout_counts,
                         megatron_layout, parse_layout)
-from sim.plan import Plan, default_layout, normalize_layout, parse_strategy
-from sim.simulate import simulate
+from sim.cost.plan import Plan, default_layout, normalize_layout, parse_strategy
+from sim.engines.simulate import simulate
 from tests.conftest import cluster
 
 
@@ -48,7 +48,7 @@ def test_megatron_rules_are_enforced():
 def test_format_parses_back(rows, mtp):
     width = max(len(r) for r in rows)
     counts = [r + [1] * (width - len(r)) for r in rows]
-    from sim.layout import layout_from_counts
+    from sim.data.layout import layout_from_counts
 
     lay = layout_from_counts(counts, mtp=mtp)
     assert parse_layout(format_layout(lay)) == lay
@@ -145,7 +145,7 @@ def test_search_prices_layouts_as_simulate_does():
 
 
 def test_frameworks_without_layouts_refuse_them():
-    from sim.framework import get_framework
+    from sim.cost.framework import get_framework
 
     s = parse_strategy("tp=1,pp=4,dp=2,mbs=1,gbs=16,layout=Et*4|(t*4|)*6t*4L", num_gpus=8)
     assert get_framework("megatron-core").capabilities.refusal(s) is None

@@ -8,14 +8,14 @@ import json
 
 import pytest
 
-from sim.catalog import get_model
-from sim.clusters import cluster_from_catalog
-from sim.errors import InputError
-from sim.framework import apply_framework, get_framework
-from sim.memory import plan_memory, recompute_split
-from sim.plan import Plan, parse_strategy
-from sim.runtime import state_layout
-from sim.stages import StageParams
+from sim.data.catalog import get_model
+from sim.net.clusters import cluster_from_catalog
+from sim.base.errors import InputError
+from sim.cost.framework import apply_framework, get_framework
+from sim.cost.memory import plan_memory, recompute_split
+from sim.cost.plan import Plan, parse_strategy
+from sim.data.runtime import state_layout
+from sim.layers.stages import StageParams
 
 
 def _plan(model: str, n: int, strategy: str, framework: str = "megatron-core", gpu: str = "h100-80gb") -> Plan:
@@ -26,8 +26,8 @@ def _plan(model: str, n: int, strategy: str, framework: str = "megatron-core", g
 
 def test_megatron_distributed_optimizer_bytes_per_param():
     """Megatron-LM docs/source/distrib_optimizer.md: bf16 params with fp32 grads = 6 + 12/d bytes."""
-    from sim.memory import model_state_bytes
-    from sim.specs import Strategy
+    from sim.cost.memory import model_state_bytes
+    from sim.data.specs import Strategy
 
     p = StageParams(1e9, 0.0)
     for d in (1, 4, 64):
@@ -52,8 +52,8 @@ def test_fsdp_with_pipelining_keeps_unsharded_weights_and_fp32_grad_accumulators
 
 def test_fsdp_with_pipelining_gathers_and_reduces_once_per_step():
     """torchtitan FSDP2 with pp: no per-micro-batch all-gathers/reduce-scatters; both once per
-    step, exposed (sim.step.stage_pieces pipelined_fsdp)."""
-    from sim.costs import step_costs
+    step, exposed (sim.cost.step.stage_pieces pipelined_fsdp)."""
+    from sim.cost.costs import step_costs
 
     pp = step_costs(_plan("llama3-8b", 16, "pp=2,dp=8,mbs=1,gbs=64,seq=8192,zero=3,recompute=full", "torchtitan"))
     flat = step_costs(_plan("llama3-8b", 8, "dp=8,mbs=1,gbs=64,seq=8192,zero=3,recompute=full", "torchtitan"))
@@ -84,7 +84,7 @@ def test_partial_recomputation_between_none_and_full():
 
 
 def test_recompute_split_megatron_methods():
-    from sim.specs import Strategy
+    from sim.data.specs import Strategy
 
     s = Strategy(recompute="full", recompute_num_layers=2, recompute_method="block")
     assert recompute_split(s, 8) == (0.25, 0.75, 1.0)
@@ -170,8 +170,8 @@ def test_torchtitan_export_refuses_partial_recompute():
 
 
 def test_search_offers_partial_recomputation_priced_as_simulate():
-    from planner.search import SearchSpace, search
-    from sim.analytic import simulate_analytic
+    from planner.plans.search import SearchSpace, search
+    from sim.engines.analytic import simulate_analytic
 
     model, cl = get_model("llama3-8b"), cluster_from_catalog(gpu="h100-80gb", num_gpus=8)
     kw = {k: v for k, v in apply_framework({}, get_framework("megatron-core")).items()}
@@ -188,7 +188,7 @@ def test_search_offers_partial_recomputation_priced_as_simulate():
 
 
 def test_every_reference_row_with_memory_states_its_level():
-    from planner.reference import load_reference
+    from planner.fitting.reference import load_reference
 
     for ref in load_reference():
         me = ref.raw["measured"]
@@ -216,7 +216,7 @@ def test_transformer_engine_fp8_weight_cache_counts_two_bytes_per_linear_weight(
     """Megatron-Core passes is_first_microbatch, so TE caches each linear weight's fp8 copy and
     its transpose for the step (runtime.yaml fp8_weight_cache_bytes_per_param): with fp8, the
     weights grow by 2 B per local linear weight (the layers' parameters less their norms)."""
-    from sim.runtime import default_runtime
+    from sim.data.runtime import default_runtime
 
     base = "tp=2,dp=4,mbs=1,gbs=64,seq=8192,sp=1,recompute=none,zero=1"
     bf16 = plan_memory(_plan("llama3-8b", 8, base))
@@ -232,7 +232,7 @@ def test_fsdp2_sharded_gradients_reserved_in_the_reduce_scatter_stream_pool():
     """FSDP2 allocates the reduce-scatter output (the sharded gradients) in its own stream; the
     caching allocator cannot reuse the default stream's blocks for it, so the reserved level is
     the default stream's peak (with its slack) plus the sharded fp32 gradients: 4 B x N / dp."""
-    from sim.runtime import default_runtime
+    from sim.data.runtime import default_runtime
 
     rt = default_runtime()
     p = _plan("llama3-8b", 8, "dp=8,mbs=1,gbs=8,seq=8192,zero=3,recompute=full", "torchtitan")
@@ -251,8 +251,8 @@ def test_nvls_buffers_per_communicator_on_nvswitch_with_multicast():
     head, one head per GPU of the group in the NVLink domain, groups of more than two GPUs only:
     1.5 GiB for an 8-GPU group (NVIDIA/nccl #864: ~1.6 GB for one all-reduce communicator on
     H100); none on A100 (no multicast) and none for a 2-GPU tensor-parallel group."""
-    from sim.runtime import device_extra_bytes, group_local_ranks, nvls_buffers
-    from sim.specs import Strategy
+    from sim.data.runtime import device_extra_bytes, group_local_ranks, nvls_buffers
+    from sim.data.specs import Strategy
 
     model = get_model("llama3-8b")
     hopper = nvls_buffers("hopper", multicast=True)
@@ -277,8 +277,8 @@ def test_nvls_buffers_follow_each_generation_nccl_and_stop_at_its_head_limit():
     through 2.20, 32 after), not linear in the NVLink domain; Blackwell runs use NCCL >= 2.21,
     whose ncclNvlsBufferSetup sizes a head by NCCL_NVLS_CHUNKSIZE x NCCL_STEPS (128 KiB x 8):
     16 x 2 x 1 MiB = 32 MiB per head, 1 GiB at most for a dp group spanning an NVL72 rack."""
-    from sim.runtime import device_extra_bytes, nvls_buffers
-    from sim.specs import Strategy
+    from sim.data.runtime import device_extra_bytes, nvls_buffers
+    from sim.data.specs import Strategy
 
     model = get_model("llama3-8b")
     blackwell, hopper = nvls_buffers("blackwell", multicast=True), nvls_buffers("hopper", multicast=True)
@@ -297,12 +297,12 @@ def test_nvls_buffers_follow_each_generation_nccl_and_stop_at_its_head_limit():
 def test_event_engine_prices_fsdp_with_pipelining_once_per_step_like_the_analytic_engine():
     """torchtitan FSDP2 with pp: both engines charge one exposed gather + reduce-scatter per step
     (fsdp_step_sync_s) and no per-micro-batch ZeRO-3 traffic."""
-    from sim.compute import default_efficiency
-    from sim.costs import default_network, step_costs
-    from sim.event.engine import Engine
-    from sim.event.resources import LinkTable
-    from sim.event.scenario import Scenario
-    from sim.simulate import simulate
+    from sim.layers.compute import default_efficiency
+    from sim.cost.costs import default_network, step_costs
+    from sim.engines.event.engine import Engine
+    from sim.engines.event.resources import LinkTable
+    from sim.engines.event.scenario import Scenario
+    from sim.engines.simulate import simulate
 
     plan = _plan("llama3-8b", 16, "pp=2,dp=8,mbs=1,gbs=64,seq=8192,zero=3,recompute=full", "torchtitan")
     an, ev = simulate(plan, engine="analytic"), simulate(plan, engine="event")

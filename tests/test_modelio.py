@@ -10,11 +10,11 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim import catalog
-from sim.errors import InputError
-from sim.modelio import METADATA_KEYS, MODEL_KEYS, MOE_KEYS, model_from_dict
-from sim.models import load_model
-from sim.specs import Model
+from sim.data import catalog
+from sim.base.errors import InputError
+from sim.data.modelio import METADATA_KEYS, MODEL_KEYS, MOE_KEYS, model_from_dict
+from sim.data.models import load_model
+from sim.data.specs import Model
 
 DATA = Path(__file__).parent / "data"
 

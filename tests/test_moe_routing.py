@@ -1,4 +1,4 @@
-"""Destinations per token of a deduplicating MoE dispatcher (sim/moe_routing.py): closed forms
+"""Destinations per token of a deduplicating MoE dispatcher (sim/layers/moe_routing.py): closed forms
 against enumeration of the routings they describe."""
 
 import itertools
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from sim.moe_routing import dedup_fraction, remote_destinations
+from sim.layers.moe_routing import dedup_fraction, remote_destinations
 
 
 def _enumerate_random(e: int, k: int, u: int) -> float:
@@ -61,9 +61,9 @@ def test_deepep_dispatch_pays_distinct_destinations_only():
     """Mixtral (8 experts, top-2) with ep=4 on one node: 2 experts per rank, so a random token
     reaches 1.39 remote ranks (not 1.5 copies) and a FakeBalancedGate token 0.75; NCCL
     all-to-all sends every copy whatever the routing."""
-    from sim.analytic import simulate_analytic
-    from sim.catalog import get_model
-    from sim.plan import Plan, parse_strategy
+    from sim.engines.analytic import simulate_analytic
+    from sim.data.catalog import get_model
+    from sim.cost.plan import Plan, parse_strategy
     from tests.conftest import cluster
 
     model, cl = get_model("mixtral-8x7b"), cluster("h100-80gb", 8, gpn=8)

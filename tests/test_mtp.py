@@ -7,15 +7,15 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from planner.recommend import Settings
-from planner.search import SearchSpace, search
-from sim.analytic import simulate_analytic
-from sim.catalog import get_model
-from sim.errors import InputError
-from sim.event import simulate_event
-from sim.ops import head_ops
-from sim.plan import Plan, parse_strategy
-from sim.stages import layer_params, stage_layers, stage_shapes
+from planner.plans.recommend import Settings
+from planner.plans.search import SearchSpace, search
+from sim.engines.analytic import simulate_analytic
+from sim.data.catalog import get_model
+from sim.base.errors import InputError
+from sim.engines.event import simulate_event
+from sim.layers.ops import head_ops
+from sim.cost.plan import Plan, parse_strategy
+from sim.layers.stages import layer_params, stage_layers, stage_shapes
 from tests.conftest import cluster
 
 DSV3 = get_model("deepseek-v3")

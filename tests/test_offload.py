@@ -12,19 +12,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner.recommend import recommend
-from planner.search import SearchSpace, search
-from sim.analytic import simulate_analytic
-from sim.catalog import get_gpu, get_model
-from sim.clusters import cluster_from_catalog
-from sim.costs import offload_report
-from sim.errors import InfeasibleError, InputError
-from sim.memory import plan_memory
-from sim.models import load_model
-from sim.offload import host_spec, offload_constants, with_host
-from sim.plan import Plan, normalize_offload, parse_strategy
-from sim.simulate import simulate
-from sim.specs import Strategy
+from planner.plans.recommend import recommend
+from planner.plans.search import SearchSpace, search
+from sim.engines.analytic import simulate_analytic
+from sim.data.catalog import get_gpu, get_model
+from sim.net.clusters import cluster_from_catalog
+from sim.cost.costs import offload_report
+from sim.base.errors import InfeasibleError, InputError
+from sim.cost.memory import plan_memory
+from sim.data.models import load_model
+from sim.cost.offload import host_spec, offload_constants, with_host
+from sim.cost.plan import Plan, normalize_offload, parse_strategy
+from sim.engines.simulate import simulate
+from sim.data.specs import Strategy
 
 ROOT = Path(__file__).resolve().parent.parent
 LLAMA2_13B = str(ROOT / "tests" / "data" / "llama2_13b.yaml")

@@ -2,10 +2,10 @@
 
 import pytest
 
-from sim.memory import activation_bytes_per_layer, inflight_microbatches, model_state_bytes
-from sim.stages import StageParams, stage_layers
-from sim.ops import model_flops_per_step
-from sim.specs import Model, MoeSpec, Strategy
+from sim.cost.memory import activation_bytes_per_layer, inflight_microbatches, model_state_bytes
+from sim.layers.stages import StageParams, stage_layers
+from sim.layers.ops import model_flops_per_step
+from sim.data.specs import Model, MoeSpec, Strategy
 
 
 def gpt(layers=48, h=6144, heads=64, vocab=51200):

@@ -15,16 +15,16 @@ import numpy as np
 import pytest
 
 from planner.cli import main
-from sim import catalog
-from sim.catalog import get_cpu, get_gpu, get_host_part, get_link
-from sim.clusters import cluster_from_catalog
-from sim.costs import default_network
-from sim.errors import InfeasibleError, InputError
-from sim.plan import Plan, parse_strategy
-from sim.server import pcie_defaults, server_tables
-from sim.simulate import simulate
-from sim.specs import Strategy
-from sim.topology import build_topology
+from sim.data import catalog
+from sim.data.catalog import get_cpu, get_gpu, get_host_part, get_link
+from sim.net.clusters import cluster_from_catalog
+from sim.cost.costs import default_network
+from sim.base.errors import InfeasibleError, InputError
+from sim.cost.plan import Plan, parse_strategy
+from sim.net.server import pcie_defaults, server_tables
+from sim.engines.simulate import simulate
+from sim.data.specs import Strategy
+from sim.net.topology import build_topology
 
 PCIE_GPUS = ("l4-24gb", "l40s-48gb", "rtx4090-24gb", "rtx5090-32gb", "rtx6000ada-48gb", "rtx-pro-6000-96gb",
              "a100-pcie-80gb", "h100-pcie-80gb", "h100-nvl-94gb", "mi210-64gb")
@@ -287,7 +287,7 @@ def test_dataparallel_replicate_is_a_pipelined_broadcast_from_gpu0():
     r = simulate(plan, engine="analytic")
     params = catalog.get_model("llama2-7b").num_params
     chain = net.group_link((0, 1, 2, 3), pattern="chain")  # GPU 0 -> 1 -> 2 -> 3
-    from sim.compute import default_efficiency
+    from sim.layers.compute import default_efficiency
     expected = 4 * params / chain.bytes_per_s + 3 * chain.latency_s + default_efficiency().collective_overhead_s
     assert r.extra["dataparallel"]["replicate_s"] == pytest.approx(expected, rel=1e-9)
 

@@ -6,14 +6,14 @@ from dataclasses import replace
 
 import pytest
 
-from sim.analytic import simulate_analytic
-from sim.errors import InfeasibleError, InputError
-from sim.event import simulate_event
-from sim.event.schedules import flushed_orders, schedule_orders
-from sim.framework import apply_framework, get_framework
-from sim.models import load_model
-from sim.ops import FUSIBLE_OPS
-from sim.plan import Plan, parse_strategy
+from sim.engines.analytic import simulate_analytic
+from sim.base.errors import InfeasibleError, InputError
+from sim.engines.event import simulate_event
+from sim.engines.event.schedules import flushed_orders, schedule_orders
+from sim.cost.framework import apply_framework, get_framework
+from sim.data.models import load_model
+from sim.layers.ops import FUSIBLE_OPS
+from sim.cost.plan import Plan, parse_strategy
 from tests.conftest import cluster
 
 
@@ -77,7 +77,7 @@ def test_automodel_profile_fuses_its_te_ops_and_runs_a_schedule_per_local_batch(
 
 
 def test_reference_maps_automodel_local_batch_to_flushes():
-    from planner.reference import framework_of, load_reference, strategy_of
+    from planner.fitting.reference import framework_of, load_reference, strategy_of
     row = next(r.raw for r in load_reference("dev") if r.id == "automodel-kimi-k2-bf16-h100-256")
     mapped = strategy_of(row, framework_of(row), unstated_vp_searched=False)
     assert mapped.plan["pipeline_flushes"] == 2  # 512 / (local batch 8 x dp 32)

@@ -7,8 +7,8 @@ import itertools
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from sim.errors import InfeasibleError, InputError
-from sim.placement import (DIMS, RankCoords, all_groups, coords_to_rank, group_ranks, group_shape,
+from sim.base.errors import InfeasibleError, InputError
+from sim.net.placement import (DIMS, RankCoords, all_groups, coords_to_rank, group_ranks, group_shape,
                            pipeline_pairs, rank_to_coords)
 from tests.topo_fixtures import make_strategy
 

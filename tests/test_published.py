@@ -10,7 +10,7 @@ figures of the 30 published rows are locked too.
 
 import pytest
 
-from planner.published import compare_all, load_runs, summary, summary_by_source
+from planner.fitting.published import compare_all, load_runs, summary, summary_by_source
 
 # source -> (median tolerance, worst-row tolerance, why)
 TOLERANCES = {
@@ -119,7 +119,7 @@ def test_utilisation_follows_source_definition(in_sample):
 
 
 def test_event_engine_agrees_on_memory_and_roughly_on_time(in_sample):
-    """Both engines report memory through sim.memory.plan_memory (framework policy included)."""
+    """Both engines report memory through sim.cost.memory.plan_memory (framework policy included)."""
     rid = "torchtitan-2412-t1-llama31-8b-8gpu-fsdp-seq8192"
     ev = compare_all(engine="event", ids=[rid])[0]
     an = in_sample[rid]
@@ -129,9 +129,9 @@ def test_event_engine_agrees_on_memory_and_roughly_on_time(in_sample):
 
 def test_loso_refits_only_the_sources_the_fit_reads(loso):
     """Sources whose data the fit never reads are predicted by the catalog's fit; Korthikanti
-    et al.'s rows by the fit without its Table 4 (planner.fit)."""
-    from planner.published import fitted_without
-    from sim.compute import catalog_fitted
+    et al.'s rows by the fit without its Table 4 (planner.fitting.fit)."""
+    from planner.fitting.published import fitted_without
+    from sim.layers.compute import catalog_fitted
 
     assert fitted_without("FlagOpen/FlagPerf") is catalog_fitted() or \
         fitted_without("FlagOpen/FlagPerf") == catalog_fitted()

@@ -9,13 +9,13 @@ import random
 import pytest
 
 from planner.cli import main
-from sim.analytic import simulate_analytic
-from sim.catalog import get_model
-from sim.errors import InputError
-from sim.event import simulate_event
-from sim.placement import all_groups, coords_to_rank, group_shape, rank_to_coords, strides
-from sim.plan import Plan, parse_strategy
-from sim.specs import ORDERS
+from sim.engines.analytic import simulate_analytic
+from sim.data.catalog import get_model
+from sim.base.errors import InputError
+from sim.engines.event import simulate_event
+from sim.net.placement import all_groups, coords_to_rank, group_shape, rank_to_coords, strides
+from sim.cost.plan import Plan, parse_strategy
+from sim.data.specs import ORDERS
 from tests.conftest import cluster
 
 

@@ -15,11 +15,11 @@ from planner.exports import LaunchSpec, render
 from planner.exports.readback import read_back
 from planner.recipes import read_recipe, resolve
 from planner.recipes.shell import read_shell
-from sim.analytic import simulate_analytic
-from sim.catalog import get_model
-from sim.framework import apply_framework, check_supported, get_framework
-from sim.layout import parse_layout
-from sim.plan import Plan
+from sim.engines.analytic import simulate_analytic
+from sim.data.catalog import get_model
+from sim.cost.framework import apply_framework, check_supported, get_framework
+from sim.data.layout import parse_layout
+from sim.cost.plan import Plan
 from tests.conftest import cluster
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,7 +79,7 @@ def test_a_deepseek_v3_style_layout_with_vp_simulates_and_exports_back(tmp_path,
     assert s.vp == 2 and s.pipeline_layout == parse_layout("Et*2|(tt|)*5t|tmL", 4)
     plan = Plan(**apply_framework({"model": model, "cluster": cluster("h100-80gb", n), "strategy": s},
                                   get_framework(recipe.framework)))
-    from sim.simulate import simulate
+    from sim.engines.simulate import simulate
 
     a, e = simulate(plan, engine="analytic"), simulate(plan, engine="event")
     assert a.step_time_s == pytest.approx(e.step_time_s, rel=0.03)

@@ -12,13 +12,13 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.recommend import ObjectiveSpec, Settings, complexity, recommend
-from planner.search import SearchSpace, search
-from sim.analytic import simulate_analytic
-from sim.catalog import catalog_dir, get_model
-from sim.errors import InputError
-from sim.simulate import simulate
-from sim.specs import Cluster
+from planner.plans.recommend import ObjectiveSpec, Settings, complexity, recommend
+from planner.plans.search import SearchSpace, search
+from sim.engines.analytic import simulate_analytic
+from sim.data.catalog import catalog_dir, get_model
+from sim.base.errors import InputError
+from sim.engines.simulate import simulate
+from sim.data.specs import Cluster
 from tests.conftest import cluster as shared_cluster
 
 FAST = dict(rerank=0, explain=False, suggest=False)
@@ -110,7 +110,7 @@ def test_adding_gpus_never_lowers_throughput_under_weak_scaling():
 def test_bigger_nvlink_domain_never_hurts():
     """The same plans on a bigger NVLink domain are never slower (more of each group's traffic
     stays on NVLink).  Compared plan by plan: the best plan itself may change, since NCCL's NVLS
-    buffers grow with the GPUs of a group inside one domain (sim.runtime.device_extra_bytes) and
+    buffers grow with the GPUs of a group inside one domain (sim.data.runtime.device_extra_bytes) and
     can push a memory-bound plan out."""
     model = get_model("llama3-70b")
     space = SearchSpace(max_mbs=2, max_vp=2, precision=("bf16",))

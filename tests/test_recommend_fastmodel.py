@@ -9,14 +9,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from planner.recommend import Settings
-from planner.search import SearchSpace, divisors, search
-from sim.analytic import simulate_analytic
-from sim.catalog import get_model
-from sim.errors import InputError
-from sim.memory import plan_memory
-from sim.plan import Plan
-from sim.specs import Cluster, Strategy
+from planner.plans.recommend import Settings
+from planner.plans.search import SearchSpace, divisors, search
+from sim.engines.analytic import simulate_analytic
+from sim.data.catalog import get_model
+from sim.base.errors import InputError
+from sim.cost.memory import plan_memory
+from sim.cost.plan import Plan
+from sim.data.specs import Cluster, Strategy
 from tests.conftest import cluster as shared_cluster
 
 REL = 1e-9  # the fast path sums n identical layers as n*x: ~1e-15 apart
@@ -28,7 +28,7 @@ def cluster(gpu: str, n: int, *, gpn: int = 8, domain: int | None = None) -> Clu
 
 def _frameworks() -> list[str | None]:
     try:
-        from sim.framework import list_frameworks
+        from sim.cost.framework import list_frameworks
     except ImportError:
         return [None]
     ids = [f.id for f in list_frameworks()]
@@ -132,9 +132,9 @@ def test_search_offers_partial_activation_offload_priced_as_simulate():
     every activation-offload entry, only without pipelining and recomputation (its
     TransformerConfig refuses both); each plan priced as simulate prices it (the host link moves N
     of the stage's layers), and the profiles without it (framework_space) never get it."""
-    from planner.recommend import framework_space
-    from sim.costs import offload_report
-    from sim.run import RunChoices, resolve
+    from planner.plans.recommend import framework_space
+    from sim.cost.costs import offload_report
+    from sim.engines.run import RunChoices, resolve
 
     model, cl = get_model("llama3-8b"), cluster("h100-80gb", 8)
     st = Settings.from_framework("megatron-core")

@@ -15,12 +15,12 @@ import pytest
 
 from planner.cli import main
 from planner.exports import LaunchSpec, formats_of, job_name, render
-from planner.recommend import Settings, recommend
+from planner.plans.recommend import Settings, recommend
 from planner.report import mfu_text
-from planner.search import SearchSpace
-from planner.uncertainty import above_published_note, memory_headroom
-from sim.catalog import get_model
-from sim.framework import default_frameworks, get_framework
+from planner.plans.search import SearchSpace
+from planner.fitting.uncertainty import above_published_note, memory_headroom
+from sim.data.catalog import get_model
+from sim.cost.framework import default_frameworks, get_framework
 from tests.conftest import cluster
 
 SMALL = SearchSpace(max_mbs=2, max_vp=2)
@@ -99,7 +99,7 @@ def test_memory_headroom_is_kept_and_stated(capsys):
 
 def test_what_would_fit_names_host_memory_when_offload_is_the_blocker():
     model, cl = get_model("llama3-70b"), cluster("a100-80gb", 8)
-    from sim.offload import with_host
+    from sim.cost.offload import with_host
 
     small_host = with_host(cl, host_dram_bytes=256 * 2**30)
     rec = recommend(model, small_host, gbs=16, seq_len=2048, space=SearchSpace(max_mbs=1, max_vp=2, tp=(1, 8),

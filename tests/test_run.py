@@ -1,4 +1,4 @@
-"""One resolution of a run (sim.run, issue 20): the same design gives the same step time and
+"""One resolution of a run (sim.engines.run, issue 20): the same design gives the same step time and
 memory from `planner simulate`, `planner tco --strategy`, the app's evaluation and the
 `planner simulate` line the app prints; Plan's defaults are the `default` profile's; the node's
 one host (server design, catalog, calibration) is what offloading prices."""
@@ -14,14 +14,14 @@ import pytest
 from appkit.design import Design
 from appkit.evaluate import cli_command, evaluate
 from planner.cli import main
-from sim.catalog import get_model
-from sim.clusters import cluster_from_catalog
-from sim.framework import apply_framework, default_frameworks, get_framework
-from sim.hostspecs import HostCalibration, HostCopy
-from sim.offload import default_host, host_spec, measured_host, offload_rates, server_host
-from sim.plan import Plan
-from sim.run import RunChoices, resolve
-from sim.simulate import simulate_run
+from sim.data.catalog import get_model
+from sim.net.clusters import cluster_from_catalog
+from sim.cost.framework import apply_framework, default_frameworks, get_framework
+from sim.data.hostspecs import HostCalibration, HostCopy
+from sim.cost.offload import default_host, host_spec, measured_host, offload_rates, server_host
+from sim.cost.plan import Plan
+from sim.engines.run import RunChoices, resolve
+from sim.engines.simulate import simulate_run
 
 # (model, gpu, GPUs, cluster flags as the app's sidebar states them, seq, STRATEGY)
 DESIGNS = [

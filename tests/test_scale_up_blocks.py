@@ -2,10 +2,10 @@
 
 import pytest
 
-from sim.clusters import cluster_from_catalog
-from sim.models import load_model
-from sim.plan import Plan, parse_strategy
-from sim.simulate import simulate
+from sim.net.clusters import cluster_from_catalog
+from sim.data.models import load_model
+from sim.cost.plan import Plan, parse_strategy
+from sim.engines.simulate import simulate
 
 
 @pytest.mark.parametrize("num_gpus,block", [(128, 64), (256, 64), (2496, 64), (144, 72), (576, 72), (60, 72),
@@ -52,7 +52,7 @@ def test_straddling_groups_are_named_in_the_warnings():
 
 
 def test_bad_placement_is_one_line_error():
-    from sim.errors import InputError
+    from sim.base.errors import InputError
 
     with pytest.raises(InputError) as e:
         cluster_from_catalog("gb200-186gb", 128, placement="scattered")

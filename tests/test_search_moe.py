@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from planner.recommend import Settings, framework_space
-from planner.search import SearchSpace, _layouts, search
-from sim.analytic import simulate_analytic
-from sim.catalog import get_model
-from sim.errors import InputError
+from planner.plans.recommend import Settings, framework_space
+from planner.plans.search import SearchSpace, _layouts, search
+from sim.engines.analytic import simulate_analytic
+from sim.data.catalog import get_model
+from sim.base.errors import InputError
 from tests.conftest import cluster
 
 
@@ -51,8 +51,8 @@ def test_framework_without_expert_tp_searches_tp_only():
 
 
 def test_token_imbalance_slows_the_busiest_rank_not_the_model_flops():
-    from sim.ops import layer_ops, model_flops_per_step
-    from sim.plan import Plan, parse_strategy
+    from sim.layers.ops import layer_ops, model_flops_per_step
+    from sim.cost.plan import Plan, parse_strategy
 
     model, cl = get_model("mixtral-8x7b"), cluster("h100-80gb", 64)
     s = parse_strategy("tp=1,pp=1,ep=8,mbs=1,gbs=64,zero=1", num_gpus=64)
@@ -78,9 +78,9 @@ def test_dispatchers_known_answers():
     """DeepEP fitted from its README (H800: 153-158 GB/s of 200 intranode, NIC-bound internode);
     the all-gather dispatcher moves every rank's unique tokens; all three priced alike by both
     callers."""
-    from planner.fit_kernels import fit_deepep_dispatch
-    from sim.compute import default_efficiency
-    from sim.plan import Plan, parse_strategy
+    from planner.fitting.fit_kernels import fit_deepep_dispatch
+    from sim.layers.compute import default_efficiency
+    from sim.cost.plan import Plan, parse_strategy
 
     fit = fit_deepep_dispatch()
     assert fit == default_efficiency().deepep_dispatch

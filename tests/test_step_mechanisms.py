@@ -6,14 +6,14 @@ from dataclasses import replace
 
 import pytest
 
-from sim.analytic import simulate_analytic
-from sim.compute import default_efficiency
-from sim.errors import InputError
-from sim.event import simulate_event
-from sim.memory import activation_bytes_per_layer, plan_memory
-from sim.models import load_model
-from sim.plan import Plan, parse_strategy
-from sim.step import overlap_window
+from sim.engines.analytic import simulate_analytic
+from sim.layers.compute import default_efficiency
+from sim.base.errors import InputError
+from sim.engines.event import simulate_event
+from sim.cost.memory import activation_bytes_per_layer, plan_memory
+from sim.data.models import load_model
+from sim.cost.plan import Plan, parse_strategy
+from sim.cost.step import overlap_window
 from tests.conftest import cluster
 
 

@@ -12,22 +12,22 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from planner.fit_kernels import fit_ring_attention, fit_sustained_clock
-from planner.published import summary
-from sim.analytic import simulate_analytic
-from sim.catalog import get_gpu, get_nic
-from sim.clusters import cluster_from_catalog
-from sim.compute import default_efficiency, matmul_efficiency
-from sim.netefficiency import network_kwargs
-from sim.costs import layer_cost, plan_layer_ops, step_costs
-from sim.event import simulate_event
-from sim.framework import apply_framework, get_framework
-from sim.network import Network
-from sim.ops import Op
-from sim.plan import HostSyncs, Plan
-from sim.specs import Model, Strategy
-from sim.stages import layer_params
-from sim.variability import expected_max_standard_normal, slowest_rank_factor
+from planner.fitting.fit_kernels import fit_ring_attention, fit_sustained_clock
+from planner.fitting.published import summary
+from sim.engines.analytic import simulate_analytic
+from sim.data.catalog import get_gpu, get_nic
+from sim.net.clusters import cluster_from_catalog
+from sim.layers.compute import default_efficiency, matmul_efficiency
+from sim.net.netefficiency import network_kwargs
+from sim.cost.costs import layer_cost, plan_layer_ops, step_costs
+from sim.engines.event import simulate_event
+from sim.cost.framework import apply_framework, get_framework
+from sim.net.network import Network
+from sim.layers.ops import Op
+from sim.cost.plan import HostSyncs, Plan
+from sim.data.specs import Model, Strategy
+from sim.layers.stages import layer_params
+from sim.layers.variability import expected_max_standard_normal, slowest_rank_factor
 
 GPT = Model(name="gpt-10b", num_layers=24, hidden_size=4096, num_attention_heads=32, ffn_hidden_size=16384,
             vocab_size=50304)
@@ -42,7 +42,7 @@ def _plan(fw: str, model: Model, gpu: str, n: int, **strategy: object) -> Plan:
     return Plan(**apply_framework({"model": model, "cluster": cl, "strategy": s}, framework))
 
 
-# ----------------------------------------------------------------- slowest of N (sim.variability)
+# ----------------------------------------------------------------- slowest of N (sim.layers.variability)
 
 
 @pytest.mark.parametrize("n", [2, 8, 64, 512, 8192])

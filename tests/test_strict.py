@@ -22,19 +22,19 @@ from hypothesis import strategies as st
 
 from planner import progress
 from planner.cli import main
-from sim import limits
-from sim.catalog import ENV_VAR, catalog_dir, get_model
-from sim.clusters import cluster_from_catalog
-from sim.errors import InfeasibleError, InputError
-from sim.event.engine import Engine
-from sim.event.resources import LinkTable
-from sim.event.scenario import Scenario, event_pieces
-from sim.costs import step_costs
-from sim.jsonout import dumps, to_jsonable
-from sim.network import Network
-from sim.outpaths import check_file, check_folder
-from sim.plan import check_feasible, parse_strategy, vp_fits, vp_split
-from sim.specs import Strategy
+from sim.base import limits
+from sim.data.catalog import ENV_VAR, catalog_dir, get_model
+from sim.net.clusters import cluster_from_catalog
+from sim.base.errors import InfeasibleError, InputError
+from sim.engines.event.engine import Engine
+from sim.engines.event.resources import LinkTable
+from sim.engines.event.scenario import Scenario, event_pieces
+from sim.cost.costs import step_costs
+from sim.base.jsonout import dumps, to_jsonable
+from sim.net.network import Network
+from sim.base.outpaths import check_file, check_folder
+from sim.cost.plan import check_feasible, parse_strategy, vp_fits, vp_split
+from sim.data.specs import Strategy
 from tests.test_event_fixtures import tiny_plan
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -266,7 +266,7 @@ PROFILE_KEYS = st.sampled_from([
 
 @functools.cache
 def _profile_text() -> str:
-    from sim.calibration import list_calibrations, load_calibration
+    from sim.cost.calibration import list_calibrations, load_calibration
 
     base = yaml.safe_load(Path(load_calibration(list_calibrations()[0]).path).read_text(encoding="utf-8"))
     return json.dumps(base)
@@ -275,7 +275,7 @@ def _profile_text() -> str:
 @settings(max_examples=60, deadline=None)
 @given(key=PROFILE_KEYS, bad=BAD_VALUES)
 def test_calibration_profiles_are_validated_like_catalogs(key, bad) -> None:
-    from sim.calibration import calibration_from_dict
+    from sim.cost.calibration import calibration_from_dict
 
     data = json.loads(_profile_text())
     node = data
@@ -361,8 +361,8 @@ def test_a_malformed_fitted_efficiency_names_its_file_and_key(tmp_path, monkeypa
     (("hardware", ), "h100"),
 ])
 def test_reference_rows_are_checked_naming_file_row_and_field(path, value) -> None:
-    from planner.refcheck import check_row
-    from planner.published import load_runs
+    from planner.fitting.refcheck import check_row
+    from planner.fitting.published import load_runs
 
     row = json.loads(json.dumps(load_runs("published")[0]))
     node = row
@@ -375,7 +375,7 @@ def test_reference_rows_are_checked_naming_file_row_and_field(path, value) -> No
 
 
 def test_the_shipped_reference_rows_pass_the_check() -> None:
-    from planner.reference import load_reference
+    from planner.fitting.reference import load_reference
 
     assert len(load_reference()) > 100
 

@@ -19,20 +19,20 @@ from hypothesis import given, settings, strategies as st
 from planner.cli import main
 from planner.exports import LaunchSpec, format_framework, render
 from planner.exports.readback import parameter_servers_from_tensorflow, read_back, tensorflow_strategy_class
-from sim.analytic import simulate_analytic
-from sim.catalog import get_model
-from sim.compute import default_efficiency
-from sim.costs import default_network, host_sync_counts, pieces_hbm_bytes_per_s, step_costs
-from sim.errors import InfeasibleError, InputError
-from sim.framework import apply_framework, check_supported, get_framework
-from sim.modelio import model_from_dict
-from sim.parameter_server import (expected_max_normal, keras_variables, mva_throughput, parameter_server_report,
+from sim.engines.analytic import simulate_analytic
+from sim.data.catalog import get_model
+from sim.layers.compute import default_efficiency
+from sim.cost.costs import default_network, host_sync_counts, pieces_hbm_bytes_per_s, step_costs
+from sim.base.errors import InfeasibleError, InputError
+from sim.cost.framework import apply_framework, check_supported, get_framework
+from sim.data.modelio import model_from_dict
+from sim.engines.parameter_server import (expected_max_normal, keras_variables, mva_throughput, parameter_server_report,
                                   ps_params)
-from sim.plan import Plan, parse_strategy
-from sim.psspecs import ParameterServers
-from sim.run import RunChoices, resolve
-from sim.runtime import default_comm_runtime
-from sim.simulate import simulate
+from sim.cost.plan import Plan, parse_strategy
+from sim.data.psspecs import ParameterServers
+from sim.engines.run import RunChoices, resolve
+from sim.data.runtime import default_comm_runtime
+from sim.engines.simulate import simulate
 from tests.conftest import cluster
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _plan(framework: str, strategy: str, n: int, *, model: str = "gpt-1.7b", gpu: str = "h100-80gb",
           ps: ParameterServers | None = None, **cl: object) -> Plan:
-    """The plan ``planner simulate --framework`` prices (``sim.run.resolve``)."""
+    """The plan ``planner simulate --framework`` prices (``sim.engines.run.resolve``)."""
     return resolve(get_model(model), cluster(gpu, n, **cl), strategy,
                    RunChoices(framework=framework, parameter_servers=ps)).plan
 
@@ -116,7 +116,7 @@ def test_tied_embeddings_have_no_head():
 
 
 def test_round_robin_and_min_size_partitioner_known_answers():
-    from sim.parameter_server import Variable
+    from sim.engines.parameter_server import Variable
 
     vs = (Variable("a", 100, 10), Variable("b", 1, 10), Variable("c", 30, 10))  # 1000, 10, 300 params
     # no partitioner: whole variables on count % 2 -> PS0: a + c, PS1: b
@@ -348,8 +348,8 @@ def test_search_prices_tf_plans_as_simulate_does():
     mechanisms too (Keras optimizer and accumulation bytes, unfused kernels)."""
     import numpy as np
 
-    from planner.recommend import Settings
-    from planner.search import SearchSpace, search
+    from planner.plans.recommend import Settings
+    from planner.plans.search import SearchSpace, search
 
     st_ = Settings.from_framework("tf-multiworker")
     cl = cluster("h100-80gb", 32)

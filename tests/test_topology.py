@@ -5,9 +5,9 @@ from __future__ import annotations
 import networkx as nx
 import pytest
 
-from sim.fabric import TIERS, grid_shape, layout_fabric
-from sim.routing import graph_bisection_bytes_per_s, route_stripes
-from sim.topology import build_topology, topology_metrics
+from sim.net.fabric import TIERS, grid_shape, layout_fabric
+from sim.net.routing import graph_bisection_bytes_per_s, route_stripes
+from sim.net.topology import build_topology, topology_metrics
 from tests.topo_fixtures import A100, GB200, HDR, make_cluster, make_gpu, make_nic
 
 ONE = make_gpu(id="one-per-node", domain=1, gpus_per_node=1, nics_per_node=1)

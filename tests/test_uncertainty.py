@@ -1,4 +1,4 @@
-"""The number to plan with and its band (planner.uncertainty): the stored document is what the
+"""The number to plan with and its band (planner.fitting.uncertainty): the stored document is what the
 leave-one-source-out comparisons give, the band's coverage of published runs is measured
 leave-one-source-out (each source scored by a table fitted without it) and locked at 75-85%
 overall and per class, the estimate lies inside its band, and simulate / recommend / tco carry it."""
@@ -10,11 +10,11 @@ import shutil
 import pytest
 
 from planner.cli import main
-from planner.uncertainty import (MIN_RUNS, MIN_SOURCES, Band, Residual, band_coverage, band_for, band_from,
+from planner.fitting.uncertainty import (MIN_RUNS, MIN_SOURCES, Band, Residual, band_coverage, band_for, band_from,
                                  class_of, fit_document, fit_table, headline, residual_rows, stored_table)
-from sim.catalog import ENV_VAR, catalog_dir, catalog_document, get_model
-from sim.errors import InputError
-from sim.plan import Plan, parse_strategy
+from sim.data.catalog import ENV_VAR, catalog_dir, catalog_document, get_model
+from sim.base.errors import InputError
+from sim.cost.plan import Plan, parse_strategy
 from tests.conftest import cluster
 
 COVERAGE = (0.75, 0.85)  # the 80% band, measured leave-one-source-out (issue 21)

@@ -1,4 +1,4 @@
-"""sim.calibration: loading profiles, standing in for catalog hardware, the CLI hook, layering."""
+"""sim.cost.calibration: loading profiles, standing in for catalog hardware, the CLI hook, layering."""
 
 import ast
 import json
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.calibration import calibration_dir, dump_profile, list_calibrations, load_calibration
-from sim.errors import InputError
+from sim.cost.calibration import calibration_dir, dump_profile, list_calibrations, load_calibration
+from sim.base.errors import InputError
 from tests.test_validate_fit import ENV, synthetic_records
 from validate.profile import fit_profile
 
@@ -73,10 +73,10 @@ def test_element_size_and_core_sharing(profile):
 
 def test_apply_plan_puts_the_plan_on_the_measured_links(profile):
     """Two calibrated ranks: ring all-reduce = S/B + 2 alpha with the fitted B and alpha."""
-    from sim.catalog import get_model, get_nic
-    from sim.network import Network
-    from sim.plan import Plan
-    from sim.specs import Cluster, Strategy
+    from sim.data.catalog import get_model, get_nic
+    from sim.net.network import Network
+    from sim.cost.plan import Plan
+    from sim.data.specs import Cluster, Strategy
 
     cal = load_calibration(str(profile))
     gpu = cal.gpu
@@ -170,6 +170,6 @@ def test_fit_compare_and_launchers_do_not_need_torch():
 
     code = ("import sys, validate.specs, validate.fit, validate.fit_links, validate.profile, validate.compare, "
             "validate.suite, validate.launch, validate.slurm, validate.k8s, validate.rankenv, validate.layouts, "
-            "validate.synthetic, planner.cmd_validate; print('torch' in sys.modules)")
+            "validate.synthetic, planner.commands.cmd_validate; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "False"

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from sim import collectives as cf
+from sim.net import collectives as cf
 from validate.fit import (FitError, fit_attention, fit_host_floor, fit_matmul, fit_memory, fit_overhead,
                           weighted_line)
 from validate.fit_links import Machine, fit_link, fit_links, predict_collective, probe_cluster
@@ -122,7 +122,7 @@ def test_everything_at_the_floor_is_an_error_not_a_guess():
 
 
 def ring_records(B, alpha, sizes=(4096, 65536, 1 << 20, 1 << 24)):
-    """Two ranks: closed forms of sim.collectives (Patarasuk & Yuan: 2(n-1)/n S/B + 2(n-1) alpha)."""
+    """Two ranks: closed forms of sim.net.collectives (Patarasuk & Yuan: 2(n-1)/n S/B + 2(n-1) alpha)."""
     out = []
     for s in sizes:
         for op, t in (("all_reduce", cf.ring_all_reduce_time_s(2, s, B, alpha)),
@@ -142,7 +142,7 @@ def test_ring_all_reduce_known_answer():
 
 @pytest.mark.parametrize("B,alpha", [(1e9, 1e-4), (5e10, 5e-6)])
 def test_link_fit_recovers_alpha_beta(B, alpha):
-    """The fit goes through sim.network; data from the closed forms must come back out."""
+    """The fit goes through sim.net.network; data from the closed forms must come back out."""
     fit = fit_link(ring_records(B, alpha), tier="intra", machine=Machine(world=2, ranks_per_node=2))
     assert fit.bytes_per_s == pytest.approx(B, rel=0.03)
     assert fit.latency_s == pytest.approx(alpha, rel=0.05)
@@ -151,7 +151,7 @@ def test_link_fit_recovers_alpha_beta(B, alpha):
 
 def test_link_fit_four_ranks_concurrent_groups():
     """Four ranks, two TP-like pairs at once on one node: same per-link parameters."""
-    from sim.network import Network
+    from sim.net.network import Network
 
     B, alpha = 2e9, 5e-5
     net = Network(probe_cluster(Machine(world=4, ranks_per_node=4), intra=(B, alpha), inter=None))
@@ -207,7 +207,7 @@ ENV = {"device_type": "cpu", "device_name": "Test CPU", "world_size": 2, "local_
 
 
 def test_profile_round_trips_through_sim_calibration(tmp_path):
-    from sim.calibration import dump_profile, load_calibration
+    from sim.cost.calibration import dump_profile, load_calibration
 
     prof = fit_profile(synthetic_records(), ENV, profile_id="cpu-test")
     path = dump_profile(prof, tmp_path / "p.yaml", header="test")
@@ -223,10 +223,10 @@ def test_profile_round_trips_through_sim_calibration(tmp_path):
 
 
 def test_profile_reproduces_its_microbenchmarks(tmp_path):
-    """The fitted device, run through sim.compute, gives back the GEMM times it was fitted on."""
-    from sim.calibration import dump_profile, load_calibration
-    from sim.compute import default_efficiency, op_time
-    from sim.ops import _gemm
+    """The fitted device, run through sim.layers.compute, gives back the GEMM times it was fitted on."""
+    from sim.cost.calibration import dump_profile, load_calibration
+    from sim.layers.compute import default_efficiency, op_time
+    from sim.layers.ops import _gemm
 
     prof = fit_profile(synthetic_records(), ENV, profile_id="cpu-test")
     cal = load_calibration(str(dump_profile(prof, tmp_path / "p.yaml")))
@@ -246,8 +246,8 @@ def test_fit_profile_without_microbenchmarks_fails():
 def test_one_rank_cpu_profile_writes_no_link_and_refuses_intra_host_plans(tmp_path):
     """A one-rank CPU host measured no link: the profile has none (no placeholder), and a plan
     with two ranks per host on it is refused with one line, while one rank per host works."""
-    from sim.calibration import dump_profile, load_calibration
-    from sim.errors import InputError
+    from sim.cost.calibration import dump_profile, load_calibration
+    from sim.base.errors import InputError
 
     recs = [r for r in synthetic_records() if r["kind"] != "collective"]
     prof = fit_profile(recs, {**ENV, "world_size": 1, "local_world_size": 1}, profile_id="cpu-one")
@@ -271,9 +271,9 @@ def test_gpu_profile_keeps_the_data_sheet_and_stores_efficiencies(tmp_path):
     """A GPU host: the catalog record of the matching GPU (guessed from torch's device name)
     keeps its peaks; the measurements become matmul/HBM efficiencies and the attention
     fractions of its architecture."""
-    from sim.calibration import dump_profile, load_calibration
-    from sim.catalog import get_gpu
-    from sim.compute import default_efficiency
+    from sim.cost.calibration import dump_profile, load_calibration
+    from sim.data.catalog import get_gpu
+    from sim.layers.compute import default_efficiency
 
     h200 = get_gpu("h200-141gb")
     P, W = 0.7 * h200.peak_flops_per_s("bf16"), 0.8 * h200.hbm_bytes_per_s

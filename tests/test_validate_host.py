@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 import yaml
 
-from sim.calibration import HOST_BANDWIDTH_KEYS, dump_profile, load_calibration
+from sim.cost.calibration import HOST_BANDWIDTH_KEYS, dump_profile, load_calibration
 from validate import synthetic as S
 from validate.fit import weighted_line
 from validate.fit_host import fit_host, fit_host_copy
@@ -136,14 +136,14 @@ def test_synthetic_copies_are_recovered_and_round_trip(tmp_path, capsys):
     assert written == set(HOST_BANDWIDTH_KEYS)
     assert prof["fit"]["host"]["memory"]["op"] == "triad"
 
-    # the cluster simulate runs on carries them (sim.simulate -> Calibration.apply_plan)
-    from sim.catalog import get_model
-    from sim.clusters import cluster_from_catalog
-    from sim.plan import Plan, parse_strategy
+    # the cluster simulate runs on carries them (sim.engines.simulate -> Calibration.apply_plan)
+    from sim.data.catalog import get_model
+    from sim.net.clusters import cluster_from_catalog
+    from sim.cost.plan import Plan, parse_strategy
 
     plan = Plan(model=get_model("llama3-8b"), cluster=cluster_from_catalog(cal.gpu, 8, gpus_per_node=8),
                 strategy=parse_strategy("tp=8,mbs=1,gbs=8", num_gpus=8, seq_len=4096))
-    host = cal.apply_plan(plan).cluster.host  # the node's one host, with the measured rates (sim.offload.host_spec)
+    host = cal.apply_plan(plan).cluster.host  # the node's one host, with the measured rates (sim.cost.offload.host_spec)
     assert host.host_mem_bytes_per_s == pytest.approx(hb.host_mem_bytes_per_s)
     assert host.host_link_bytes_per_s == pytest.approx(min(hb.h2d_bytes_per_s, hb.d2h_bytes_per_s))
     assert plan.cluster.host is None  # the catalog's cluster knows no measured host
@@ -230,8 +230,8 @@ def test_malformed_host_block_is_one_line_exit_2(tmp_path, capsys, edit, field):
 
 
 def test_host_calibration_is_validated_on_construction():
-    from sim.errors import InputError
-    from sim.hostspecs import HostCalibration, HostCopy
+    from sim.base.errors import InputError
+    from sim.data.hostspecs import HostCalibration, HostCopy
 
     with pytest.raises(InputError):
         HostCopy(bytes_per_s=0.0)

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from sim.calibration import dump_profile, load_calibration
+from sim.cost.calibration import dump_profile, load_calibration
 from validate import synthetic as S
 from validate.profile import fit_profile, profile_header
 
@@ -78,11 +78,11 @@ def _run(capsys, argv):
 
 def _truth_step(strategy_text: str, num_gpus: int, gpus_per_node: int) -> float:
     """The step the known constants predict, without any profile."""
-    from sim.analytic import simulate_analytic
-    from sim.catalog import get_model
-    from sim.netefficiency import network_size_curves
-    from sim.network import Network
-    from sim.plan import Plan, parse_strategy
+    from sim.engines.analytic import simulate_analytic
+    from sim.data.catalog import get_model
+    from sim.net.netefficiency import network_size_curves
+    from sim.net.network import Network
+    from sim.cost.plan import Plan, parse_strategy
 
     cluster = TRUTH.cluster(num_gpus, gpus_per_node)
     plan = Plan(model=get_model("llama3-8b"), cluster=cluster,
@@ -129,11 +129,11 @@ def test_round_trip_across_nodes(tmp_path, capsys, world, rpn):
 
 
 def _truth_breakdown(strategy_text: str, num_gpus: int, gpus_per_node: int) -> dict:
-    from sim.analytic import simulate_analytic
-    from sim.catalog import get_model
-    from sim.netefficiency import network_size_curves
-    from sim.network import Network
-    from sim.plan import Plan, parse_strategy
+    from sim.engines.analytic import simulate_analytic
+    from sim.data.catalog import get_model
+    from sim.net.netefficiency import network_size_curves
+    from sim.net.network import Network
+    from sim.cost.plan import Plan, parse_strategy
 
     cluster = TRUTH.cluster(num_gpus, gpus_per_node)
     plan = Plan(model=get_model("llama3-8b"), cluster=cluster,
@@ -147,10 +147,10 @@ def test_one_rank_per_node_profile_keeps_the_catalog_nvlink(tmp_path, capsys):
     """Two nodes with one GPU each measure only the NIC.  Nothing is written for the scale-up
     link, so tp=8 inside a node is priced on the catalog's NVLink (the placeholder 1 GB/s link
     of old made llama3-8b at tp=8 take 30.9 s instead of 0.76 s)."""
-    from sim.catalog import get_gpu
-    from sim.netefficiency import network_kwargs
-    from sim.network import Network
-    from sim.specs import Cluster
+    from sim.data.catalog import get_gpu
+    from sim.net.netefficiency import network_kwargs
+    from sim.net.network import Network
+    from sim.data.specs import Cluster
 
     prof, cal = _profile(tmp_path, 2, 1, "syn-2n")
     assert [link["kind"] for link in prof["links"]] == ["nic"]

@@ -2,7 +2,7 @@
 
 A workload record (``validate.workloads.run``) carries the model, the strategy in the
 simulator's terms and the number of ranks per host; the prediction is
-``sim.simulate.simulate(plan, calibration=profile)`` on a cluster of that many calibrated
+``sim.engines.simulate.simulate(plan, calibration=profile)`` on a cluster of that many calibrated
 devices, nothing else: no per-workload factor.  Errors are ``predicted / measured - 1``.
 
 Memory: the simulator counts activations at 2 bytes per element; on a device that trains in
@@ -20,13 +20,13 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from sim.calibration import Calibration, load_calibration
-from sim.catalog import get_nic
-from sim.memory import memory_breakdown
-from sim.plan import Plan
-from sim.runtime import default_runtime
-from sim.simulate import simulate
-from sim.specs import Cluster, Strategy
+from sim.cost.calibration import Calibration, load_calibration
+from sim.data.catalog import get_nic
+from sim.cost.memory import memory_breakdown
+from sim.cost.plan import Plan
+from sim.data.runtime import default_runtime
+from sim.engines.simulate import simulate
+from sim.data.specs import Cluster, Strategy
 
 
 def _strategy(w: dict[str, Any]) -> Strategy:

@@ -1,6 +1,6 @@
 """Fit the compute part of a calibration profile from microbenchmark records.
 
-Each parameter is fitted in the form the simulator evaluates it.  ``sim.compute.op_time``
+Each parameter is fitted in the form the simulator evaluates it.  ``sim.layers.compute.op_time``
 times an op as ``max(work, host_op_floor_s) + kernel_overhead_s`` (backward: ``2 floor``,
 ``2 overhead``), ``work`` being the larger of the compute time and the memory roofline
 ``hbm_bytes / W``.  The fits invert that form exactly:
@@ -11,7 +11,7 @@ times an op as ``max(work, host_op_floor_s) + kernel_overhead_s`` (backward: ``2
   whose ops run on the host (``kernel_overhead_s`` is the whole per-op cost);
 * memory-bound kernels (copy, add, GELU, LayerNorm): ``t = o + bytes / W`` on tensors of at
   least 1 MiB, ``W`` the geometric mean of ``bytes / (t - o)``;
-* GEMM: ``t = o + F / (P * d / (d + h))``, ``d = min(M, N, K)`` (``sim.compute``'s shape
+* GEMM: ``t = o + F / (P * d / (d + h))``, ``d = min(M, N, K)`` (``sim.layers.compute``'s shape
   factor); ``(t - o) / F = 1/P + (h/P) / d`` is linear in ``1/d``, solved by least squares on
   relative errors; ``P`` is the achievable FLOP/s, ``h`` the ``gemm_half_dim``;
 * attention: ``F / ((t - o) P)`` forward and ``2.5 F / ((t - 2o) P)`` backward (the
@@ -32,7 +32,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from sim.conventions import conventions
+from sim.data.conventions import conventions
 
 MIN_POINTS = 2
 BOUND_MARGIN = 1.05
@@ -193,7 +193,7 @@ class AttentionFit:
 
 
 def attention_hbm_bytes(r: dict, element_bytes: float = 2.0) -> float:
-    """Forward HBM bytes of a fused causal attention as ``sim.ops`` counts them: Q, K, V and
+    """Forward HBM bytes of a fused causal attention as ``sim.layers.ops`` counts them: Q, K, V and
     the output, plus 4 bytes of softmax statistics per query and head."""
     b, a, s, d = r["batch"], r["heads"], r["seq"], r["head_dim"]
     return element_bytes * b * s * 4 * a * d + 4.0 * b * a * s

@@ -2,9 +2,9 @@
 
 Per link tier (``intra``: inside a node, the scale-up link; ``inter``: between nodes, the
 NIC), the latency ``alpha`` (per algorithm step), the bandwidth ``B`` and a per-call overhead
-``c`` (``collective_overhead_s``, which ``sim.costs`` adds to every collective) minimise the
+``c`` (``collective_overhead_s``, which ``sim.cost.costs`` adds to every collective) minimise the
 squared log error of ``Network.collective_time_s + c`` (the ring/tree/pairwise closed forms of
-``sim.collectives`` on the measured rank placement, concurrent groups included) over every
+``sim.net.collectives`` on the measured rank placement, concurrent groups included) over every
 measured op, size and layout of that tier: a log-spaced grid search over ``(alpha, B)``
 refined around the best point, ``c`` by a 1-D search inside (no SciPy needed).
 
@@ -62,7 +62,7 @@ SIM_OP = {"send_recv": "p2p"}
 def probe_cluster(m: Machine, *, intra: tuple[float, float] | None, inter: tuple[float, float] | None):
     """A cluster shaped like the measured job whose scale-up (and NIC) links have the trial
     parameters (bandwidth, latency)."""
-    from sim.specs import Cluster, Gpu, Link
+    from sim.data.specs import Cluster, Gpu, Link
 
     su_bw, su_lat = intra if intra is not None else (inter if inter is not None else (1e9, 1e-5))
     nic_bw, nic_lat = inter if inter is not None else (su_bw, su_lat)
@@ -96,7 +96,7 @@ def collective_groups(rec: dict) -> list[list[int]]:
 
 
 def predict_collective(net, rec: dict) -> float:
-    """What ``net`` (a ``sim.network.Network``) predicts for one measured collective."""
+    """What ``net`` (a ``sim.net.network.Network``) predicts for one measured collective."""
     op = SIM_OP.get(rec["op"], rec["op"])
     groups = collective_groups(rec)
     concurrent = [tuple(g) for g in groups] if len(groups) > 1 else None
@@ -129,7 +129,7 @@ def _best_overhead(pred: np.ndarray, meas: np.ndarray, fixed: float | None) -> t
 
 
 def _network(m: Machine, tier: str, trial: tuple[float, float], fixed: tuple[float, float] | None):
-    from sim.network import Network
+    from sim.net.network import Network
 
     if tier == "intra":
         return Network(probe_cluster(m, intra=trial, inter=fixed))

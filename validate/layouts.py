@@ -1,12 +1,12 @@
 """Process-group layouts the collective microbenchmarks run on (plain data, no torch).
 
 Ranks are numbered node by node (``rank = node * ranks_per_node + local``), as torchrun and
-``sim.placement`` number them.  Every group of a layout runs its collective at the same time,
+``sim.net.placement`` number them.  Every group of a layout runs its collective at the same time,
 as the groups of one parallelism dimension do in training:
 
 * ``world``: all ranks (data parallelism over the whole job);
 * ``tp<g>``: adjacent blocks of ``g`` ranks inside a node, for every ``g = 2, 4, ...`` below
-  the node's size (TP groups; ``sim.placement`` puts TP innermost); ``node`` is the block of a
+  the node's size (TP groups; ``sim.net.placement`` puts TP innermost); ``node`` is the block of a
   whole node when the job spans several (with NVSwitch, what NCCL's NVLS algorithms run on);
 * ``dp<g>``: ``g`` ranks strided across the node (``stride = ranks_per_node / g``), DP-like
   groups that cross TP groups;

@@ -2,7 +2,7 @@
 
 ``compare(plan)`` runs ``validate.memtrack.track`` on the stage the planner says peaks and
 puts both sides next to each other: weights, gradients, optimizer states, activations,
-temporaries and the allocated total (``sim.memory``'s categories at its predicted peak moment;
+temporaries and the allocated total (``sim.cost.memory``'s categories at its predicted peak moment;
 the tracker's composition at its measured peak).  ``GRID`` is the standing set of plans
 (torchtitan-built: dense Llama and GPT, MoE with expert parallelism and token imbalance;
 tp with sequence parallelism, pp stages with their in-flight micro-batches, cp shapes, FSDP2
@@ -10,7 +10,7 @@ over dp; ZeRO 0 (autocast), 2 (no reshard after forward) and 3; no, op-level sel
 and Megatron-style partial block/uniform recomputation).  Models keep their width and are cut
 to a few layers per stage (memory per layer is exact, the run takes seconds).
 
-What cannot run this way is modelled from the framework's source instead (``sim.memory``,
+What cannot run this way is modelled from the framework's source instead (``sim.cost.memory``,
 ``catalogs/runtime.yaml`` model_states with the lines cited): Megatron-Core's distributed
 optimizer and fp32 main-grad buffer, DeepSpeed's engines, Transformer Engine's fp8 saved
 inputs.  float8 linears need torchao, which this grid does not install.
@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import time
 
-from sim.catalog import get_model
-from sim.clusters import cluster_from_catalog
-from sim.framework import apply_framework, get_framework
-from sim.memory import plan_memory
-from sim.plan import Plan, parse_strategy
+from sim.data.catalog import get_model
+from sim.net.clusters import cluster_from_catalog
+from sim.cost.framework import apply_framework, get_framework
+from sim.cost.memory import plan_memory
+from sim.cost.plan import Plan, parse_strategy
 
 from validate.memtrack import CATEGORIES, track
 from validate.titan import reduced

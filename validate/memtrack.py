@@ -3,7 +3,7 @@
 ``track(plan)`` builds the plan's most loaded rank (or ``stage``) with ``validate.titan`` under
 ``FakeTensorMode`` on a fake process group, runs a warm-up step (so the optimizer states
 exist, as in every step after the first), then one tracked step: the micro-batches the stage
-holds at its peak (1F1B: ``sim.memory.inflight_microbatches``) forward, their backwards in
+holds at its peak (1F1B: ``sim.cost.memory.inflight_microbatches``) forward, their backwards in
 order, the remaining micro-batches of gradient accumulation, and the optimizer step.
 ``torch.distributed._tools.mem_tracker.MemTracker`` (``FSDPMemTracker`` with FSDP2) sees
 every tensor the dispatcher creates and reports the composition at the peak, which is
@@ -34,8 +34,8 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 
-from sim.memory import inflight_microbatches
-from sim.plan import Plan
+from sim.cost.memory import inflight_microbatches
+from sim.cost.plan import Plan
 
 from validate.titan import Stage, apply_ac, apply_fsdp, apply_tp, stage_of
 
@@ -103,8 +103,8 @@ def _ensure_world(world: int) -> None:
 
 
 def heaviest_stage(plan: Plan) -> int:
-    """The stage the planner predicts to peak (``sim.memory``)."""
-    from sim.memory import plan_memory
+    """The stage the planner predicts to peak (``sim.cost.memory``)."""
+    from sim.cost.memory import plan_memory
 
     return plan_memory(plan).stage
 

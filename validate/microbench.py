@@ -86,7 +86,7 @@ def bench_attention(env: Env, cfg: MicrobenchConfig, rec: Recorder) -> None:
     """Causal ``scaled_dot_product_attention``, forward and forward+backward.
 
     ``flops`` is the simulator's count for a causal kernel that skips masked blocks
-    (``sim.ops``: ``2 * b * heads * s^2 * d``, half of the full square's ``4 b a s^2 d``).
+    (``sim.layers.ops``: ``2 * b * heads * s^2 * d``, half of the full square's ``4 b a s^2 d``).
     """
     dtype = DTYPES[cfg.dtype]
     for b, a, s, d in cfg.attention_shapes:

@@ -1,6 +1,6 @@
 """A configurable GPT-style decoder, small enough to train on a laptop, shaped like the simulator's.
 
-The layer is the one ``sim.ops.layer_ops`` counts for ``ffn_type="gelu"``: pre-norm
+The layer is the one ``sim.layers.ops.layer_ops`` counts for ``ffn_type="gelu"``: pre-norm
 LayerNorm (weight only), separate Q/K/V projections (so tensor parallelism can shard heads
 column-wise, as torchtitan does), causal ``scaled_dot_product_attention``, an output
 projection, LayerNorm, ``Linear(h, f) -> GELU -> Linear(f, h)``, no biases and no dropout.
@@ -11,7 +11,7 @@ count the same weights.
 
 Parameters are fp32; on a GPU the forward runs under bf16 autocast (mixed precision, as the
 simulator's ``precision=bf16`` assumes), on a CPU in fp32 (bf16 GEMMs are slow on many CPUs;
-the CPU profile is fitted and corrected for fp32, ``sim.calibration``).
+the CPU profile is fitted and corrected for fp32, ``sim.cost.calibration``).
 With autocast the residual stream stays in bf16 end to end: the embedding output is cast to
 it and ``LayerNorm`` returns its input's dtype (``layer_norm`` is on autocast's fp32 list,
 which would otherwise make every norm output, residual, sequence-parallel gather and pipeline

@@ -1,4 +1,4 @@
-"""Assemble a calibration profile (the ``sim.calibration`` schema) from microbenchmark records.
+"""Assemble a calibration profile (the ``sim.cost.calibration`` schema) from microbenchmark records.
 
 ``fit_profile`` runs the compute fits (``validate.fit``) and the link fits
 (``validate.fit_links``) and writes what was measured, and only that:
@@ -66,7 +66,7 @@ def guess_base_gpu(env: dict) -> str | None:
     the measured peaks)."""
     if env.get("device_type") != "cuda":
         return None
-    from sim.catalog import catalog_records
+    from sim.data.catalog import catalog_records
 
     toks = _tokens(str(env.get("device_name", "")).replace("-", " "))
     model = next((t for t in toks if t != "nvidia" and any(c.isdigit() for c in t) and any(c.isalpha() for c in t)
@@ -87,7 +87,7 @@ def guess_base_gpu(env: dict) -> str | None:
 
 
 def _base_record(base_gpu: str) -> dict:
-    from sim.catalog import catalog_records
+    from sim.data.catalog import catalog_records
 
     base = next((dict(r) for r in catalog_records("gpus")
                  if r["id"] == base_gpu or base_gpu in (r.get("aliases") or [])), None)
@@ -129,7 +129,7 @@ def software_line(env: dict) -> str:
 def profile_header(profile: dict[str, Any], suite: str) -> str:
     """The comment block at the top of a written profile."""
     host = profile.get("host", {})
-    return (f"Calibration profile {profile['id']} (schema: sim/calibration.py, docs/validate.md).\n"
+    return (f"Calibration profile {profile['id']} (schema: sim/cost/calibration.py, docs/validate.md).\n"
             f"Fitted from the {suite} microbenchmark suite only; {profile['source']}.\n"
             f"Software: {software_line(host)}.\n"
             "Regenerate: planner validate all" + (" --quick" if suite == "quick" else "") + " --install")
@@ -137,7 +137,7 @@ def profile_header(profile: dict[str, Any], suite: str) -> str:
 
 def fit_profile(records: list[dict], env: dict, *, profile_id: str | None = None,
                 compute_dtype: str | None = None, base_gpu: str | None = None) -> dict[str, Any]:
-    """The calibration profile (a plain dict in the ``sim.calibration`` schema); module
+    """The calibration profile (a plain dict in the ``sim.cost.calibration`` schema); module
     docstring.  Raises ``FitError`` when the compute measurements cannot be fitted."""
     device_type = str(env.get("device_type", "cpu"))
     dtype = compute_dtype or ("fp32" if device_type == "cpu" else "bf16")
@@ -172,13 +172,13 @@ def fit_profile(records: list[dict], env: dict, *, profile_id: str | None = None
             "id": su_id, "name": f"{env.get('backend', '?')} inside one host ({pid})", "kind": "scale-up",
             "technology": "loopback TCP (gloo)" if device_type == "cpu" else "nvlink/pcie (nccl)",
             "gb_per_s_per_direction": intra.bytes_per_s / 1e9, "latency_us": intra.latency_s * 1e6, "source": prov,
-            "notes": "alpha-beta fit through sim.network on the layouts " + ", ".join(intra.layouts)})
+            "notes": "alpha-beta fit through sim.net.network on the layouts " + ", ".join(intra.layouts)})
     nic_id = f"{pid}-nic"
     if inter is not None:
         links.append({"id": nic_id, "name": f"{env.get('backend', '?')} between hosts ({pid})", "kind": "nic",
                       "technology": "measured", "gb_per_s_per_direction": inter.bytes_per_s / 1e9,
                       "latency_us": inter.latency_s * 1e6, "source": prov,
-                      "notes": f"per rank's NIC; alpha-beta fit through sim.network on the layouts "
+                      "notes": f"per rank's NIC; alpha-beta fit through sim.net.network on the layouts "
                                f"{', '.join(inter.layouts)} ({machine.probe_nics} NIC(s) per node in the probe)"})
     scale_up = {"nvlink_gb_per_s_per_direction": intra.bytes_per_s / 1e9, "nvlink_generation": su_id} if intra else {}
     if base is not None:

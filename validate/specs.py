@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sim.specs import Model, Strategy
+from sim.data.specs import Model, Strategy
 
 PARALLEL_KINDS = ("single", "ddp", "fsdp", "tp", "pp", "mesh")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")

@@ -223,7 +223,7 @@ def run_all(*, quick: bool, out_dir: Path, launcher: str = "local", timeout_s: f
     local GPU on ``cuda``.  ``suite`` replaces the built one and ``check(suite, measurements)``
     runs between measuring and fitting (``scripts/gpu_smoke.py`` asserts there).
     """
-    from sim.calibration import dump_profile
+    from sim.cost.calibration import dump_profile
     from validate.compare import compare, contention_warnings
     from validate.profile import fit_profile, profile_header
 

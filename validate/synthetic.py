@@ -4,8 +4,8 @@
 attention fractions, HBM bandwidth, kernel overhead, host floor, the intra- and inter-node
 links and the per-collective overhead, the host memory rate and the host<->device copies).  ``records`` turns them into microbenchmark records
 exactly as the simulator would time those benchmarks: compute through
-``sim.compute.op_time`` on the truth's device and efficiency knobs, collectives through
-``sim.network.Network`` on a cluster shaped like the measured job (each rank with its own NIC)
+``sim.layers.compute.op_time`` on the truth's device and efficiency knobs, collectives through
+``sim.net.network.Network`` on a cluster shaped like the measured job (each rank with its own NIC)
 plus the per-call overhead.  ``validate.profile.fit_profile`` on these records must give the
 constants back (``tests/test_validate_synthetic.py``), and the profile must predict what the
 truth predicts (``planner simulate --calibration``).
@@ -47,20 +47,20 @@ class Truth:
     h2d_pageable: tuple[float, float] = (1.8e10, 2.5e-5)
     d2h_pageable: tuple[float, float] = (1.4e10, 3.0e-5)
 
-    def gpu(self):  # -> sim.specs.Gpu
+    def gpu(self):  # -> sim.data.specs.Gpu
         """The base GPU with the truth's efficiencies (what the profile's device must equal)."""
-        from sim.catalog import get_gpu
+        from sim.data.catalog import get_gpu
 
         g = get_gpu(self.base_gpu)
-        # the scale-up bandwidth of a cluster is its GPU's NVLink figure (sim.topology)
+        # the scale-up bandwidth of a cluster is its GPU's NVLink figure (sim.net.topology)
         return replace(g, matmul_efficiency=type(g.matmul_efficiency)({**g.matmul_efficiency,
                                                                        "bf16": self.matmul_fraction}),
                        hbm_efficiency=self.hbm_bytes_per_s / g.hbm_bytes_per_s,
                        nvlink_bytes_per_s_per_direction=self.intra_bytes_per_s)
 
-    def efficiency(self):  # -> sim.compute.KernelEfficiency
+    def efficiency(self):  # -> sim.layers.compute.KernelEfficiency
         """The catalog's knobs with the truth's, as ``Calibration.apply_efficiency`` sets them."""
-        from sim.compute import default_efficiency
+        from sim.layers.compute import default_efficiency
 
         g = self.gpu()
         eff = default_efficiency()
@@ -79,16 +79,16 @@ class Truth:
                        attention_curves={a: c for a, c in eff.attention_curves.items() if a != g.architecture})
 
     def links(self):  # -> (scale-up Link, NIC Link)
-        from sim.specs import Link
+        from sim.data.specs import Link
 
         return (Link(id="truth-su", name="truth", kind="scale-up", bytes_per_s_per_direction=self.intra_bytes_per_s,
                      latency_s=self.intra_latency_s),
                 Link(id="truth-nic", name="truth", kind="nic", bytes_per_s_per_direction=self.inter_bytes_per_s,
                      latency_s=self.inter_latency_s))
 
-    def cluster(self, num_gpus: int, gpus_per_node: int):  # -> sim.specs.Cluster
+    def cluster(self, num_gpus: int, gpus_per_node: int):  # -> sim.data.specs.Cluster
         """The truth's machine: every GPU of a node on the scale-up link, one NIC per GPU."""
-        from sim.specs import Cluster
+        from sim.data.specs import Cluster
 
         su, nic = self.links()
         return Cluster(gpu=self.gpu(), num_gpus=num_gpus, nic=nic, gpus_per_node=gpus_per_node,
@@ -96,9 +96,9 @@ class Truth:
 
 
 def compute_records(truth: Truth, cfg: MicrobenchConfig | None = None) -> list[dict]:
-    """Overhead, GEMM, attention and memory-bound records as ``sim.compute.op_time`` times them."""
-    from sim.compute import op_time
-    from sim.ops import Op, _gemm, _mem
+    """Overhead, GEMM, attention and memory-bound records as ``sim.layers.compute.op_time`` times them."""
+    from sim.layers.compute import op_time
+    from sim.layers.ops import Op, _gemm, _mem
 
     cfg = cfg or MicrobenchConfig.gpu(quick=False)
     gpu, eff = truth.gpu(), truth.efficiency()
@@ -128,7 +128,7 @@ def compute_records(truth: Truth, cfg: MicrobenchConfig | None = None) -> list[d
 def collective_records(truth: Truth, world: int, ranks_per_node: int, cfg: MicrobenchConfig | None = None) -> list[dict]:
     """Every layout of ``validate.layouts`` at every size: ``Network.collective_time_s`` on
     the truth's cluster (measured links: efficiency 1, no size curve) plus the per-call overhead."""
-    from sim.network import Network
+    from sim.net.network import Network
 
     from validate.fit_links import predict_collective
 

@@ -10,7 +10,7 @@ collectives called synchronously make the current stream wait for the communicat
 so the end event follows their completion.  CPU: ``time.perf_counter`` around the same batch
 (CPU ops are synchronous).
 
-Three per-op costs the simulator separates (``sim.compute.op_time``: an op takes
+Three per-op costs the simulator separates (``sim.layers.compute.op_time``: an op takes
 ``max(work, host_op_floor_s) + kernel_overhead_s``):
 
 * ``queued_s``: GPU seconds per call with the host ahead of the GPU (a spin kernel,

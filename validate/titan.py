@@ -8,7 +8,7 @@ torchtitan's token-choice MoE (a router ``Linear``, top-k, token dispatch by all
 the expert-parallel group, grouped experts as ``[E, h, f]`` weights, optional shared
 experts).  ``build_rank`` applies, in torchtitan's order (``parallelize_llama``):
 
-* the pipeline split of ``sim.stages.stage_layers`` (embedding on the first stage, final norm
+* the pipeline split of ``sim.layers.stages.stage_layers`` (embedding on the first stage, final norm
   and output on the last);
 * tensor + sequence parallelism with ``parallelize_module`` (torchtitan's plan, loss parallel);
 * activation checkpointing: ``full`` wraps each block; ``selective`` with the ``op`` policy
@@ -37,8 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sim.specs import Model, Strategy
-from sim.stages import stage_layers
+from sim.data.specs import Model, Strategy
+from sim.layers.stages import stage_layers
 
 
 class RMSNorm(nn.Module):
@@ -191,7 +191,7 @@ class Stage(nn.Module):
         self.norm = RMSNorm(m.hidden_size) if last else None
         self.output = nn.Linear(m.hidden_size, m.vocab_size, bias=False) if last else None
         if self.output is not None and self.tok_embeddings is not None and m.tied_embeddings:
-            self.output.weight = self.tok_embeddings.weight  # tied (one matrix, sim.stages)
+            self.output.weight = self.tok_embeddings.weight  # tied (one matrix, sim.layers.stages)
         half = m.dim_per_head // 2
         self.register_buffer("freqs_cis", torch.empty(seq_len, half, dtype=torch.complex64), persistent=False)
         self.autocast = False  # bf16 autocast (no FSDP): torchtitan's maybe_enable_amp

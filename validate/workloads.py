@@ -1,7 +1,7 @@
 """Train the GPT of ``validate.model`` for a few steps with PyTorch's own parallelism.
 
 One ``WorkloadSpec`` describes a run as the simulator's ``Strategy`` does: degrees
-``pp x dp x tp`` laid out on a ``DeviceMesh`` with TP innermost (``sim.placement``'s order),
+``pp x dp x tp`` laid out on a ``DeviceMesh`` with TP innermost (``sim.net.placement``'s order),
 ``dp_mode`` (``ddp`` = ``DistributedDataParallel``, ``fsdp`` = FSDP2 ``fully_shard``), tensor
 parallelism with sequence parallelism through ``parallelize_module`` (torchtitan's Llama
 plan), and pipeline parallelism through ``torch.distributed.pipelining`` (GPipe, 1F1B,

@@ -1,7 +1,7 @@
 """Bill of materials and capital cost of a cluster: GPUs, servers, and the scale-out network.
 
 The network part is derived from the fabric the simulator itself uses
-(``sim.topology.topology_metrics``): switches by level and radix, scale-out cables by tier,
+(``sim.net.topology.topology_metrics``): switches by level and radix, scale-out cables by tier,
 NICs.  Pricing rules (each an approximation, documented in docs/economics.md):
 
 * **Switches** are priced per port: a switch of radix ``r`` costs ``r x (record price /
@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sim.specs import Cluster
-from sim.topology import topology_metrics
+from sim.data.specs import Cluster
+from sim.net.topology import topology_metrics
 
 from planner.economics.prices import PriceBook, PriceQuote
 

@@ -29,9 +29,9 @@ from typing import Sequence
 import numpy as np
 import simpy
 
-from sim import limits
-from sim.errors import InputError
-from sim.limits import check_work
+from sim.base import limits
+from sim.base.errors import InputError
+from sim.base.limits import check_work
 
 from planner import progress
 
@@ -136,7 +136,7 @@ class _Failure(Exception):
 
 
 def campaign_events(spec: CampaignSpec) -> float:
-    """The simpy events one campaign is expected to schedule (its cost, ``sim.limits``): two per
+    """The simpy events one campaign is expected to schedule (its cost, ``sim.base.limits``): two per
     checkpoint interval it computes (the segment, the write) and four per failure (the failure,
     the spare, the repair, the recovery), over its expected wall time: Daly's eq. (13) with the
     job running only the fraction ``f`` of the time the spares allow (node failures beyond

@@ -1,7 +1,7 @@
 """Communication-reducing training: throughput effect on the analytic step model.
 
-All three modes re-run ``sim.analytic.simulate_analytic`` on modified step costs
-(``sim.costs.step_costs``), so overlap of the data-parallel (DP) gradient traffic with the
+All three modes re-run ``sim.engines.analytic.simulate_analytic`` on modified step costs
+(``sim.cost.costs.step_costs``), so overlap of the data-parallel (DP) gradient traffic with the
 backward pass is modelled exactly as for a normal step:
 
 * ``local-sgd`` (local SGD, Lin et al. 2020, "Don't use large mini-batches, use local SGD";
@@ -18,7 +18,7 @@ backward pass is modelled exactly as for a normal step:
   stashed per stage.  Needs ``pp > 1``.
 * ``parameter-server`` (asynchronous data parallelism through parameter servers, TensorFlow's
   ``ParameterServerStrategy``): the same function ``planner simulate --framework
-  tf-parameter-server`` prices (``sim.parameter_server.parameter_server_report``: push/pull to
+  tf-parameter-server`` prices (``sim.engines.parameter_server.parameter_server_report``: push/pull to
   the PS hosts, their CPUs' optimizer, Mean Value Analysis of the workers sharing them,
   staleness ``W - 1`` updates), against the synchronous all-reduce step of the same strategy
   and mechanisms on the same cluster (its baseline here).  The plan is priced with the
@@ -33,17 +33,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from sim.analytic import simulate_analytic
-from sim.compute import default_efficiency
-from sim.costs import StepCosts, default_network, step_costs
-from sim.errors import InputError
-from sim.network import Network
-from sim.parameter_server import parameter_server_report
-from sim.plan import Plan
-from sim.psspecs import ParameterServers
-from sim.run import RunChoices, resolve
-from sim.result import StepResult
-from sim.units import GIB
+from sim.engines.analytic import simulate_analytic
+from sim.layers.compute import default_efficiency
+from sim.cost.costs import StepCosts, default_network, step_costs
+from sim.base.errors import InputError
+from sim.net.network import Network
+from sim.engines.parameter_server import parameter_server_report
+from sim.cost.plan import Plan
+from sim.data.psspecs import ParameterServers
+from sim.engines.run import RunChoices, resolve
+from sim.engines.result import StepResult
+from sim.base.units import GIB
 
 MODES: tuple[str, ...] = ("local-sgd", "compress", "async-pipeline", "parameter-server")
 PS_FRAMEWORK = "tf-parameter-server"
@@ -102,11 +102,11 @@ def _with_dp(costs: StepCosts, scale: float) -> StepCosts:
 
 def parameter_server_mode(plan: Plan, ps: ParameterServers, net: Network) -> CommReductionReport:
     """``mode="parameter-server"`` (module docstring): ``plan`` under the tf-parameter-server
-    profile, priced by ``sim.parameter_server`` as ``planner simulate`` prices it."""
+    profile, priced by ``sim.engines.parameter_server`` as ``planner simulate`` prices it."""
     s = plan.strategy
     if s.dp * s.cp < 2:
         raise InputError("strategy.dp", s.dp, "parameter-server training needs data parallelism (dp > 1)")
-    # the same strategy as tf-parameter-server runs it (sim.run.resolve; asynchronous, one gradient pack)
+    # the same strategy as tf-parameter-server runs it (sim.engines.run.resolve; asynchronous, one gradient pack)
     ps_plan = resolve(plan.model, plan.cluster, s.with_(dp_impl="parameter-server", dp_overlap=False),
                       RunChoices(framework=PS_FRAMEWORK, parameter_servers=ps)).plan
     rep = parameter_server_report(ps_plan, net=net, eff=default_efficiency())

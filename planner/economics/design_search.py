@@ -45,8 +45,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator, Mapping, Sequence
 
-from sim.catalog import get_gpu
-from sim.errors import InputError
+from sim.data.catalog import get_gpu
+from sim.base.errors import InputError
 
 from planner.economics.sweep import (EXECUTORS, DesignPoint, SweepOptions, design_grid, evaluate_point,
                                      pareto_front, ray_session)

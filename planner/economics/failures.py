@@ -5,7 +5,7 @@ observation (units x seconds), i.e. a constant-rate (exponential) model per unit
 ``lambda_c = count_c / (units_c * T_obs)``.  A cluster with ``n_c`` units of each kind fails
 as a Poisson process of rate ``Lambda = sum_c n_c * lambda_c``, so ``MTBF = 1 / Lambda``
 (whole cluster, any interruption).  Units come from the same fabric the simulator uses
-(``sim.topology.topology_metrics``: NICs and scale-out cables; a single node has none).
+(``sim.net.topology.topology_metrics``: NICs and scale-out cables; a single node has none).
 
 Known error: the only per-category public log is Llama 3's (16,384 H100, 54 days); rates
 differ by GPU generation, operator, burn-in and software maturity (the paper itself notes
@@ -18,11 +18,11 @@ import functools
 from dataclasses import dataclass
 from typing import Mapping
 
-from sim.catalog import catalog_document, catalog_file_records, file_version
-from sim.errors import InputError
-from sim.records import Record
-from sim.specs import Cluster
-from sim.topology import topology_metrics
+from sim.data.catalog import catalog_document, catalog_file_records, file_version
+from sim.base.errors import InputError
+from sim.base.records import Record
+from sim.data.specs import Cluster
+from sim.net.topology import topology_metrics
 
 FILE = "failures.yaml"
 UNITS = ("gpu", "node", "nic", "cable")

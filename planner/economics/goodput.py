@@ -22,9 +22,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from sim.errors import InputError
-from sim.specs import Cluster, Model
-from sim.fabric import pcie_x16_bytes_per_s
+from sim.base.errors import InputError
+from sim.data.specs import Cluster, Model
+from sim.net.fabric import pcie_x16_bytes_per_s
 
 from planner.economics.failures import FailureModel, cluster_rates, load_failure_model
 from planner.economics.storage import DEFAULT_STORAGE, checkpoint_bytes, load_storage

@@ -12,7 +12,7 @@ each converted to tokens per second for the whole cluster:
   ``catalogs/storage.yaml``: Hugging Face tokenizers, >= 50 MB/s of text per server).  For
   images or video, give the decode rate and bytes per token of your pipeline.
 * **Host-to-GPU PCIe**: every data-parallel (x context-parallel) replica receives its share
-  of the batch; each GPU's PCIe x16 link (``sim.fabric.pcie_x16_bytes_per_s``) carries
+  of the batch; each GPU's PCIe x16 link (``sim.net.fabric.pcie_x16_bytes_per_s``) carries
   ``bytes_per_token_device`` per token (``catalogs/conventions.yaml``: int64 input ids +
   labels = 16 B for text), so the
   cluster supply is ``dp * cp * pcie / bytes_per_token_device``.
@@ -27,10 +27,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sim.conventions import conventions
-from sim.errors import InputError
-from sim.specs import Cluster, Model, Strategy
-from sim.fabric import pcie_x16_bytes_per_s
+from sim.data.conventions import conventions
+from sim.base.errors import InputError
+from sim.data.specs import Cluster, Model, Strategy
+from sim.net.fabric import pcie_x16_bytes_per_s
 
 from planner.economics.storage import DEFAULT_STORAGE, load_storage
 

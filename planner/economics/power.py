@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.result import StepResult
-from sim.specs import Cluster
+from sim.engines.result import StepResult
+from sim.data.specs import Cluster
 
 from planner.economics.bom import Bom
 from planner.economics.prices import PowerModel, PriceBook

@@ -42,8 +42,8 @@ from typing import Sequence
 import numpy as np
 import simpy
 
-from sim import limits
-from sim.errors import InputError
+from sim.base import limits
+from sim.base.errors import InputError
 
 from planner import progress
 
@@ -203,13 +203,13 @@ class ClusterSim:
             if not (0 <= t < math.inf):
                 raise InputError("failures.time_s", t, "must be a finite number >= 0")
         self.explicit_failures = failures
-        self.work = 0  # node and queue entries touched: the simulation's cost (sim.limits)
+        self.work = 0  # node and queue entries touched: the simulation's cost (sim.base.limits)
 
     # ------------------------------------------------------------------ bookkeeping
     def _spend(self, units: int) -> None:
         """Count ``units`` of work (a node moved or sorted: 1; a queued job examined by the
         policy: ``QUEUE_STEP``, a Python-level step that costs about a hundred C-level set operations);
-        past ``sim.limits.SCHEDULE_MAX_WORK`` the run is refused (failures faster than big jobs
+        past ``sim.base.limits.SCHEDULE_MAX_WORK`` the run is refused (failures faster than big jobs
         checkpoint keep a run going until ``max_time_s``)."""
         self.work += units
         if self.work > limits.SCHEDULE_MAX_WORK:

@@ -20,9 +20,9 @@ import math
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from sim.errors import InputError
-from sim.jsonout import dumps
-from sim.outpaths import make_folder, write_text
+from sim.base.errors import InputError
+from sim.base.jsonout import dumps
+from sim.base.outpaths import make_folder, write_text
 
 COLUMNS: tuple[str, ...] = (
     "study", "trial", "state", "duplicate", "model", "gpu", "num_gpus", "nic", "topology", "oversubscription",
@@ -179,11 +179,11 @@ def write_png(path: Path, rows: Sequence[Mapping[str, object]], pareto: Sequence
 def write_outputs(out_dir: str | Path, *, rows: Sequence[Mapping[str, object]], trials: Sequence[Mapping[str, object]],
                   pareto: Sequence[Mapping[str, object]], summary: Mapping[str, object]) -> tuple[list[Path], list[str]]:
     """Write the files of the module docstring into ``out_dir`` (created); returns (paths, warnings)."""
-    out = make_folder("out", out_dir)  # a file or an unwritable place is refused (sim.outpaths)
+    out = make_folder("out", out_dir)  # a file or an unwritable place is refused (sim.base.outpaths)
     paths, warnings = [out / "trials.csv", out / "best_designs.json"], []
     write_trials_csv(paths[0], trials, pareto)
     doc = {"summary": dict(summary), "best_designs": best_designs(pareto)}
-    write_text("out", paths[1], dumps(doc) + "\n")  # strict JSON: inf/nan as null (sim.jsonout)
+    write_text("out", paths[1], dumps(doc) + "\n")  # strict JSON: inf/nan as null (sim.base.jsonout)
     title = str(summary.get("title", ""))
     try:
         write_png(out / "pareto.png", rows, pareto, title)

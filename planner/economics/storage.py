@@ -16,10 +16,10 @@ import math
 from dataclasses import dataclass
 from typing import Mapping
 
-from sim.catalog import catalog_document, catalog_file_records, file_version
-from sim.errors import InputError
-from sim.records import Record
-from sim.specs import Model
+from sim.data.catalog import catalog_document, catalog_file_records, file_version
+from sim.base.errors import InputError
+from sim.base.records import Record
+from sim.data.specs import Model
 
 FILE = "storage.yaml"
 _GB = 1e9

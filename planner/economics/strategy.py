@@ -1,13 +1,13 @@
 """Which parallel strategy to cost: the user's, or the recommender's best.
 
-Without ``--strategy`` the plan is ``planner.recommend.recommend``'s best under the throughput
+Without ``--strategy`` the plan is ``planner.plans.recommend.recommend``'s best under the throughput
 objective, ranked by the analytic model (``rerank=0``: no event-engine re-ranking, for speed).
 ``quick=True`` searches ``QUICK_SPACE``, a small documented part of the space, so that a sweep
 over many designs stays fast: ``tp`` in {1, 2, 4, 8}, ``pp`` in {1, 2, 4, 8, 16}, no context
 parallelism, ``mbs = 1``, ZeRO-1 or ZeRO-3, sequence parallelism with ``tp > 1``, selective or
 full recomputation, 1F1B, bf16.  If nothing fits, the plan is infeasible.
 
-Global batch when not given: ``sim.conventions.default_global_batch`` (the catalog's default
+Global batch when not given: ``sim.data.conventions.default_global_batch`` (the catalog's default
 tokens per step, 2^22 ~ 4M as Llama 2's, over the sequence length).
 """
 
@@ -15,17 +15,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from sim.conventions import default_global_batch
-from sim.errors import InfeasibleError
-from sim.framework import get_framework
-from sim.result import StepResult
-from sim.run import RunChoices, resolve
-from sim.simulate import simulate_run
-from sim.specs import DEFAULT_SEQ_LEN, Cluster, Model, Strategy
+from sim.data.conventions import default_global_batch
+from sim.base.errors import InfeasibleError
+from sim.cost.framework import get_framework
+from sim.engines.result import StepResult
+from sim.engines.run import RunChoices, resolve
+from sim.engines.simulate import simulate_run
+from sim.data.specs import DEFAULT_SEQ_LEN, Cluster, Model, Strategy
 
-from planner.recommend import Settings, recommend
+from planner.plans.recommend import Settings, recommend
 from planner.report import priced
-from planner.search import SearchSpace
+from planner.plans.search import SearchSpace
 
 QUICK_SPACE = SearchSpace(tp=(1, 2, 4, 8), pp=(1, 2, 4, 8, 16), cp=(1,), mbs=(1,), zero=(1, 3), sp=(True,),
                           recompute=("selective", "full"), schedule=("1f1b",))
@@ -38,7 +38,7 @@ class ChosenPlan:
 
     strategy: Strategy
     result: StepResult
-    source: str  # "given" | "planner.recommend" | "planner.recommend (quick space)"
+    source: str  # "given" | "planner.plans.recommend" | "planner.plans.recommend (quick space)"
     candidates_evaluated: int
     out: dict[str, object] = field(default_factory=dict)
 
@@ -59,7 +59,7 @@ class ChosenPlan:
 def choose_plan(model: Model, cluster: Cluster, *, strategy: str | Strategy | None = None, gbs: int | None = None,
                 seq_len: int | None = None, quick: bool = False, choices: RunChoices | None = None) -> ChosenPlan:
     """The plan to cost (module docstring); ``strategy`` (a STRATEGY string, resolved as
-    ``planner simulate`` resolves it: ``sim.run.resolve``) wins when given.  Raises
+    ``planner simulate`` resolves it: ``sim.engines.run.resolve``) wins when given.  Raises
     ``InfeasibleError`` when the recommender finds nothing that fits."""
     if strategy is not None:
         run = resolve(model, cluster, strategy, choices, seq_len=seq_len)
@@ -79,5 +79,5 @@ def choose_plan(model: Model, cluster: Cluster, *, strategy: str | Strategy | No
                               f"{cluster.gpu.id} (gbs={b}, seq_len={seq}); see planner recommend")
     best = rec.plans[0]
     return ChosenPlan(strategy=best.strategy, result=best.result,
-                      source="planner.recommend" + (" (quick space)" if quick else ""),
+                      source="planner.plans.recommend" + (" (quick space)" if quick else ""),
                       candidates_evaluated=rec.considered, out=best.to_dict(rec.objective))

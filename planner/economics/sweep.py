@@ -1,6 +1,6 @@
 """Co-design sweeps: GPU type x GPU count x NIC x topology x oversubscription (x model).
 
-Every design point is a cluster (``planner.inputs`` rules: the GPU's usual node, NVLink
+Every design point is a cluster (``planner.commands.inputs`` rules: the GPU's usual node, NVLink
 domain and NIC count) costed with ``planner.economics.tco.compute_tco``; its strategy comes
 from ``planner.economics.strategy.choose_plan`` (the recommender).  Points that
 cannot run (nothing fits in memory, indivisible counts, no price) are kept with a ``status``
@@ -22,11 +22,11 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
-from sim.catalog import get_gpu, get_nic
-from sim.clusters import cluster_from_catalog
-from sim.errors import InfeasibleError, InputError
-from sim.models import load_model
-from sim.specs import TOPOLOGIES, Cluster
+from sim.data.catalog import get_gpu, get_nic
+from sim.net.clusters import cluster_from_catalog
+from sim.base.errors import InfeasibleError, InputError
+from sim.data.models import load_model
+from sim.data.specs import TOPOLOGIES, Cluster
 
 from planner import progress
 from planner.economics.strategy import choose_plan

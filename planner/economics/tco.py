@@ -6,7 +6,7 @@
   the total parameter count (for MoE models this is a choice: DeepSeek-V3 used ~22 tokens
   per total parameter).
 * **Time.**  ``time_to_train_ideal_s = tokens / tokens_per_s`` of the calibrated estimate of the
-  step (``planner.uncertainty``; ``time_to_train_s_low``/``_high`` and the cost's scale with its
+  step (``planner.fitting.uncertainty``; ``time_to_train_s_low``/``_high`` and the cost's scale with its
   80% band: every cost here is proportional to the wall time);
   ``time_to_train_s`` divides by the analytic goodput (``planner.economics.goodput``: Daly's
   expected wall time with failures at the Young interval) unless failures are ignored.
@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sim.conventions import conventions
-from sim.errors import InputError
-from sim.run import RunChoices
-from sim.specs import Cluster, Model, Strategy
+from sim.data.conventions import conventions
+from sim.base.errors import InputError
+from sim.engines.run import RunChoices
+from sim.data.specs import Cluster, Model, Strategy
 
 from planner.economics.bom import Bom, cluster_bom
 from planner.economics.goodput import GoodputReport, goodput_report
@@ -152,7 +152,7 @@ def compute_tco(model: Model, cluster: Cluster, *, strategy: str | Strategy | No
     if not r.fits_memory:
         warnings.append("the costed plan does not fit in GPU memory")
     tokens = token_budget(model, opt)
-    ideal = tokens / plan.tokens_per_s  # the estimate to plan with (planner.uncertainty)
+    ideal = tokens / plan.tokens_per_s  # the estimate to plan with (planner.fitting.uncertainty)
 
     gp_report = goodput_report(model, cluster, storage=opt.storage) if opt.include_failures else None
     gp = gp_report.goodput if gp_report else 1.0

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.errors import InputError
+from sim.base.errors import InputError
 
 REQUIRED = ("job_id", "submit_s", "num_gpus", "duration_s")
 OPTIONAL = ("priority", "elastic", "min_gpus", "estimate_s")

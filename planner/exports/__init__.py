@@ -26,11 +26,11 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sim.errors import InfeasibleError, InputError
-from sim.framework import check_supported, get_framework
-from sim.psspecs import ParameterServers
-from sim.outpaths import make_folder, write_text, writing
-from sim.specs import Model, Strategy
+from sim.base.errors import InfeasibleError, InputError
+from sim.cost.framework import check_supported, get_framework
+from sim.data.psspecs import ParameterServers
+from sim.base.outpaths import make_folder, write_text, writing
+from sim.data.specs import Model, Strategy
 
 FORMATS: tuple[str, ...] = ("megatron", "torchtitan", "deepspeed", "torchrun", "slurm", "k8s", "tensorflow")
 # The framework profile (catalogs/frameworks.yaml) each format launches: its capabilities decide

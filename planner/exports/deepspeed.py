@@ -20,8 +20,8 @@ the Megatron export (not modelled).
 
 from __future__ import annotations
 
-from sim.errors import InputError
-from sim.jsonout import dumps
+from sim.base.errors import InputError
+from sim.base.jsonout import dumps
 
 from planner.exports import LaunchSpec, Rendered
 

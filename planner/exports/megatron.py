@@ -54,10 +54,10 @@ import shlex
 from typing import Callable
 
 from planner.exports import LaunchSpec, Rendered
-from sim.errors import InputError
-from sim.layout import format_layout, num_mtp_layers
-from sim.plan import default_layout, vp_split
-from sim.stages import stage_layers
+from sim.base.errors import InputError
+from sim.data.layout import format_layout, num_mtp_layers
+from sim.cost.plan import default_layout, vp_split
+from sim.layers.stages import stage_layers
 
 # The run's own paths: (variable, placeholder default, what it is).  Nothing the plan depends on.
 PLACEHOLDERS: tuple[tuple[str, str, str], ...] = (
@@ -269,9 +269,9 @@ def _precision_args(spec: LaunchSpec, opt) -> None:
 
 
 def _pipeline_split(spec: LaunchSpec, opt) -> None:
-    """Megatron-LM arguments for the plan's layer split (``sim.stages.stage_layers``: uneven
+    """Megatron-LM arguments for the plan's layer split (``sim.layers.stages.stage_layers``: uneven
     stages give the first and last stage the fewer layers) and its model chunks
-    (``sim.plan.vp_split``); a split Megatron-LM cannot state is refused."""
+    (``sim.cost.plan.vp_split``); a split Megatron-LM cannot state is refused."""
     m, s = spec.model, spec.strategy
     if s.pipeline_layout is not None:  # the plan's chunks exactly; vp comes from the layout
         opt("--pipeline-model-parallel-layout", format_layout(s.pipeline_layout))

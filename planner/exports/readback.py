@@ -17,9 +17,9 @@ import shlex
 import tempfile
 from pathlib import Path
 
-from sim.errors import InputError
-from sim.psspecs import ParameterServers
-from sim.specs import Model, Strategy
+from sim.base.errors import InputError
+from sim.data.psspecs import ParameterServers
+from sim.data.specs import Model, Strategy
 
 
 def options(tokens: list[str]) -> dict[str, str | bool]:

@@ -24,7 +24,7 @@ refuses), ``GLOBAL_BATCH_SIZE`` (``gbs``),
 (``tf.recompute_grad`` around the attention core for ``selective``, around every block for
 ``full``).  The model is a decoder-only Keras transformer of the plan's shape (RMS or layer norm,
 RoPE or learned positions, GQA, SwiGLU or GeLU, no biases) whose variables are the ones
-``sim.parameter_server.keras_variables`` lists, in the same order; MoE and MLA models are refused
+``sim.engines.parameter_server.keras_variables`` lists, in the same order; MoE and MLA models are refused
 (no Keras layers for them).  Data: synthetic tokens unless ``DATA_FILES`` names TFRecord files of
 ``SEQ_LEN + 1`` int64 ``tokens``; replace ``make_dataset`` for real data.
 """
@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import json
 
-from sim.errors import InputError
-from sim.psspecs import ParameterServers
+from sim.base.errors import InputError
+from sim.data.psspecs import ParameterServers
 
 from planner.exports import LaunchSpec, Rendered
 
@@ -114,7 +114,7 @@ def attention_core(q, k, v):
 
 
 class Block(keras.layers.Layer):
-    """One decoder layer; variables created in the order sim.parameter_server.keras_variables
+    """One decoder layer; variables created in the order sim.engines.parameter_server.keras_variables
     lists them (attention norm, q, k, v, o, FFN norm, [gate,] up, down)."""
 
     def __init__(self, **kwargs):

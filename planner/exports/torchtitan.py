@@ -17,7 +17,7 @@
 * ``[activation_checkpoint] mode``: ``none``, ``selective`` (``selective_ac_option = "op"``) or
   ``full``; fp8 enables the ``float8`` (tensorwise) or ``mx`` (MXFP8) model converter;
 * the pipeline split the plan was priced with, always stated: ``module_fqns_per_model_part``
-  from the plan's layout (``Strategy.pipeline_layout``, else ``sim.plan.default_layout``);
+  from the plan's layout (``Strategy.pipeline_layout``, else ``sim.cost.plan.default_layout``);
 * ``[model] name`` and ``flavor`` as torchtitan ships them (catalogs/torchtitan_flavors.yaml:
   Llama 3 70B is ``llama3`` / ``70B``); a model torchtitan has no flavor for is written with a
   marked placeholder flavor and a warning (register the architecture as a flavor);
@@ -35,9 +35,9 @@
 
 from __future__ import annotations
 
-from sim.errors import InputError
-from sim.layout import rank_chunks
-from sim.plan import default_layout
+from sim.base.errors import InputError
+from sim.data.layout import rank_chunks
+from sim.cost.plan import default_layout
 
 from planner.exports import LaunchSpec, Rendered
 from planner.recipes.torchtitan import flavor_of_model

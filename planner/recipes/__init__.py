@@ -25,9 +25,9 @@ from pathlib import Path
 
 import yaml
 
-from sim.errors import InputError
-from sim.plan import normalize_layout
-from sim.specs import Model, Strategy
+from sim.base.errors import InputError
+from sim.cost.plan import normalize_layout
+from sim.data.specs import Model, Strategy
 
 from planner.recipes.base import Recipe, RecipeKey, read_text, recipe_error
 

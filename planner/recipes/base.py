@@ -19,8 +19,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sim.errors import InputError
-from sim.specs import Model
+from sim.base.errors import InputError
+from sim.data.specs import Model
 
 COSTS: tuple[str, ...] = ("modelled", "yes", "no", "unknown")
 MAX_RECIPE_BYTES = 4 * 1024 * 1024

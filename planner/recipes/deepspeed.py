@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from sim.specs import Model
+from sim.data.specs import Model
 
 from planner.recipes.base import Recipe, RecipeKey, as_bool, as_int, classify, flatten, recipe_error
 

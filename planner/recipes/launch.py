@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from sim.specs import Model
+from sim.data.specs import Model
 
 from planner.recipes.base import Recipe, RecipeKey, as_int, recipe_error
 from planner.recipes.megatron import options_from_mapping, options_from_tokens, read_megatron

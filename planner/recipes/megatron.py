@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import re
 
-from sim.catalog import catalog_records
-from sim.errors import InputError
-from sim.layout import format_layout, megatron_layout, parse_layout
-from sim.specs import Model, MoeSpec
+from sim.data.catalog import catalog_records
+from sim.base.errors import InputError
+from sim.data.layout import format_layout, megatron_layout, parse_layout
+from sim.data.specs import Model, MoeSpec
 
 from planner.recipes.base import (Recipe, RecipeKey, as_bool, as_float, as_int, classify, recipe_error)
 
@@ -326,7 +326,7 @@ def _by_value(key: str, value: object, cost: str, note: str, model: Model | None
         return "no", "Transformer Engine layers (what the planner prices)"
     if key in ("--hidden-dropout", "--attention-dropout") and model is not None:
         zero = text in ("0", "0.0", "0.")
-        gpt_style = model.ffn_type == "gelu"  # sim.memory.model_has_dropout
+        gpt_style = model.ffn_type == "gelu"  # sim.cost.memory.model_has_dropout
         if zero != gpt_style:
             return "no", "matches the planner's dropout assumption for this model"
     return cost, note

@@ -34,8 +34,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from sim.errors import InputError
-from sim.specs import Model
+from sim.base.errors import InputError
+from sim.data.specs import Model
 
 from planner.recipes.base import Recipe, RecipeKey, as_int, flatten, recipe_error
 from planner.recipes.megatron import read_megatron

@@ -34,10 +34,10 @@ from __future__ import annotations
 
 import math
 
-from sim.catalog import catalog_document, get_model
-from sim.layout import format_layout
-from sim.modelio import model_from_dict
-from sim.specs import Model
+from sim.data.catalog import catalog_document, get_model
+from sim.data.layout import format_layout
+from sim.data.modelio import model_from_dict
+from sim.data.specs import Model
 
 from planner.recipes.base import Recipe, RecipeKey, as_bool, as_int, classify, flatten, recipe_error
 

@@ -1,0 +1,305 @@
+"""Kernel efficiencies fitted from the microbenchmarks in ``catalogs/microbenchmarks/``.
+
+Three fits, each from kernel-level data only (no training run), stored by
+``scripts/fit_efficiency.py`` in the ``fitted`` block of ``catalogs/efficiency.yaml``:
+
+* **Sustained GEMM fraction per architecture and precision** (``fit_gemm_per_architecture``):
+  Transformer Engine's per-layer GEMM profile (``benchmarks/gemm/benchmark_gemm.py``: the 12
+  GEMMs of one transformer layer, fprop/dgrad/wgrad, at training shapes) on B300 and H200 NVL,
+  as a fraction of the data-sheet peak, over the GPU's best-case fraction (mamf-finder's
+  brute-force shape search, ``gpus.yaml`` ``matmul_efficiency``).  That ratio is what a
+  training run's fixed shapes keep of the best case; applied to every GPU of the architecture.
+  Known error: one shape family (M = 15,872 tokens, K = 4,096 or 16,384); the H200 NVL runs at
+  600 W and lower clocks than an SXM part (its own data-sheet peak is used).
+* **fp8 recipe costs** (``fit_fp8_recipes``): the same profile with quantization inside the
+  timed loop (autocast, what training does) and without (pre-quantized inputs): the
+  difference is the quantization (amax, scale, cast and transpose of x, W and dy); over the
+  elements it touches, ``sum(M*K + K*N + M*N)``, at the GPU's achievable HBM rate it is an
+  effective number of bytes per element.  The GEMM-only rate of a recipe relative to the
+  per-tensor-scaled kernel comes from the pre-quantized times.  Assumptions, stated where
+  they apply: delayed scaling's GEMM is the per-tensor kernel (TE only times it in autocast);
+  Hopper block scaling quantizes at current scaling's cost (TE cannot pre-quantize it).
+* **Attention efficiency vs sequence length** (``fit_attention_curves``): per architecture and
+  kernel family (``flash``: cuDNN fused attention / the vendor's best kernel, ``flash2``:
+  FlashAttention-2), causal, head dim 128, bf16, forward and backward fractions of the dense
+  bf16 peak from the FlashAttention-3 paper's figures, NVIDIA cudnn-frontend's benchmark CSVs
+  and HipKittens' AITER runs, fitted as ``f_max * s / (s + s_half)`` (``sim.base.fitting``): a
+  fixed cost per query block (load Q, write O and the softmax statistics) against work that
+  grows with the key length.  Points below ``MIN_ATTENTION_SEQ`` are left out: at batch 1 they
+  are launch-bound microseconds (B200 cuDNN at 512 tokens: 3% of peak), not what a training
+  step's kernels see.  Known error: head dims other than 128 (64: ~10-25% slower) and
+  sequence lengths beyond 64k (cuDNN drops 5-10% from its peak there) are not modelled.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Iterable, Mapping
+
+from sim.data.catalog import catalog_document, get_gpu, get_nic
+from sim.base.fitting import fit_saturating
+
+
+def _entries(name: str) -> dict[str, Mapping[str, Any]]:
+    doc = catalog_document(f"microbenchmarks/{name}.yaml")
+    out = {e["id"]: e for e in doc["entries"]}
+    for e in doc.get("quantization_overheads") or ():
+        out[e["id"]] = e
+    return out
+
+
+# Which benchmark speaks for which architecture, and the catalog GPU whose best-case (mamf)
+# fraction it is compared with.
+TRAINING_SHAPE_GEMMS = {"hopper": ("te-gemm-profiling-h200nvl", "h200-141gb"),
+                        "blackwell": ("te-gemm-profiling-b300", "b300-288gb")}
+
+
+def _layer_flops(entry: Mapping[str, Any]) -> float:
+    return 6.0 * sum(m * k * n for m, k, n in entry["layer_gemm_shapes_mkn"])
+
+
+def _layer_elements(entry: Mapping[str, Any]) -> float:
+    return float(sum(m * k + k * n + m * n for m, k, n in entry["layer_gemm_shapes_mkn"]))
+
+
+def _device(entry: Mapping[str, Any], gpu_id: str) -> tuple[dict[str, float], float]:
+    """(dense peak FLOP/s per precision, achievable HBM bytes/s) of the benchmarked device: its
+    own data-sheet values when it is not a catalog GPU (H200 NVL), else the catalog's."""
+    gpu = get_gpu(gpu_id)
+    if "device_peak_dense_tflops" in entry:
+        peaks = {k: float(v) * 1e12 for k, v in entry["device_peak_dense_tflops"].items()}
+        hbm = float(entry["device_hbm_tb_per_s"]) * 1e12 * gpu.hbm_efficiency
+    else:
+        peaks = {p: gpu.peak_flops_per_s(p) for p in ("bf16", "fp8")}
+        hbm = gpu.hbm_bytes_per_s * gpu.hbm_efficiency
+    return peaks, hbm
+
+
+def _layer_ms(entry: Mapping[str, Any], mode: str, key: str) -> float | None:
+    row = (entry.get(f"per_layer_12_gemms_{mode}") or {}).get(key)
+    return None if row is None else float(row["ms"])
+
+
+def fit_gemm_per_architecture() -> dict[str, dict[str, float]]:
+    """``{architecture: {precision: sustained fraction of the best case}}`` (module docstring)."""
+    mb = _entries("gemm")
+    out: dict[str, dict[str, float]] = {}
+    for arch, (entry_id, gpu_id) in TRAINING_SHAPE_GEMMS.items():
+        e = mb[entry_id]
+        peaks, _ = _device(e, gpu_id)
+        best = get_gpu(gpu_id).matmul_efficiency
+        flops = _layer_flops(e)
+        bf16_ms = statistics.fmean(t for t in (_layer_ms(e, "autocast", "bf16"), _layer_ms(e, "prequantized", "bf16"))
+                                   if t is not None)
+        fp8_ms = _layer_ms(e, "prequantized", "fp8_current_scaling")  # the per-tensor GEMM kernel alone
+        out[arch] = {"bf16": round(flops / (bf16_ms * 1e-3) / peaks["bf16"] / best["bf16"], 4),
+                     "fp8": round(flops / (fp8_ms * 1e-3) / peaks["fp8"] / best["fp8"], 4)}
+    return out
+
+
+def fit_fp8_recipes() -> dict[str, dict[str, float]]:
+    """``{recipe: {quantize_bytes_per_element, gemm_rate}}`` (module docstring), averaged over
+    the GPUs that measured the recipe."""
+    mb = _entries("gemm")
+    q: dict[str, list[float]] = {}
+    rate: dict[str, list[float]] = {}
+    for _, (entry_id, gpu_id) in TRAINING_SHAPE_GEMMS.items():
+        e = mb[entry_id]
+        _, hbm = _device(e, gpu_id)
+        elems = _layer_elements(e)
+        kernel = _layer_ms(e, "prequantized", "fp8_current_scaling")  # per-tensor GEMM, no quantization
+        current = _layer_ms(e, "autocast", "fp8_current_scaling")
+        over_current = current - kernel
+
+        def add(recipe: str, overhead_ms: float, gemm_ms: float) -> None:
+            q.setdefault(recipe, []).append(overhead_ms * 1e-3 * hbm / elems)
+            rate.setdefault(recipe, []).append(kernel / gemm_ms)
+
+        add("tensorwise", over_current, kernel)
+        delayed = _layer_ms(e, "autocast", "fp8_delayed_scaling")
+        if delayed is not None:  # TE times delayed scaling only in autocast: its GEMM is the per-tensor kernel
+            add("delayed", delayed - kernel, kernel)
+        mx_auto, mx_pre = _layer_ms(e, "autocast", "mxfp8"), _layer_ms(e, "prequantized", "mxfp8")
+        if mx_auto is not None and mx_pre is not None:
+            add("mxfp8", mx_auto - mx_pre, mx_pre)
+        block = _layer_ms(e, "autocast", "fp8_block_scaling_1x128_128x128")
+        if block is not None:  # not pre-quantizable on Hopper: quantized at current scaling's cost
+            add("blockwise", over_current, block - over_current)
+    return {r: {"quantize_bytes_per_element": round(statistics.fmean(q[r]), 3),
+                "gemm_rate": round(statistics.fmean(rate[r]), 4)} for r in sorted(q)}
+
+
+# (architecture, kernel family) -> the measurements that speak for it: (entry id, selector).
+ATTENTION_DATA: dict[tuple[str, str], tuple[tuple[str, str], ...]] = {
+    ("hopper", "flash"): (("fa3-paper-h100-fwd-bf16", "panel:128:true:cudnn"),
+                          ("cudnn-frontend-h200-2024", "versions:cudnn_bf16"),
+                          ("cudnn-frontend-h200-9-19-llama", "series:bfloat16:top_left")),
+    ("hopper", "flash2"): (("fa3-paper-h100-fwd-bf16", "panel:128:true:fa2"),
+                           ("cudnn-frontend-h200-2024", "versions:pytorch_sdpa")),
+    ("blackwell", "flash"): (("cudnn-frontend-b200-cudnn9.10", "backend:pyt_cudnn"),
+                             ("cudnn-frontend-b200-cudnn9.13-bf16", "backend:pyt_cudnn"),
+                             ("cudnn-frontend-gb200-cudnn9.17-bf16", "backend:cudnn_fe"),
+                             ("cudnn-frontend-gb200-9-22-llama", "series:bfloat16:top_left")),
+    ("blackwell", "flash2"): (("cudnn-frontend-b200-cudnn9.10", "backend:pyt_flash_attention"),
+                              ("cudnn-frontend-b200-cudnn9.10", "backend:flash_attention"),
+                              ("cudnn-frontend-b200-cudnn9.13-bf16", "backend:pyt_flash_attention"),
+                              ("cudnn-frontend-b200-cudnn9.13-bf16", "backend:flash_attention"),
+                              ("cudnn-frontend-gb200-cudnn9.17-bf16", "backend:pyt_flash_attention")),
+    ("cdna4", "flash"): (("hipkittens-mi355x-attention", "aiter:mha_causal"),),
+    ("cdna4", "flash2"): (("hipkittens-mi355x-attention", "aiter:mha_causal"),),
+}
+
+
+def _attention_points(entry: Mapping[str, Any], selector: str) -> Iterable[tuple[float, str, float]]:
+    """``(seq_len, "fwd" | "bwd", TFLOP/s)`` of one dataset (causal, head dim 128, bf16)."""
+    kind, *arg = selector.split(":")
+    if kind == "panel":  # FlashAttention-3 Fig. 5 panels: forward only
+        hdim, causal, kernel = int(arg[0]), arg[1] == "true", arg[2]
+        for p in entry["panels"]:
+            if p["head_dim"] == hdim and bool(p["causal"]) == causal:
+                for s, v in zip(p["seq_len"], p["tflops_by_kernel"][kernel]):
+                    if v is not None:
+                        yield float(s), "fwd", float(v)
+    elif kind == "versions":  # cudnn-frontend 2024 CSVs: causal rows of every version
+        for version in entry["versions"]:
+            for row in version["commit_data"]:
+                if row["causal"] and row["head_dim"] == 128:
+                    for pass_ in ("fwd", "bwd"):
+                        v = row.get(f"{arg[0]}_{pass_}")
+                        if v is not None:
+                            yield float(row["seq_len"]), pass_, float(v)
+    elif kind == "backend":  # cudnn-frontend training sweeps: one series per backend
+        for row in entry["series"][arg[0]]:
+            for pass_ in ("fwd", "bwd"):
+                v = row.get(f"{pass_}_tflops")
+                if v is not None:
+                    yield float(row["seq_len"]), pass_, float(v)
+    elif kind == "series":  # cudnn-frontend 2026 results: dtype x mask series
+        for series in entry["series"]:
+            if series["dtype"] == arg[0] and series["mask"] == arg[1]:
+                for row in series["points"]:
+                    for pass_ in ("fwd", "bwd"):
+                        yield float(row["seq_len"]), pass_, float(row[f"{pass_}_tflops"])
+    elif kind == "aiter":  # HipKittens JSONs: AITER reference kernels
+        for pass_ in ("fwd", "bwd"):
+            for row in entry["series"][f"{pass_}_{arg[0]}"]:
+                yield float(row["seq_len"]), pass_, float(row["aiter_tflops"])
+    else:
+        raise ValueError(selector)
+
+
+MIN_ATTENTION_SEQ = 2048
+
+
+def fit_attention_curves() -> dict[str, dict[str, dict[str, list[float]]]]:
+    """``{architecture: {kernel: {"fwd": [f_max, s_half], "bwd": [...], "rms_rel_error": ...}}}``."""
+    mb = _entries("attention")
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for (arch, kernel), datasets in ATTENTION_DATA.items():
+        pts: dict[str, list[tuple[float, float]]] = {"fwd": [], "bwd": []}
+        for entry_id, selector in datasets:
+            e = mb[entry_id]
+            peak = get_gpu(str(e["gpu"]).split()[0]).peak_flops_per_s("bf16")
+            for s, pass_, tflops in _attention_points(e, selector):
+                if s >= MIN_ATTENTION_SEQ:
+                    pts[pass_].append((s, tflops * 1e12 / peak))
+        fit: dict[str, Any] = {}
+        for pass_, xy in pts.items():
+            f_max, s_half, rms = fit_saturating([s for s, _ in xy], [f for _, f in xy])
+            fit[pass_] = [round(f_max, 4), round(s_half, 1)]
+            fit[f"{pass_}_rms_rel_error"] = round(rms, 3)
+            fit[f"{pass_}_points"] = len(xy)
+        out.setdefault(arch, {})[kernel] = fit
+    return out
+
+
+def fit_deepep_dispatch() -> dict[str, float]:
+    """DeepEP normal (training) kernels' achieved bandwidth per tier as a fraction of the
+    nominal per-direction link rate of the catalog records the entry names: intranode over its
+    GPU's NVLink (H800: 200 GB/s each way), internode over its NIC (one CX7 400 Gb/s InfiniBand
+    NDR port per GPU, ``ib-ndr-400``), median of dispatch and combine over the
+    README's points of the latest V1 version (``moe_kernels.yaml`` ``deepep-v1-normal-h800``).
+    Known error: H800 only; DeepEP counts bytes on the bottleneck tier (its README), and
+    internode points above the NIC rate are capped at 1."""
+    e = _entries("moe_kernels")["deepep-v1-normal-h800"]
+    points = e["versions"][-1]["points"]
+    gpu = get_gpu(e["gpu"])
+    rates = {"scale-up": gpu.nvlink_bytes_per_s_per_direction, "scale-out": get_nic(e["nic"]).bytes_per_s_per_direction}
+    out = {}
+    for tier, name in (("scale-up", "nvlink"), ("scale-out", "rdma")):
+        got = [min(1.0, p[k] * 1e9 / rates[tier]) for p in points if p["tier"] == name
+               for k in ("dispatch_gbps", "combine_gbps")]
+        out[tier] = round(statistics.median(got), 4)
+    return out
+
+
+RING_ENTRY = "ring-flash-attention-zigzag-8gpu"
+
+
+def fit_ring_attention() -> dict[str, Any]:
+    """Per-step overhead of load-balanced ring attention relative to the full kernel, fitted from
+    ring-flash-attention's benchmark (``attention.yaml`` ``ring-flash-attention-zigzag-8gpu``).
+
+    Model: a ring of ``c`` steps over chunks of ``t`` local tokens takes
+    ``1 + (c - 1)/c * delta * t_ref / t`` times the kernel time of the same work: every step
+    after the first adds a merge of the partial output by log-sum-exp (forward) or an fp32
+    accumulation of dQ and the rotating dK/dV (backward) and splits the kernel, costs linear in
+    ``t`` against kernel work quadratic in it.  ``delta`` per architecture and pass from the
+    zigzag ring at ``c = 8``, ``t_ref = 8192``: forward from the forward-only ratio, backward from
+    the forward+backward ratio less the forward part (the flash kernel's own forward/backward
+    split).  Known error: one ring degree and chunk size per GPU; the 1/t scaling is assumed."""
+    e = _entries("attention")[RING_ENTRY]
+    c, t_ref = int(e["ring_degree"]), float(e["local_tokens"])
+    out: dict[str, Any] = {"reference_local_tokens": t_ref}
+    for sysm in e["systems"]:
+        flash, ring = sysm["flash_iter_per_s"], sysm["zigzag_ring_iter_per_s"]
+        t_f0, t_fb0 = 1.0 / flash["fwd"], 1.0 / flash["fwd_bwd"]  # one GPU's chunk, full kernel
+        t_f, t_fb = 1.0 / (c * ring["fwd"]), 1.0 / (c * ring["fwd_bwd"])  # the ring, per chunk of work
+        r_f = t_f / t_f0
+        r_b = (t_fb - t_f) / (t_fb0 - t_f0)
+        out[sysm["architecture"]] = {"fwd": round((r_f - 1) * c / (c - 1), 4), "bwd": round((r_b - 1) * c / (c - 1), 4)}
+    return out
+
+
+# Long-running GEMM sweeps (cuBLASLt after 10,000 warm-up iterations: the GPU at its sustained,
+# thermally settled clock) paired with mamf-finder's short bursts (50 warm-up, 100 timed) on the
+# same GPU and precision.
+SUSTAINED_SWEEPS = ("azure-cublaslt-fp8-h100", "azure-cublaslt-fp8-h200", "azure-cublaslt-fp8-fp4-gb200")
+
+
+def _cuda_version(text: str) -> tuple[int, int] | None:
+    import re
+
+    hit = re.search(r"CUDA (\d+)\.(\d+)", text) or re.search(r"cu(\d{2})(\d)", text)
+    return (int(hit.group(1)), int(hit.group(2))) if hit else None
+
+
+def fit_sustained_clock() -> dict[str, Any]:
+    """Sustained-over-burst GEMM rate per architecture: the best large-GEMM rate of a sweep run
+    after 10,000 warm-up iterations over mamf-finder's best short-burst rate on the same GPU and
+    precision (``gemm.yaml``), where both ran the same CUDA major version within two minor
+    versions (a later cuBLAS is a different library, not a different clock).  Under sustained
+    load the GPU settles at a lower clock than in a 150-iteration burst (power and temperature
+    limits); the burst rates are what ``matmul_efficiency`` and the kernel curves were measured
+    at.  Mean over the pairs of an architecture; architectures without a same-era pair: none
+    (treated as 1).  Known error: the sweep's square shapes are not mamf's searched best shape
+    (biases the ratio low by a shape effect), fp8 pairs only."""
+    mb = _entries("gemm")
+    mamf = {(p["gpu"], "fp8" if "fp8" in str(p["dtype"]) else "bf16"): p for p in mb["mamf-finder-best-shape"]["points"]}
+    pairs: dict[str, float] = {}
+    by_arch: dict[str, list[float]] = {}
+    for entry_id in SUSTAINED_SWEEPS:
+        e = mb[entry_id]
+        gpu_id = str(e["gpu"]).split()[0]
+        burst = mamf.get((gpu_id, "fp8"))
+        points = e.get("points") or e.get("fp8") or []
+        if burst is None or not points:
+            continue
+        v_sweep, v_burst = _cuda_version(str(e.get("software", ""))), _cuda_version(str(burst.get("torch", "")))
+        if v_sweep is None or v_burst is None or v_sweep[0] != v_burst[0] or abs(v_sweep[1] - v_burst[1]) > 2:
+            continue
+        ratio = max(float(p["tflops"]) for p in points) / float(burst["tflops"])
+        pairs[gpu_id] = round(ratio, 4)
+        by_arch.setdefault(get_gpu(gpu_id).architecture, []).append(ratio)
+    return {"per_architecture": {a: round(statistics.fmean(v), 4) for a, v in by_arch.items()}, "pairs": pairs}
+

@@ -1,0 +1,312 @@
+"""Framework runtime constants that are not properties of a GPU or a model (``catalogs/runtime.yaml``).
+
+* ``CommRuntime``: bytes per parameter of the data-parallel collectives (fp32 gradient
+  reduction, bf16 parameter gathers), of the optimizer step's memory-bound passes, of gradient
+  accumulation outside the GEMM per framework mode, and of FSDP2's packing around its
+  collectives (each with its source in the catalog);
+* ``MemoryRuntime``: workspaces and caching-allocator slack added to every GPU's peak;
+* ``DataParallelRuntime``: what single-process ``torch.nn.DataParallel`` moves and how much of
+  its threads' dispatch the GIL serialises;
+* ``ParameterServerRuntime``: what TensorFlow's ``ParameterServerStrategy`` moves per update
+  (``sim.engines.parameter_server``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Mapping
+
+import numpy as np
+
+from sim.data.catalog import catalog_document
+from sim.base.records import Record
+
+if TYPE_CHECKING:
+    from sim.data.specs import Model, Strategy
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CommRuntime:
+    grad_reduce_bytes_per_param: float
+    param_gather_bytes_per_param: float
+    optimizer_bytes_per_param: float
+    fp16_extra_bytes_per_param: float = 0.0
+    # framework grad_accumulation mode -> HBM bytes per local parameter per micro-batch
+    grad_accumulation_bytes_per_param: Mapping[str, float] = field(default_factory=dict)
+    # FSDP2 pack/unpack around each all-gather (fwd, and again in bwd) and reduce-scatter
+    fsdp_gather_copy_bytes_per_param: float = 0.0
+    fsdp_reduce_copy_bytes_per_param: float = 0.0
+    # optimizer implementation (frameworks.yaml ``optimizer``) -> HBM bytes per local parameter
+    optimizer_bytes_per_param_by_impl: Mapping[str, float] = field(default_factory=dict)
+    # DeepSpeed BF16_Optimizer: per step over its unsharded fp32 gradient buffer (norm + zeroing)
+    bf16_optimizer_full_buffer_bytes_per_param: float = 0.0
+    # 2021 DeepSpeed ZeRO-3: host time per rank of the group for every parameter tensor gathered
+    zero3_host_per_rank_s: float = 0.0
+
+    def grad_accumulation_bytes(self, mode: str, microbatches):
+        """Bytes per parameter per micro-batch, averaged over the step's micro-batches
+        (``autograd`` has nothing to add into on the first one; ``keras`` accumulates only
+        with more than one micro-batch); ``microbatches`` a number (a float back) or an array
+        (the search's micro-batch axis)."""
+        b = self.grad_accumulation_bytes_per_param.get(mode, 0.0)
+        m = np.asarray(microbatches, dtype=float)
+        if mode == "keras":
+            out = np.where(m > 1, b, 0.0)
+        else:
+            out = b * (m - 1) / m if mode == "autograd" else b + 0.0 * m
+        return float(out) if out.ndim == 0 else out
+
+    def optimizer_bytes(self, impl: str, fp16: bool) -> float:
+        """HBM bytes per local parameter of one optimizer step by implementation (``fused``:
+        ``optimizer_bytes_per_param``), plus the fp16 loss-scale passes."""
+        base = self.optimizer_bytes_per_param_by_impl.get(impl, self.optimizer_bytes_per_param)
+        return base + (self.fp16_extra_bytes_per_param if fp16 else 0.0)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MemoryRuntime:
+    """Framework-level memory not tied to the model."""
+
+    workspace_bytes: float  # cuBLAS/cuBLASLt workspaces held by the caching allocator
+    fragmentation_fraction: float  # caching-allocator slack on top of live tensors
+    fp8_weight_cache_bytes_per_param: float = 0.0  # fp8 weight + transpose cached for the step
+    loss_bytes_per_logit: Mapping[str, float] = field(default_factory=dict)  # by loss implementation
+    loss_saved_bytes_per_logit: Mapping[str, float] = field(default_factory=dict)  # of which saved
+    source: str = ""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StateLayout:
+    """How a framework keeps its model states (``catalogs/runtime.yaml`` ``model_states``)."""
+
+    name: str
+    weights_bytes_per_param: float
+    gradient_bytes_per_param: float
+    optimizer_bytes_per_param: float
+    gathered_bytes_per_param: float
+    persistent_gradients: bool
+
+
+STATE_LAYOUTS: tuple[str, ...] = ("megatron", "torch_amp", "deepspeed")
+
+
+@functools.cache
+def state_layout(name: str) -> StateLayout:
+    layouts = _doc().mapping("model_states").mapping("layouts")
+    r = layouts.mapping(name)
+    return StateLayout(name=name, weights_bytes_per_param=r.req("weights_bytes_per_param", positive=True),
+                       gradient_bytes_per_param=r.req("gradient_bytes_per_param", positive=True),
+                       optimizer_bytes_per_param=r.req("optimizer_bytes_per_param", positive=True),
+                       gathered_bytes_per_param=r.req("gathered_bytes_per_param", positive=True),
+                       persistent_gradients=r.flag("persistent_gradients"))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DeviceMemory:
+    """What device-level memory (nvidia-smi) holds beyond PyTorch's reserved pool."""
+
+    cuda_context_bytes: float
+    nccl_ring_bytes_per_communicator: float
+    nccl_bytes_per_alltoall_peer: float
+    nccl_p2p_bytes_per_peer: float
+    nvls: Mapping[str, "NvlsBuffers"]  # by GPU architecture: the NCCL release its runs use
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NvlsBuffers:
+    """NCCL's NVLink SHARP buffers of one communicator in the NCCL release a GPU generation's
+    runs use (``catalogs/runtime.yaml`` device_memory.nvls): ``channels x
+    bytes_per_channel_per_head`` per NVLS head, one head per GPU of the group in the NVLink
+    domain, at most ``max_heads`` (``NCCL_MAX_NVLS_ARITY``)."""
+
+    channels: int
+    bytes_per_channel_per_head: float
+    max_heads: int
+    nccl: str
+
+    def group_bytes(self, local_gpus: int) -> float:
+        """Bytes per GPU for a group with ``local_gpus`` GPUs in one NVLink domain (none for
+        two or fewer: ``ncclNvlsInit``)."""
+        if local_gpus <= 2:
+            return 0.0
+        return self.channels * self.bytes_per_channel_per_head * min(local_gpus, self.max_heads)
+
+
+def _doc() -> Record:
+    return Record(catalog_document("runtime.yaml"), where="runtime", file="runtime.yaml")
+
+
+@functools.cache
+def default_comm_runtime() -> CommRuntime:
+    doc = _doc()
+    c, o = doc.mapping("communication"), doc.mapping("optimizer")
+    acc = doc.mapping("grad_accumulation").mapping("bytes_per_param")
+    copies = doc.mapping("fsdp_copies")
+    impl = o.mapping("bytes_per_param_by_impl")
+    bf16 = doc.mapping("deepspeed_bf16_optimizer")
+    return CommRuntime(grad_reduce_bytes_per_param=c.req("grad_reduce_bytes_per_param", positive=True),
+                       param_gather_bytes_per_param=c.req("param_gather_bytes_per_param", positive=True),
+                       optimizer_bytes_per_param=o.req("bytes_per_param", positive=True),
+                       fp16_extra_bytes_per_param=o.req("fp16_extra_bytes_per_param"),
+                       grad_accumulation_bytes_per_param={k: acc.req(k) for k in acc.rec},
+                       fsdp_gather_copy_bytes_per_param=copies.req("all_gather_copy_out_bytes_per_param"),
+                       fsdp_reduce_copy_bytes_per_param=copies.req("reduce_scatter_copy_in_bytes_per_param"),
+                       optimizer_bytes_per_param_by_impl={k: impl.req(k, positive=True) for k in impl.rec},
+                       bf16_optimizer_full_buffer_bytes_per_param=bf16.req("full_buffer_bytes_per_param"),
+                       zero3_host_per_rank_s=doc.mapping("zero3_per_tensor_gather").req("host_per_rank_s"))
+
+
+@functools.cache
+def device_memory() -> DeviceMemory:
+    d = _doc().mapping("device_memory")
+    return DeviceMemory(cuda_context_bytes=d.req("cuda_context_bytes"),
+                        nccl_ring_bytes_per_communicator=d.req("nccl_ring_bytes_per_communicator"),
+                        nccl_bytes_per_alltoall_peer=d.req("nccl_bytes_per_alltoall_peer"),
+                        nccl_p2p_bytes_per_peer=d.req("nccl_p2p_bytes_per_peer"),
+                        nvls=_nvls_table(d.mapping("nvls")))
+
+
+def _nvls_table(n: Record) -> dict[str, NvlsBuffers]:
+    out = {}
+    for arch in n.rec:
+        e = n.mapping(arch)
+        out[arch] = NvlsBuffers(channels=int(e.req("channels", positive=True)),
+                                bytes_per_channel_per_head=e.req("bytes_per_channel_per_head", positive=True),
+                                max_heads=int(e.req("max_heads", positive=True)), nccl=e.text("nccl"))
+    return out
+
+
+def nvls_buffers(architecture: str | None, *, multicast: bool) -> NvlsBuffers | None:
+    """The NVLS buffers of a GPU generation (``device_extra_bytes``' ``nvls``): None without
+    multicast NVSwitch (``sim.layers.compute.nvls_gain`` empty); a GPU with multicast whose
+    architecture has no NCCL release in the catalog is an error naming the known ones."""
+    if not multicast:
+        return None
+    table = device_memory().nvls
+    if architecture not in table:
+        raise ValueError(f"runtime.yaml device_memory.nvls has no NCCL release for GPU architecture "
+                         f"{architecture!r} (known: {', '.join(sorted(table))})")
+    return table[architecture]
+
+
+def group_local_ranks(dims: "tuple[tuple[int, int], ...]", domain_gpus: int) -> int:
+    """GPUs of rank 0's process group inside its NVLink domain of ``domain_gpus`` consecutive
+    ranks, the group spanning ``dims`` = ((size, stride), ...) of the rank grid (Megatron's
+    order: tp fastest, then cp, dp, pp)."""
+    ranks = [0]
+    for size, stride in dims:
+        if size > 1:
+            ranks = [r + i * stride for r in ranks for i in range(size) if r + i * stride < domain_gpus]
+    return len(ranks)
+
+
+def device_extra_bytes(strategy: "Strategy", model: "Model", *, megatron_groups: bool = False,
+                       nvls: NvlsBuffers | None = None, domain_gpus: int = 1) -> float:
+    """What ``nvidia-smi`` shows beyond PyTorch's reserved pool: the CUDA context and the NCCL
+    buffers of every communicator the rank uses (``catalogs/runtime.yaml``): ring
+    communicators for tp, cp, the data-parallel gradient group and (MoE) the expert
+    data-parallel group, every peer of the expert all-to-all, and the pipeline neighbours.
+
+    ``megatron_groups``: Megatron's ``parallel_state`` also runs collectives, each on its own
+    communicator (NCCL buffers are per communicator, NVIDIA/nccl issue #986), on the
+    data-parallel group without context parallelism (the loss reported per step,
+    ``average_losses_across_data_parallel_group``, core_v0.6.0 megatron/training/utils.py line
+    100, a ``new_group`` apart from the dp-cp group that reduces gradients, parallel_state.py
+    lines 289-300), on the model-parallel group tp x pp (the gradient norm of
+    ``clip_grad_norm_fp32``, core/optimizer/clip_grads.py line 98) and on the default group
+    (training.py line 208); groups of one rank are not counted.
+
+    ``nvls``: the NVLS buffers of the GPUs' NCCL release where their NVSwitch supports NVLink
+    SHARP (``nvls_buffers``; None without multicast, ``sim.net.netefficiency.nvls_gain``): every communicator with more than two
+    GPUs in one NVLink domain of ``domain_gpus`` also holds them, per GPU of the group in the
+    domain up to NCCL's head limit (``NvlsBuffers.group_bytes``; ``catalogs/runtime.yaml``).  Expert-parallel groups are not counted
+    (MoE rows are priced by their ring and all-to-all buffers only)."""
+    s, d = strategy, device_memory()
+    groups = [((s.tp, 1),), ((s.cp, s.tp),), ((s.cp, s.tp), (s.dp, s.tp * s.cp))]
+    if megatron_groups:
+        groups += [((s.dp, s.tp * s.cp),), ((s.tp, 1), (s.pp, s.tp * s.cp * s.dp)),
+                   ((s.tp, 1), (s.cp, s.tp), (s.dp, s.tp * s.cp), (s.pp, s.tp * s.cp * s.dp))]
+    groups = [g for g in groups if math.prod(n for n, _ in g) > 1]
+    rings = len(groups)
+    nvls_bytes = 0.0
+    if nvls is not None:
+        for g in groups:
+            nvls_bytes += nvls.group_bytes(group_local_ranks(g, domain_gpus))
+    if model.moe is not None:
+        rings += s.expert_dp > 1 and s.expert_dp != s.dp * s.cp
+        if s.expert_tp != s.tp:
+            rings += s.expert_tp > 1
+    nccl = rings * d.nccl_ring_bytes_per_communicator
+    if s.ep > 1:
+        nccl += (s.ep - 1) * d.nccl_bytes_per_alltoall_peer
+    if s.pp > 1:
+        nccl += 2 * d.nccl_p2p_bytes_per_peer
+    return d.cuda_context_bytes + nccl + nvls_bytes
+
+
+@functools.cache
+def default_runtime() -> MemoryRuntime:
+    doc = _doc()
+    m, loss = doc.mapping("memory"), doc.mapping("loss").mapping("bytes_per_logit")
+    saved = doc.mapping("loss").mapping("saved_bytes_per_logit")
+    return MemoryRuntime(workspace_bytes=m.req("workspace_bytes"),
+                         fragmentation_fraction=m.fraction("fragmentation_fraction"),
+                         fp8_weight_cache_bytes_per_param=m.req("fp8_weight_cache_bytes_per_param"),
+                         loss_bytes_per_logit={k: loss.req(k, positive=True) for k in loss.rec},
+                         loss_saved_bytes_per_logit={k: saved.req(k) for k in saved.rec},
+                         source=m.text("source"))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DataParallelRuntime:
+    """Single-process ``torch.nn.DataParallel`` (``catalogs/runtime.yaml`` ``dataparallel``):
+    bytes per parameter it broadcasts every forward and reduces onto GPU 0 every backward,
+    bytes per logit of the outputs it gathers, and the fraction of an op's host dispatch that
+    holds the GIL (an assumption, stated in the catalog)."""
+
+    broadcast_bytes_per_param: float
+    reduce_bytes_per_param: float
+    output_bytes_per_logit: float
+    gil_held_fraction: float
+    source: str = ""
+
+
+@functools.cache
+def dataparallel_runtime() -> DataParallelRuntime:
+    d = _doc().mapping("dataparallel")
+    return DataParallelRuntime(broadcast_bytes_per_param=d.req("broadcast_bytes_per_param", positive=True),
+                               reduce_bytes_per_param=d.req("reduce_bytes_per_param", positive=True),
+                               output_bytes_per_logit=d.req("output_bytes_per_logit", positive=True),
+                               gil_held_fraction=d.fraction("gil_held_fraction"), source=d.text("source"))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ParameterServerRuntime:
+    """TensorFlow ``ParameterServerStrategy`` (``catalogs/runtime.yaml`` ``parameter_server``):
+    bytes per parameter pulled and pushed per update, the PS CPU's Adam traffic, a multi-GPU
+    worker's host copies, the fraction of a NIC's line rate gRPC/TCP delivers (an assumption,
+    stated in the catalog) and ``MinSizePartitioner``'s minimum shard."""
+
+    pull_bytes_per_param: float
+    push_bytes_per_param: float
+    adam_bytes_per_param: float
+    host_copy_bytes_per_param: float
+    grpc_link_fraction: float
+    min_shard_bytes: float
+    ps_host_bytes_per_param: float
+    source: str = ""
+
+
+@functools.cache
+def parameter_server_runtime() -> ParameterServerRuntime:
+    d = _doc().mapping("parameter_server")
+    return ParameterServerRuntime(pull_bytes_per_param=d.req("pull_bytes_per_param", positive=True),
+                                  push_bytes_per_param=d.req("push_bytes_per_param", positive=True),
+                                  adam_bytes_per_param=d.req("adam_bytes_per_param", positive=True),
+                                  host_copy_bytes_per_param=d.req("host_copy_bytes_per_param", positive=True),
+                                  grpc_link_fraction=d.fraction("grpc_link_fraction"),
+                                  min_shard_bytes=d.req("min_shard_bytes", positive=True),
+                                  ps_host_bytes_per_param=d.req("ps_host_bytes_per_param", positive=True),
+                                  source=d.text("source"))

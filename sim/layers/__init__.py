@@ -1,0 +1,1 @@
+"""What one layer is and costs on one GPU: its ops (FLOPs, bytes, GEMM shapes), stage layers and parameters, saved activations, the roofline time of an op and kernel efficiencies, GPU-to-GPU speed spread, MoE routing."""

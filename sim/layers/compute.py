@@ -1,0 +1,371 @@
+"""Time of one op on one GPU: a roofline with achievable (not data-sheet) peaks.
+
+``t = max(flops / (peak * eff_flops), hbm_bytes / (hbm_bytes_per_s * eff_hbm)) + overhead``
+(Williams, Waterman & Patterson 2009, "Roofline").  ``eff_flops`` is the GPU's best-case
+GEMM fraction (catalog ``matmul_efficiency``, measured with a brute-force shape search) times
+the fraction of it a training run's fixed shapes sustain (``gemm_sustained_fraction``) and a
+shape factor ``d / (d + gemm_half_dim)``, both fitted (``scripts/fit_efficiency.py``);
+attention kernels reach a lower fraction (``catalogs/efficiency.yaml``).  Known error: a single efficiency per kind ignores shape
+effects beyond the roofline (tile and wave quantisation), worth up to ~10-20% on small GEMMs.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+from sim.data.catalog import catalog_document
+from sim.base.errors import InputError
+from sim.base.records import Record
+from sim.layers.ops import BF16_GEMMS, Op
+from sim.data.specs import Gpu
+from sim.layers.variability import slowest_rank_factor
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Fp8Recipe:
+    """One fp8 scaling recipe (``Strategy.fp8_recipe``): the HBM bytes its quantization moves per
+    element of a GEMM's operands and output gradient (x, W and dy with their transposed copies,
+    amax and scale passes included), and its GEMM rate relative to the per-tensor-scaled kernel.
+    Both fitted from Transformer Engine's GEMM profile (``planner/fitting/fit_kernels.py``)."""
+
+    quantize_bytes_per_element: float
+    gemm_rate: float = 1.0
+    architectures: tuple[str, ...] = ()  # empty: every fp8-capable architecture
+
+
+@dataclass(frozen=True, slots=True)
+class SaturatingCurve:
+    """``f(x) = f_max * x / (x + x_half)``: a kernel's efficiency vs its problem size (the
+    fixed prologue/epilogue and tile-fill costs amortise as ``x`` grows).  ``x_half = 0``: flat."""
+
+    f_max: float
+    x_half: float = 0.0
+
+    def at(self, x: float) -> float:
+        """The efficiency at size ``x`` (``x <= 0``: size not known, the large-problem value)."""
+        return self.f_max if self.x_half <= 0 or x <= 0 else self.f_max * x / (x + self.x_half)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class KernelEfficiency:
+    """Device-independent efficiency knobs (see ``catalogs/efficiency.yaml``)."""
+
+    attention_fwd_vs_matmul: float
+    attention_bwd_vs_matmul: float
+    kernel_overhead_s: float
+    # Shape factor: GEMMs whose smallest dimension is below ``gemm_half_dim`` lose
+    # efficiency as d / (d + gemm_half_dim) (tile under-fill); 0 disables it.
+    gemm_half_dim: float = 0.0
+    # Dense bf16 FLOP/s per SM of the GPU the half dimension was fitted on (A100: 312e12/108).
+    gemm_reference_flops_per_sm: float = 0.0
+    # Fraction of the best-case (brute-force searched, short-burst) GEMM efficiency that a
+    # training run's fixed-shape GEMMs sustain even when large; fitted together with
+    # ``gemm_half_dim`` (scripts/fit_efficiency.py).  1 = large GEMMs reach the best case.
+    gemm_sustained_fraction: float = 1.0
+    # The same fraction per architecture and precision where a training-shape GEMM benchmark
+    # of that generation exists (Transformer Engine's per-layer GEMM profile); others use
+    # ``gemm_sustained_fraction``.
+    gemm_sustained_by_arch: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    # HBM traffic of element-wise (memory-bound) ops run eagerly, one kernel per op,
+    # relative to the fused kernels sim/layers/ops.py counts.
+    eager_elementwise_traffic: float = 1.0
+    # Host-side floor of one op (framework dispatch of the op's kernels, Python): an op whose
+    # GPU time is shorter cannot finish faster than the host can issue it.  Fitted on the
+    # vTrain single-node measurements (scripts/fit_efficiency.py).
+    host_op_floor_s: float = 0.0
+    # Fixed cost of one collective call (NCCL launch and synchronisation), seconds.
+    collective_overhead_s: float = 0.0
+    # Relative slowdown of compute that runs while a collective is in flight (the
+    # communication kernels take SMs, L2 and HBM bandwidth); charged on the overlapped time.
+    overlap_compute_slowdown: float = 0.0
+    # Fused MoE dispatch/combine kernels (DeepEP normal kernels): achieved fraction of the
+    # nominal per-direction link rate per tier (planner.fitting.fit_kernels.fit_deepep_dispatch).
+    deepep_dispatch: Mapping[str, float] = field(default_factory=dict)
+    # architecture -> kernel -> (fwd, bwd) fraction of dense bf16 peak (catalogs/efficiency.yaml)
+    attention_fractions: Mapping[str, Mapping[str, tuple[float, float]]] = field(default_factory=dict)
+    # architecture -> kernel -> (fwd, bwd) fraction vs per-kernel sequence length, fitted from
+    # attention microbenchmarks; preferred over ``attention_fractions`` where present.
+    attention_curves: Mapping[str, Mapping[str, tuple[SaturatingCurve, SaturatingCurve]]] = field(
+        default_factory=dict)
+    fp8_recipes: Mapping[str, Fp8Recipe] = field(default_factory=dict)
+    # Ring (context-parallel) attention: architecture -> (fwd, bwd) relative overhead of each
+    # ring step after the first, at ``ring_reference_tokens`` local tokens, scaling as 1/tokens
+    # (planner.fitting.fit_kernels.fit_ring_attention); architectures without a benchmark use the mean.
+    ring_step_overhead: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    # Compute rate a GPU sustains under continuous load over the short-burst rate the kernel
+    # benchmarks measured, per architecture (planner.fitting.fit_kernels.fit_sustained_clock); 1 where no
+    # same-era sustained sweep exists.
+    sustained_clock_by_arch: Mapping[str, float] = field(default_factory=dict)
+    ring_reference_tokens: float = 0.0
+    # Relative standard deviation of sustained speed between GPUs of one SKU in a cluster
+    # (catalogs/efficiency.yaml rank_variability, sim/layers/variability.py): a step of N GPUs runs
+    # at the slowest one's pace.  0: every GPU equally fast.
+    gpu_speed_sigma: float = 0.0
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for n in ("attention_fwd_vs_matmul", "attention_bwd_vs_matmul"):
+            v = getattr(self, n)
+            if not 0 < v <= 1.5:
+                raise InputError(f"efficiency.{n}", v, "must be in (0, 1.5]")
+        if self.kernel_overhead_s < 0 or self.gemm_half_dim < 0:
+            raise InputError("efficiency", self, "overheads must be >= 0")
+        if not 0 <= self.overlap_compute_slowdown < 1:
+            raise InputError("efficiency.overlap_compute_slowdown", self.overlap_compute_slowdown,
+                             "must be in [0, 1)")
+        if not 0 <= self.gpu_speed_sigma < 0.5:
+            raise InputError("efficiency.gpu_speed_sigma", self.gpu_speed_sigma, "must be in [0, 0.5)")
+
+    def slowest_rank_factor(self, num_ranks: int) -> float:
+        """Compute time of the slowest of ``num_ranks`` GPUs over the median GPU's
+        (``sim.layers.variability``); 1 for one GPU or ``gpu_speed_sigma = 0``."""
+        return slowest_rank_factor(num_ranks, self.gpu_speed_sigma)
+
+    def ring_slowdown(self, architecture: str, ring_steps: float, local_tokens: float) -> tuple[float, float]:
+        """(fwd, bwd) time of ring attention over ``ring_steps`` chunks of ``local_tokens``
+        queries relative to the same work in one kernel:
+        ``1 + (c - 1)/c * delta * t_ref / t`` (``planner.fitting.fit_kernels.fit_ring_attention``)."""
+        if ring_steps <= 1 or not self.ring_step_overhead or local_tokens <= 0:
+            return 1.0, 1.0
+        d = self.ring_step_overhead.get(architecture)
+        if d is None:  # no ring benchmark on this architecture: the mean of those that have one
+            vals = list(self.ring_step_overhead.values())
+            d = (sum(v[0] for v in vals) / len(vals), sum(v[1] for v in vals) / len(vals))
+        k = (ring_steps - 1) / ring_steps * self.ring_reference_tokens / local_tokens
+        return 1.0 + d[0] * k, 1.0 + d[1] * k
+
+    def sustained_fraction(self, architecture: str, precision: str) -> float:
+        return self.gemm_sustained_by_arch.get(architecture, {}).get(precision, self.gemm_sustained_fraction)
+
+    def fp8_recipe(self, name: str) -> Fp8Recipe:
+        r = self.fp8_recipes.get(name)
+        if r is None:
+            raise InputError("fp8_recipe", name, f"no such recipe in efficiency.yaml fp8_recipes "
+                             f"({', '.join(self.fp8_recipes) or 'none'})")
+        return r
+
+    def attention_fraction(self, architecture: str, kernel: str, seq_len: float,
+                           matmul_fraction: float) -> tuple[float, float]:
+        """(fwd, bwd) fraction of the dense bf16 peak of ``kernel`` on ``architecture`` at a
+        per-kernel sequence length ``seq_len``: the fitted curve, else the catalog constant,
+        else relative to the GPU's best-case GEMM fraction."""
+        curve = self.attention_curves.get(architecture, {}).get(kernel)
+        if curve is not None:
+            return curve[0].at(seq_len), curve[1].at(seq_len)
+        frac = self.attention_fractions.get(architecture, {}).get(kernel)
+        if frac is not None:
+            return frac
+        return matmul_fraction * self.attention_fwd_vs_matmul, matmul_fraction * self.attention_bwd_vs_matmul
+
+
+def _efficiency_yaml() -> Mapping:
+    return catalog_document("efficiency.yaml")
+
+
+def catalog_fitted() -> Mapping:
+    """The ``fitted`` block of ``catalogs/efficiency.yaml`` (what ``scripts/fit_efficiency.py`` stored)."""
+    return _efficiency_yaml().get("fitted") or {}
+
+
+@functools.cache
+def default_efficiency() -> KernelEfficiency:
+    """Kernel efficiency: the documented defaults plus the values ``scripts/fit_efficiency.py``
+    fitted from microbenchmarks (the ``fitted`` block)."""
+    return kernel_efficiency(catalog_fitted())
+
+
+_DEFAULT_KEYS = ("attention_fwd_vs_matmul", "attention_bwd_vs_matmul", "kernel_overhead_s", "gemm_reference_flops_per_sm",
+                 "eager_elementwise_traffic", "overlap_compute_slowdown")
+
+
+def kernel_efficiency(fitted: Mapping | None) -> KernelEfficiency:
+    """The catalog's documented defaults with the values of a ``fitted`` block (the catalog's,
+    or one a leave-one-source-out fit produced; ``None``: defaults only, as fitting starts)."""
+    doc = Record(_efficiency_yaml(), where="efficiency", file="efficiency.yaml")
+    default = doc.mapping("default", allowed=_DEFAULT_KEYS + ("source",))
+    d: dict[str, object] = {k: default.req(k) for k in _DEFAULT_KEYS}
+    d["source"] = default.text("source")
+    d["gpu_speed_sigma"] = doc.mapping("rank_variability", allowed=("gpu_speed_sigma", "source", "notes")).fraction(
+        "gpu_speed_sigma")
+    recipes = doc.mapping("fp8_recipes")
+    fitted_recipes: Mapping = {}
+    if fitted:
+        f = Record(fitted, where="efficiency.fitted", file="efficiency.yaml")
+        if f.has("gemm"):
+            gemm = f.mapping("gemm")
+            d["gemm_half_dim"] = gemm.req("gemm_half_dim")
+            d["gemm_sustained_fraction"] = gemm.fraction("gemm_sustained_fraction", optional=True, default=1.0)
+            if gemm.has("per_architecture"):
+                per = gemm.mapping("per_architecture")
+                d["gemm_sustained_by_arch"] = {
+                    arch: {prec: per.mapping(arch).req(prec, positive=True) for prec in per.rec[arch]}
+                    for arch in per.rec}
+        if f.has("collective_overhead_s"):
+            d["collective_overhead_s"] = f.req("collective_overhead_s")
+        if f.has("host"):
+            d["host_op_floor_s"] = f.mapping("host").req("host_op_floor_s")
+        if f.has("attention_curves"):
+            ac = f.mapping("attention_curves")
+            d["attention_curves"] = {
+                arch: {k: tuple(SaturatingCurve(*ac.mapping(arch).mapping(k).rec[p]) for p in ("fwd", "bwd"))
+                       for k in ac.rec[arch]}
+                for arch in ac.rec}
+        if f.has("fp8_recipes"):
+            fitted_recipes = f.rec["fp8_recipes"]
+        if f.has("sustained_clock"):
+            sc = f.mapping("sustained_clock")
+            per = sc.mapping("per_architecture") if sc.has("per_architecture") else None
+            d["sustained_clock_by_arch"] = {a: per.fraction(a) for a in per.rec} if per is not None else {}
+        if f.has("ring_attention"):
+            ra = f.mapping("ring_attention")
+            d["ring_reference_tokens"] = ra.req("reference_local_tokens", positive=True)
+            d["ring_step_overhead"] = {arch: (ra.mapping(arch).req("fwd"), ra.mapping(arch).req("bwd"))
+                                       for arch in ra.rec if arch != "reference_local_tokens"}
+        if f.has("deepep_dispatch"):
+            dd = f.mapping("deepep_dispatch")
+            d["deepep_dispatch"] = {tier: dd.fraction(tier) for tier in dd.rec}
+    out = {}
+    for name in recipes.rec:
+        r = recipes.mapping(name, allowed=("architectures", "source", "notes"))
+        got = Record(fitted_recipes.get(name) or {"quantize_bytes_per_element": 0.0}, where=f"fitted.fp8_recipes.{name}",
+                     file="efficiency.yaml")
+        out[name] = Fp8Recipe(quantize_bytes_per_element=got.req("quantize_bytes_per_element"),
+                              gemm_rate=got.number("gemm_rate", optional=True, default=1.0),
+                              architectures=r.strings("architectures"))
+    d["fp8_recipes"] = out
+    table = {}
+    attention = doc.mapping("attention")
+    for arch in attention.rec:
+        kernels = attention.mapping(arch)
+        table[arch] = {k: (kernels.mapping(k).req("fwd", positive=True), kernels.mapping(k).req("bwd", positive=True))
+                       for k in kernels.rec if k not in ("source", "notes")}
+    return KernelEfficiency(**d, attention_fractions=table)
+
+
+def fp8_weight_cast_bytes_per_param(eff: KernelEfficiency, precision: str, recipe: str, cached: bool,
+                                    microbatches):
+    """HBM bytes per local weight per micro-batch of casting the weights to fp8 (and their
+    transposes) with ``recipe``: every micro-batch, or once per step when the framework caches
+    them (``Plan.fp8_weight_cache``), averaged over the step's ``microbatches`` (a number or
+    an array)."""
+    if precision != "fp8":
+        return 0.0
+    q = eff.fp8_recipe(recipe).quantize_bytes_per_element
+    return q / microbatches if cached else q + 0.0 * microbatches
+
+
+@dataclass(frozen=True, slots=True)
+class OpTime:
+    fwd_s: float
+    bwd_s: float
+
+
+def gemm_half_dim(gpu: Gpu, precision: str, eff: KernelEfficiency) -> float:
+    """The GEMM dimension at which the shape factor halves efficiency, on ``gpu``.
+
+    Fitted on A100 (``catalogs/efficiency.yaml``) and scaled by throughput per SM: the fixed
+    cycles of a tile (prologue, pipeline fill, epilogue) weigh more on an SM that finishes its
+    main loop faster, so a faster SM needs proportionally deeper/larger problems (an
+    assumption, not a fit: no layer timings on other GPUs are in the microbenchmarks).
+    """
+    if eff.gemm_half_dim <= 0 or not gpu.num_sms or not eff.gemm_reference_flops_per_sm:
+        return eff.gemm_half_dim
+    per_sm = gpu.peak_flops_per_s(precision) / gpu.num_sms
+    return eff.gemm_half_dim * per_sm / eff.gemm_reference_flops_per_sm
+
+
+def matmul_efficiency(gpu: Gpu, precision: str, op: Op, eff: KernelEfficiency) -> float:
+    base = gpu.achievable_matmul_fraction(precision)
+    if op.kind == "matmul":
+        base *= eff.sustained_fraction(gpu.architecture, precision) * eff.sustained_clock_by_arch.get(gpu.architecture, 1.0)
+    if eff.gemm_half_dim > 0 and op.kind == "matmul":
+        d = min(op.m, op.n, op.k)
+        base *= d / (d + gemm_half_dim(gpu, precision, eff))
+    return base
+
+
+def op_time(gpu: Gpu, precision: str, op: Op, eff: KernelEfficiency, *, eager: bool = False) -> OpTime:
+    """Forward and backward seconds of ``op`` on ``gpu``.
+
+    ``precision`` is the GEMM precision (fp8 applies to linear layers only; attention and
+    memory-bound ops run in bf16, as Transformer Engine and torchao float8 do).
+    """
+    hbm = gpu.hbm_bytes_per_s * gpu.hbm_efficiency
+    over = eff.kernel_overhead_s
+    floor = eff.host_op_floor_s
+    if op.kind == "memory":
+        t = op.hbm_bytes / hbm * (eff.eager_elementwise_traffic if eager else 1.0)
+        return OpTime(max(t, floor) + over, max(op.backward_bytes_factor * t, 2 * floor) + 2 * over)
+    if op.kind == "attention":
+        frac = eff.attention_fraction(gpu.architecture, op.kernel or "flash", op.m,
+                                      gpu.achievable_matmul_fraction("bf16"))
+        peak = gpu.peak_flops_per_s("bf16") * eff.sustained_clock_by_arch.get(gpu.architecture, 1.0)
+        fwd = max(op.flops / (peak * frac[0]), op.hbm_bytes / hbm, floor)
+        bwd = max(op.flops * op.backward_flop_factor / (peak * frac[1]), 2 * op.hbm_bytes / hbm, 2 * floor)
+        # context parallelism: the local queries (m) attend the global keys (n) in n/m ring steps
+        ring_f, ring_b = eff.ring_slowdown(gpu.architecture, op.n / op.m if op.m else 1.0, op.m)
+        return OpTime(fwd * ring_f + over, bwd * ring_b + 2 * over)
+    # fp8 applies to linear layers; attention batched GEMMs, router and output layer stay bf16
+    gemm_precision = "bf16" if op.name in BF16_GEMMS else precision
+    if gemm_precision == "fp8" and "fp8" not in gpu.dense_flops_per_s:
+        gemm_precision = "bf16"
+    peak = gpu.peak_flops_per_s(gemm_precision) * matmul_efficiency(gpu, gemm_precision, op, eff)
+    if gemm_precision == "fp8" and op.kernel:
+        peak *= eff.fp8_recipe(op.kernel).gemm_rate
+    fwd = max(op.flops / peak, op.hbm_bytes / hbm, floor)
+    bwd = max(op.flops * op.backward_flop_factor / peak, 2 * op.hbm_bytes / hbm, 2 * floor)
+    return OpTime(fwd + over, bwd + 2 * over)
+
+
+def ops_time(gpu: Gpu, precision: str, ops: tuple[Op, ...], eff: KernelEfficiency, *,
+             eager: bool = False, fused: tuple[str, ...] = ()) -> tuple[float, float]:
+    """Summed (forward, backward) seconds of a sequence of ops executed back to back; under
+    ``eager`` the memory-bound ops named in ``fused`` still run as one fused kernel each
+    (``Plan.fused_ops``)."""
+    return sum_op_times(op_times(gpu, precision, tuple(ops), eff, eager=eager, fused=fused))
+
+
+def sum_op_times(times: Iterable[OpTime]) -> tuple[float, float]:
+    """(forward, backward) seconds of ``times`` summed in order (``ops_time``)."""
+    f = b = 0.0
+    for t in times:
+        f += t.fwd_s
+        b += t.bwd_s
+    assert math.isfinite(f) and math.isfinite(b)
+    return f, b
+
+
+# op_times memo: {(id(eff), id(gpu)): (eff, gpu, {(ops, precision, eager): times})}.  The entry
+# holds eff and gpu so their ids cannot be reused by other objects while it exists; the table
+# is keyed by everything else op_time reads (every field of every op, precision, eager).
+# KernelEfficiency holds dicts (not hashable) and is frozen, so its identity stands for its
+# contents.  Bounded: a table is cleared past _MEMO_MAX entries, the whole memo past 64 tables.
+_MEMO: dict[tuple[int, int], tuple[KernelEfficiency, Gpu, dict[tuple, tuple[OpTime, ...]]]] = {}
+_MEMO_MAX = 50_000
+
+
+def op_times(gpu: Gpu, precision: str, ops: tuple[Op, ...], eff: KernelEfficiency, *,
+             eager: bool = False, fused: tuple[str, ...] = ()) -> tuple[OpTime, ...]:
+    """``op_time`` of every op of ``ops`` (under ``eager``, the ops named in ``fused`` run fused),
+    memoised per (gpu, eff) object and (ops, precision, eager, fused): a search prices the same
+    layer's ops for every recompute setting.  Ops with an
+    attention backward factor read from ``catalogs/conventions.yaml`` (not stated on the op)
+    are not memoised: the catalog may change between calls."""
+    entry = _MEMO.get((id(eff), id(gpu)))
+    if entry is None or entry[0] is not eff or entry[1] is not gpu:
+        if len(_MEMO) >= 64:
+            _MEMO.clear()
+        entry = _MEMO[(id(eff), id(gpu))] = (eff, gpu, {})
+    table = entry[2]
+    key = (ops, precision, eager, tuple(fused))
+    got = table.get(key)
+    if got is None:
+        got = tuple(op_time(gpu, precision, op, eff, eager=eager and op.name not in fused) for op in ops)
+        if all(op.kind != "attention" or op.backward_flops_per_forward is not None for op in ops):
+            if len(table) >= _MEMO_MAX:
+                table.clear()
+            table[key] = got
+    return got

@@ -1,0 +1,1 @@
+"""The network and placement: the fabric as arithmetic and as a graph, links and routing, collectives, where ranks sit, the Network that prices a collective, PCIe servers, clusters built from the catalog."""
