@@ -14,7 +14,7 @@ from sim.data.specs import DEFAULT_SEQ_LEN, OFFLOAD_DEVICES, RECOMPUTES, SCHEDUL
 from sim.base.units import GIB, fmt_s
 
 from planner.commands.argcheck import check_model_flags
-from planner.plans.recommend import DEFAULT_RERANK_PASSES
+from planner.plans.rerank import DEFAULT_RERANK_PASSES
 
 
 

@@ -30,6 +30,7 @@ from sim.base.errors import InfeasibleError, InputError
 from sim.cost.framework import check_supported, get_framework
 from sim.data.psspecs import ParameterServers
 from sim.base.outpaths import make_folder, write_text, writing
+from sim.cost.plan import Plan
 from sim.data.specs import Model, Strategy
 
 FORMATS: tuple[str, ...] = ("megatron", "torchtitan", "deepspeed", "torchrun", "slurm", "k8s", "tensorflow")
@@ -180,3 +181,19 @@ def write(fmt: str, spec: LaunchSpec, out_dir: str | Path) -> tuple[list[Path], 
                 p.chmod(0o755)
         paths.append(p)
     return paths, rendered.warnings
+
+
+def launchable(plan: Plan, framework: str) -> bool:
+    """Whether the launch format of ``framework`` (``planner.exports.formats_of``, its own
+    first) can state ``plan``: every recommended plan is one a user can launch as predicted.
+    A framework without a format (none in the default profiles) is not held to it."""
+    fmts = formats_of(framework)
+    if not fmts:
+        return True
+    c = plan.cluster
+    try:
+        render(fmts[0], LaunchSpec(model=plan.model, strategy=plan.strategy, num_gpus=c.num_gpus,
+                                   gpus_per_node=c.gpus_per_node, gpu=c.gpu.id, attention=plan.attention))
+    except InputError:
+        return False
+    return True

@@ -35,19 +35,19 @@ from typing import Callable, Literal
 import numpy as np
 
 from sim.engines.analytic import simulate_analytic
-from sim.engines.simulate import simulate
 from sim.layers.compute import default_efficiency
 from sim.cost.costs import default_network
 from sim.cost.framework import Framework, default_frameworks, fp8_recipe_for, get_framework
 from sim.base.errors import InputError
 from sim.cost.plan import Plan
 from sim.engines.result import StepResult
-from sim.net.placement import strides
 from sim.engines.run import RunChoices, plan_kwargs
 from sim.data.specs import Cluster, Model, Strategy
 from sim.base.units import fmt_s
 
 from planner.plans.explain import bound
+from planner.exports import launchable
+from planner.plans.rerank import DEFAULT_RERANK_PASSES, rerank_event, with_rank_orders
 from planner.plans.search import SearchResult, SearchSpace, search
 from planner.fitting.uncertainty import Band, above_published_note, band_from, headline, memory_headroom, stored_table
 
@@ -370,15 +370,6 @@ def estimate_band(framework: str, cluster: Cluster) -> Band:
     return band_from(stored_table(), (fw.family, cluster.gpu.architecture or "unknown", "dense"))
 
 
-DEFAULT_RERANK_PASSES = 40_000  # scheduled passes of event-engine re-ranking: ~2-8 s here at 0.05-0.2 ms a pass
-
-
-def event_passes(s: Strategy) -> int:
-    """The cost model of one event-engine simulation: the forward and backward passes it
-    schedules (one unit per pipeline stage, ``vp`` chunks, every micro-batch)."""
-    return 2 * s.pp * s.vp * s.num_microbatches
-
-
 LAYOUT_REFINE = 3  # best distinct pipelined layouts whose pipeline layouts recommend searches
 
 
@@ -574,7 +565,7 @@ def _shown_plans(ordered: list[tuple], searches: list[SearchResult], bands: list
         r = searches[k]
         fm = r.fastmodel
         plan = fm.plan(s)
-        if not exports(plan, r.framework):
+        if not launchable(plan, r.framework):
             continue  # a plan its framework's launch format cannot state is not shown
         res = simulate_analytic(plan, net=fm.net, eff=fm.eff)
         value = float(objective.values(np.array([bands[k].estimate(res.step_time_s)]), tokens_per_step,
@@ -583,7 +574,7 @@ def _shown_plans(ordered: list[tuple], searches: list[SearchResult], bands: list
                                  fast_step_time_s=float(r.candidates.step_time_s[i]),
                                  analytic_step_time_s=res.step_time_s, band=bands[k], framework=r.framework,
                                  search=r))
-    return _with_rank_orders(ranked, objective, tokens_per_step, top)
+    return with_rank_orders(ranked, objective, tokens_per_step, top)
 
 
 def _rerank(rec: Recommendation, ranked: list[RankedPlan], *, top: int, rerank: int | None, rerank_budget: int,
@@ -594,7 +585,7 @@ def _rerank(rec: Recommendation, ranked: list[RankedPlan], *, top: int, rerank: 
     k_rerank = min(top, len(ranked)) if rerank is None else max(0, min(int(rerank), len(ranked)))
     if k_rerank:
         stage(f"re-ranking the top {k_rerank} with the event engine")
-        ranked, note, used = _rerank_event(ranked, k_rerank, rec.tie_tolerance, rec.objective, tokens_per_step,
+        ranked, note, used = rerank_event(ranked, k_rerank, rec.tie_tolerance, rec.objective, tokens_per_step,
                                            rerank_budget)
         rec.ranking_engine = "event" if used else "analytic"
     else:
@@ -629,7 +620,7 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: 
               progress: Callable[[str], None] | None = None) -> Recommendation:
     """Search, rank, verify and explain (module docstring).  ``rerank``: how many of the top
     plans the event engine re-ranks (default ``top``; 0 disables it), as many as
-    ``rerank_budget`` scheduled passes allow (``event_passes``).  ``memory_headroom``: fraction
+    ``rerank_budget`` scheduled passes allow (``planner.plans.rerank.event_passes``).  ``memory_headroom``: fraction
     of GPU memory a plan keeps free (default ``planner.fitting.uncertainty.memory_headroom``).
     ``progress`` is called with the name of each phase as it starts (the app draws them; an
     exception it raises stops the recommendation)."""
@@ -683,24 +674,6 @@ def recommend(model: Model, cluster: Cluster, *, gbs: int, seq_len: int, space: 
         rec.timings_s["explain_s"] = time.perf_counter() - t2
     rec.timings_s["total_s"] = time.perf_counter() - t0
     return rec
-
-
-def exports(plan: Plan, framework: str) -> bool:
-    """Whether the launch format of ``framework`` (``planner.exports.formats_of``, its own
-    first) can state ``plan``: every recommended plan is one a user can launch as predicted.
-    A framework without a format (none in the default profiles) is not held to it."""
-    from planner.exports import LaunchSpec, formats_of, render
-
-    fmts = formats_of(framework)
-    if not fmts:
-        return True
-    c = plan.cluster
-    try:
-        render(fmts[0], LaunchSpec(model=plan.model, strategy=plan.strategy, num_gpus=c.num_gpus,
-                                   gpus_per_node=c.gpus_per_node, gpu=c.gpu.id, attention=plan.attention))
-    except InputError:
-        return False
-    return True
 
 
 def memory_headroom_of(fraction: float | None) -> tuple[float, str]:
@@ -761,38 +734,6 @@ def fp8_alternative(rec: Recommendation, memory_limit_bytes: float) -> dict[str,
                      "unless asked for")}
 
 
-def _with_rank_orders(ranked: list[RankedPlan], objective: ObjectiveSpec, tokens_per_step: int,
-                      top: int) -> list[RankedPlan]:
-    """The winning plan in the other rank orders its framework allows (``Strategy.order``:
-    which dimension's groups are consecutive ranks and share the scale-up fabric), each priced
-    by ``simulate_analytic`` on its real placement; an order that beats it joins the ranking.
-    The vectorised search prices the default order (tp innermost) only."""
-    extra: list[RankedPlan] = []
-    for p in ranked[:1]:  # the winner: each order re-routes the network (seconds on 10^4 GPUs)
-        s = p.plan.strategy
-        seen = {tuple(sorted(strides(s).items()))}
-        for order in get_framework(p.framework).capabilities.orders:
-            try:
-                alt = replace(s, order=order)
-                key = tuple(sorted(strides(alt).items()))
-                if key in seen:
-                    continue  # the same placement (dimensions of size 1 do not move ranks)
-                seen.add(key)
-                plan = replace(p.plan, strategy=alt).checked()
-                res = simulate_analytic(plan)
-            except InputError:
-                continue
-            est = p.band.estimate(res.step_time_s) if p.band is not None else res.step_time_s
-            value = float(objective.values(np.array([est]), tokens_per_step, p.num_gpus)[0])
-            if res.fits_memory and value < p.objective_value and exports(plan, p.framework):
-                extra.append(RankedPlan(rank=0, plan=plan, result=res, objective_value=value, complexity=p.complexity,
-                                        fast_step_time_s=p.fast_step_time_s, analytic_step_time_s=res.step_time_s,
-                                        band=p.band, framework=p.framework, search=p.search))
-    if not extra:
-        return ranked
-    return sorted(ranked + extra, key=lambda q: q.objective_value)[:top]
-
-
 def _framework_gap(rec: "Recommendation", model: Model, cluster: Cluster, space: SearchSpace,
                    min_gpus: int | None, workers: int | None) -> dict[str, object]:
     """The best plan of the default framework profiles (the same overrides) against the named
@@ -815,40 +756,3 @@ def _framework_gap(rec: "Recommendation", model: Model, cluster: Cluster, space:
             "best_overall_step_time_s": est[1], "framework_step_time_s": est[0],
             "gap": max(0.0, obj[0] / obj[1] - 1),
             "why": f"{why[0]}={why[1]} {why[2]}" if why is not None else "its mechanisms are slower on this plan"}
-
-
-def _reorder(plans: list[RankedPlan], tol: float) -> list[RankedPlan]:
-    plans = sorted(plans, key=lambda p: p.objective_value)
-    best = plans[0].objective_value
-    pool = [p for p in plans if p.objective_value <= best * (1 + tol)]
-    win = min(pool, key=lambda p: (p.complexity, p.objective_value))
-    return [win] + [p for p in plans if p is not win]
-
-
-def _rerank_event(plans: list[RankedPlan], k: int, tol: float, objective: ObjectiveSpec, tokens_per_step: int,
-                  budget_passes: int) -> tuple[list[RankedPlan], str, bool]:
-    """Re-simulate the top ``k`` with the event engine, in order, while their scheduled passes
-    (``event_passes``, a cost model) fit in ``budget_passes``, and re-order them; returns
-    (plans, note, whether the event engine ranked them).  Deterministic: nothing reads a clock."""
-    head = plans[:k]
-    out = []
-    spent = 0
-    for p in head:
-        cost = event_passes(p.strategy)
-        if out and spent + cost > budget_passes:
-            break
-        try:
-            res = simulate(p.plan, engine="event")
-        except InputError as exc:  # a plan the event engine cannot schedule (docs/recommend.md)
-            return plans, (f"event engine cannot schedule {p.strategy.to_string()} ({exc}); "
-                           "ranked with the analytic model"), False
-        spent += cost
-        est = p.band.estimate(res.step_time_s) if p.band is not None else res.step_time_s
-        value = float(objective.values(np.array([est]), tokens_per_step, p.num_gpus)[0])
-        out.append(replace(p, result=res, objective_value=value, engine="event"))
-    done = len(out)
-    note = f"top {done} re-ranked with the event engine ({spent:,} scheduled passes)"
-    if done < k:
-        note += (f"; {k - done} more would exceed the budget of {budget_passes:,} passes (--rerank-budget) and "
-                 "keep their analytic rank")
-    return _reorder(out, tol) + plans[done:], note, True

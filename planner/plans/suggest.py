@@ -21,7 +21,8 @@ from sim.cost.offload import host_spec, with_host
 from sim.data.specs import Cluster, Model
 from sim.base.units import GIB
 
-from planner.plans.recommend import Settings, _tie_key, cluster_with_gpus, estimate_band, exports, framework_space
+from planner.exports import launchable
+from planner.plans.recommend import Settings, _tie_key, cluster_with_gpus, estimate_band, framework_space
 from planner.plans.search import SearchResult, SearchSpace, search
 
 
@@ -35,7 +36,7 @@ def simplest_best(r: SearchResult, num_layers: int, tie_tolerance: float = 1e-3)
     best = None
     for i in np.argsort(t, kind="stable")[:5000]:
         s = r.strategy(int(i))
-        if caps is not None and (caps.refusal(s) is not None or not exports(fm.plan(s), r.framework)):
+        if caps is not None and (caps.refusal(s) is not None or not launchable(fm.plan(s), r.framework)):
             continue
         best = float(t[i])
         break
@@ -43,7 +44,7 @@ def simplest_best(r: SearchResult, num_layers: int, tie_tolerance: float = 1e-3)
         return None
     tied = [int(i) for i in np.flatnonzero(t <= best * (1 + tie_tolerance))]
     tied = [i for i in sorted(tied, key=lambda i: float(t[i]))[:5000]
-            if caps is None or (caps.refusal(r.strategy(i)) is None and exports(fm.plan(r.strategy(i)), r.framework))]
+            if caps is None or (caps.refusal(r.strategy(i)) is None and launchable(fm.plan(r.strategy(i)), r.framework))]
     return int(min(tied, key=lambda i: (_tie_key(r.strategy(i), num_layers), float(t[i]))))
 
 
