@@ -194,6 +194,10 @@ BAD = [
                 'pipeline_parallel_schedule = "ZBVZeroBubble"\n', "pipeline_parallel_schedule=ZBVZeroBubble"),
     ("gbs.sh", "torchrun pretrain_gpt.py --num-layers 2 --hidden-size 64 --num-attention-heads 4 --vocab-size 100 "
                "--micro-batch-size 3 --global-batch-size 10 --bf16\n", "--global-batch-size=10"),
+    # a value that lived in a file the script sources: the message says which variable went unset and why
+    ("src.sh", "source ./env.sh\ntorchrun pretrain_gpt.py --tensor-model-parallel-size $TP --num-layers 2 "
+               "--hidden-size 64 --num-attention-heads 4 --vocab-size 100 --bf16\n",
+     "uses $TP without setting it; it sources ./env.sh, which is not read"),
 ]
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from sim.base.errors import InfeasibleError, InputError
 from sim.data.specs import Model
 
 from planner.recipes.base import Recipe, RecipeKey, as_int, recipe_error
@@ -88,9 +89,15 @@ def read_launch(path: str, text: str, *, model: Model | None = None) -> Recipe:
     dialect = "Megatron-LM launch script (bash)" if launchers or sh.variables else "Megatron-LM args file"
     if sh.sbatch:
         dialect = "Megatron-LM Slurm batch script"
-    options = options_from_tokens(path, tokens)
-    recipe = read_megatron(path, options, dialect=dialect, model=model, num_gpus=num_gpus,
-                           gpus_per_node=gpus_per_node, warnings=sh.warnings, extra_keys=tuple(keys))
+    try:
+        options = options_from_tokens(path, tokens)
+        recipe = read_megatron(path, options, dialect=dialect, model=model, num_gpus=num_gpus,
+                               gpus_per_node=gpus_per_node, warnings=sh.warnings, extra_keys=tuple(keys))
+    except InputError as exc:
+        hint = sh.unread_hint()
+        if hint and not isinstance(exc, InfeasibleError):
+            raise InputError(exc.field, exc.value, f"{exc.message} ({hint})") from None
+        raise
     ds = dict(options).get("--deepspeed_config") or dict(options).get("--deepspeed-config")
     if recipe.framework == "megatron-deepspeed" and isinstance(ds, str) and (Path(path).parent / ds).is_file():
         from planner.recipes.deepspeed import merge_megatron_deepspeed

@@ -49,6 +49,17 @@ class ShellScript:
     commands: list[Command] = field(default_factory=list)
     sbatch: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    unset: list[str] = field(default_factory=list)  # variables used without a value or a default
+    sourced: list[str] = field(default_factory=list)  # files the script sources (not read)
+
+    def unread_hint(self) -> str:
+        """Why an option may have lost its value: variables never set here, files not followed."""
+        parts = []
+        if self.unset:
+            parts.append("the script uses " + ", ".join(f"${n}" for n in self.unset[:4]) + " without setting it")
+        if self.sourced:
+            parts.append("it sources " + ", ".join(self.sourced[:2]) + ", which is not read")
+        return "; ".join(parts)
 
 
 def _logical_lines(text: str) -> list[tuple[int, str]]:
@@ -125,6 +136,9 @@ class _Env:
                     self.s.variables[name] = cur
             elif op == "+":
                 cur = self.expand(_unquote(default or "")) if cur else ""
+            elif op is None and not cur and not name.isdigit() and name not in self.s.variables \
+                    and name not in self.s.arrays and name not in self.s.unset:
+                self.s.unset.append(name)
             return cur
 
         return _VAR.sub(var, text)
@@ -367,6 +381,9 @@ _NOT_LAUNCHERS = ("echo", "printf", "cat", "mkdir", "cd", "ls", "rm", "cp", "mv"
 
 def _command(script: ShellScript, env: _Env, stmt: str, no: int) -> None:
     words = env.words(stmt)
+    if len(words) > 1 and words[0] in ("source", "."):
+        script.sourced.append(words[1])
+        script.warnings.append(f"line {no}: sources {words[1]}, which is not read: what it sets expands to nothing")
     if not words or words[0] in _NOT_LAUNCHERS:
         return
     for k, w in enumerate(words[:-1]):  # srun ... sh -c "python pretrain_gpt.py ...": the inner command
