@@ -93,6 +93,33 @@ def test_unequal_chunks_lose_time_every_micro_batch():
     assert bubble([6, 2], 4) == pytest.approx(18) and bubble([6, 2], 16) > 30
 
 
+def test_steady_state_extrapolation_is_the_exact_schedule(monkeypatch):
+    """Past EXACT_MICROBATCHES the schedule is extended from its periodic steady state: the
+    extension equals the pass-by-pass evaluation (random uneven chunks, arrays of plans too)."""
+    from sim.cost import interleave
+
+    rng = np.random.default_rng(7)
+    for _ in range(12):
+        p, v = int(rng.choice([2, 3, 4, 8])), int(rng.choice([1, 2, 3, 4]))
+        f = [[rng.uniform(0.5, 3, size=3) for _ in range(v)] for _ in range(p)]  # three plans at once
+        b = [[x * rng.uniform(1.5, 2.5) for x in row] for row in f]
+        m = p * int(rng.integers(60, 150))
+        exact_t, exact_e = interleave.interleaved_time_s(f, b, m=m)
+        monkeypatch.setattr(interleave, "EXACT_MICROBATCHES", 16 * p)
+        t, e = interleave.interleaved_time_s(f, b, m=m)
+        monkeypatch.undo()
+        np.testing.assert_allclose(t, exact_t, rtol=1e-11)
+        for x, y in zip(e, exact_e):
+            np.testing.assert_allclose(x, y, rtol=1e-11)
+
+
+def test_millions_of_micro_batches_answer_at_once():
+    # --seq-len 2 makes the default ~4M-token batch two million sequences: 524,288 micro-batches per pipeline
+    t, _ = interleaved_time_s([[1.0, 3.0]] * 2, [[2.0, 6.0]] * 2, m=524_288)
+    t_small, _ = interleaved_time_s([[1.0, 3.0]] * 2, [[2.0, 6.0]] * 2, m=1024)
+    assert t == pytest.approx(t_small * 512, rel=1e-3)
+
+
 CASES = [  # llama3-8b on 8 H100s, pp=4: equal, heavy first chunk, heavy second chunk, mixed, empty first stage
     "layout=Et*4|(t*4|)*6t*4L",
     "layout=Et*6|t*6|t*6|t*6|tt|tt|tt|ttL",

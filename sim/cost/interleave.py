@@ -118,15 +118,42 @@ def _levels(pp: int, m: int, vp: int) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return np.asarray(dur), fix(prev), fix(dep), np.asarray(rank_of), groups, last_of_rank
 
 
+# Micro-batches evaluated pass by pass; beyond, the steady state is extrapolated (below).
+EXACT_MICROBATCHES = 512
+PERIOD_GROUPS = 4
+
+
 def interleaved_time_s(fwd: Sequence[Sequence[Num]], bwd: Sequence[Sequence[Num]], *,
                        m: int) -> tuple[Num, list[Num]]:
     """(Time from the first forward to the last backward, when each rank ends its last pass)
     of the interleaved schedule with ``m`` micro-batches, given ``fwd[i][c]`` / ``bwd[i][c]``: one micro-batch's forward and
     backward through chunk ``c`` of rank ``i`` (with its send).  Virtual stage ``c * pp + i``
-    feeds ``c * pp + i + 1`` forward and ``c * pp + i - 1`` backward."""
+    feeds ``c * pp + i + 1`` forward and ``c * pp + i - 1`` backward.
+
+    The cost of the exact evaluation grows with ``m`` (``2 m vp`` levels); a global batch of
+    millions of tiny sequences would take minutes.  Past ``EXACT_MICROBATCHES`` (and at least
+    ``3 x PERIOD_GROUPS`` groups of ``pp``) the schedule is in its steady state, where a max-plus
+    recurrence of this kind is periodic: every further group of ``pp`` micro-batches adds the
+    same time to every rank's end.  The time is then evaluated exactly at two counts ``m_b``
+    and ``m_b - PERIOD_GROUPS pp`` and extended linearly to ``m``.  Known error: none measured
+    (random uneven chunks, pp 2-8, vp 1-4, m up to 2,400: within 1e-13 of the exact
+    evaluation, tests/test_layout.py)."""
     pp, vp = len(fwd), len(fwd[0])
     if m % pp:
         raise ValueError(f"interleaved schedule needs micro-batches ({m}) divisible by pp={pp}")
+    step = PERIOD_GROUPS * pp
+    m_b = max(EXACT_MICROBATCHES // pp, 3 * PERIOD_GROUPS) * pp
+    if m <= m_b:
+        return _exact_time_s(fwd, bwd, m, pp, vp)
+    t_b, e_b = _exact_time_s(fwd, bwd, m_b, pp, vp)
+    t_a, e_a = _exact_time_s(fwd, bwd, m_b - step, pp, vp)
+    periods = (m - m_b) / step
+    return t_b + (t_b - t_a) * periods, [b + (b - a) * periods for a, b in zip(e_a, e_b)]
+
+
+def _exact_time_s(fwd: Sequence[Sequence[Num]], bwd: Sequence[Sequence[Num]], m: int, pp: int,
+                  vp: int) -> tuple[Num, list[Num]]:
+    """``interleaved_time_s`` evaluated pass by pass (the max-plus recurrence, level by level)."""
     dur_idx, prev, dep, _, groups, last = _levels(pp, m, vp)
     table = [fwd[i][c] for i in range(pp) for c in range(vp)] + [bwd[i][c] for i in range(pp) for c in range(vp)]
     shape = np.broadcast_shapes(*(np.shape(x) for x in table))
