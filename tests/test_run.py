@@ -70,6 +70,27 @@ def test_every_entry_point_prices_the_same_run(design, capsys):
     assert cli["step_time_s_low"] <= cli["step_time_s"] <= cli["step_time_s_high"]
 
 
+@pytest.mark.parametrize("fname,gpu,n,strategy", [
+    ("hf_llama3_8b_config.json", "h100-80gb", 16, "tp=2,mbs=1,gbs=64,sp=1,zero=1,recompute=selective"),
+    ("hf_mixtral_8x7b_config.json", "h100-80gb", 64, "tp=2,ep=8,mbs=1,gbs=128,sp=1,zero=1"),
+])
+def test_an_uploaded_model_file_prices_as_the_cli_reads_it(fname, gpu, n, strategy, capsys):
+    """The issue's case: a Hugging Face config.json uploaded to the app (74.0 GiB there, 71.9 GiB
+    from `planner simulate --model config.json`): the same file, the same run, the same memory."""
+    from pathlib import Path
+
+    from appkit.design import model_from_upload
+
+    path = Path(__file__).parent / "data" / fname
+    d = Design(model=model_from_upload(fname, path.read_bytes()), model_ref=str(path), gpu=gpu, num_gpus=n,
+               seq_len=4096, strategy=strategy)
+    [app] = [p for p in evaluate(d, rec=(None, None)).plans if p["source"] == "yours"]
+    cli = _json(["simulate", "--model", str(path), "--gpu", gpu, "--num-gpus", str(n), "--seq-len", "4096",
+                 "--strategy", strategy, "--engine", "analytic", "--json"], capsys)
+    for key in ("step_time_s", "memory_peak_bytes", "memory_device_bytes"):
+        assert app[key] == pytest.approx(cli[key], rel=1e-12), key
+
+
 def test_plan_defaults_are_the_default_profile():
     """`Plan()` without framework fields prices what the `default` profile (megatron-core) does."""
     fw = get_framework("default")
