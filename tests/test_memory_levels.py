@@ -239,10 +239,11 @@ def test_fsdp2_sharded_gradients_reserved_in_the_reduce_scatter_stream_pool():
     mem = plan_memory(p)
     assert mem.gradients_bytes == 0.0  # peak before any backward: the shards do not exist yet
     sharded_grads = 4.0 * get_model("llama3-8b").num_params / 8
-    expect = mem.allocated_bytes * (1 + rt.fragmentation_fraction) + rt.workspace_bytes + sharded_grads
+    frag = rt.fragmentation["expandable_segments"]["full"]  # torchtitan's launcher, full recomputation
+    expect = mem.allocated_bytes * (1 + frag) + rt.workspace_bytes + sharded_grads
     assert mem.reserved_bytes == pytest.approx(expect, rel=1e-9)
     ddp = plan_memory(_plan("llama3-8b", 8, "dp=8,mbs=1,gbs=8,seq=8192,zero=0,recompute=full", "torchtitan"))
-    assert ddp.reserved_bytes == pytest.approx(ddp.allocated_bytes * (1 + rt.fragmentation_fraction)
+    assert ddp.reserved_bytes == pytest.approx(ddp.allocated_bytes * (1 + frag)
                                                + rt.workspace_bytes, rel=1e-9)
 
 
@@ -314,3 +315,24 @@ def test_event_engine_prices_fsdp_with_pipelining_once_per_step_like_the_analyti
     log = eng.log + eng.comm_log()
     assert not [e for e in log if "all-gather" in e.name or "reduce-scatter F" in e.name]
     assert sum("once per step" in e.name for e in log) == len(eng.sc.units)
+
+
+def test_reserved_slack_follows_the_allocator_and_the_recomputation_mode():
+    """Megatron-Core runs PyTorch's default caching allocator; the reserved level is the
+    allocated peak plus the replayed slack of its recomputation mode (runtime.yaml
+    memory.fragmentation), plus the cuBLAS workspaces; the same plan under
+    expandable_segments keeps less."""
+    from dataclasses import replace
+
+    from sim.data.runtime import default_runtime
+
+    rt = default_runtime()
+    for rc in ("none", "selective", "full"):
+        p = _plan("llama3-8b", 8, f"tp=2,dp=4,mbs=1,gbs=8,seq=8192,zero=1,recompute={rc}")
+        assert p.allocator == "caching"
+        mem = plan_memory(p)
+        frag = rt.fragmentation["caching"][rc]
+        assert mem.reserved_bytes == pytest.approx(mem.allocated_bytes * (1 + frag) + rt.workspace_bytes, rel=1e-9)
+        grown = plan_memory(replace(p, allocator="expandable_segments"))
+        assert grown.allocated_bytes == mem.allocated_bytes
+        assert grown.reserved_bytes < mem.reserved_bytes

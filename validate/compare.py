@@ -57,7 +57,7 @@ def predict(w: dict[str, Any], cal: Calibration, *, engine: str = "analytic") ->
     res = simulate(plan, engine=engine, calibration=cal.path)
     applied = cal.apply_plan(plan)
     mem = memory_breakdown(applied.model, applied.cluster, applied.strategy, attention=applied.attention,
-                           runtime=cal.memory_runtime(default_runtime()))
+                           runtime=cal.memory_runtime(default_runtime()), allocator=applied.allocator)
     # measured: the reserved peak (GPU) or resident-set growth (CPU): the reserved level
     act_extra = (cal.host.element_ratio - 1.0) * mem.activations_bytes
     mem_bytes = mem.reserved_bytes + act_extra

@@ -74,20 +74,31 @@ class LocalFusedAdamW(torch.optim.Optimizer):
         return None
 
 
-def _tracker_class(fsdp: bool):
+def _tracker_class(fsdp: bool, events: list | None = None):
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker, _UpdateType
 
     base = FSDPMemTracker if fsdp else MemTracker
 
     class Tracker(base):  # type: ignore[misc, valid-type]
         """The tracker with what the optimizer step allocates counted as temporaries (its states
-        exist from the warm-up step on and keep their category)."""
+        exist from the warm-up step on and keep their category); with ``events``, every storage
+        it sees created, resized and freed is appended in order (``validate.allocator``'s
+        trace: ``("alloc" | "free", handle, bytes)``)."""
 
         def _track(self, reftype, t):  # noqa: ANN001
             if self._in_opt:
                 reftype = type(reftype)("Temp")
             return super()._track(reftype, t)
+
+        def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None):  # noqa: ANN001
+            if events is not None and u_type != _UpdateType.REF:
+                h = id(winfo)
+                if u_type in (_UpdateType.DEL, _UpdateType.SIZE):
+                    events.append(("free", h, 0))
+                if u_type in (_UpdateType.ADD, _UpdateType.SIZE) and winfo.mem_consumed > 0:
+                    events.append(("alloc", h, int(winfo.mem_consumed)))
+            return super()._update_snap(u_type, winfo, old_mem_consumed=old_mem_consumed, old_reftype=old_reftype)
 
     return Tracker
 
@@ -109,18 +120,20 @@ def heaviest_stage(plan: Plan) -> int:
     return plan_memory(plan).stage
 
 
-def track(plan: Plan, *, stage: int | None = None) -> dict[str, float]:
+def track(plan: Plan, *, stage: int | None = None, events: list | None = None, steps: int = 1) -> dict[str, float]:
     """Bytes per category at the tracked step's peak on one rank of ``stage`` (default: the
-    planner's heaviest stage), plus ``total`` and ``stage``.  The fake process group it runs in
-    is destroyed afterwards, so a later gloo run in the same process starts clean."""
+    planner's heaviest stage), plus ``total`` and ``stage``.  With ``events`` (a list), the
+    allocation trace of ``steps`` tracked steps is appended to it, the states that exist before
+    them first.  The fake process group it runs in is destroyed afterwards, so a later gloo run
+    in the same process starts clean."""
     try:
-        return _track(plan, stage=stage)
+        return _track(plan, stage=stage, events=events, steps=steps)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
-def _track(plan: Plan, *, stage: int | None = None) -> dict[str, float]:
+def _track(plan: Plan, *, stage: int | None = None, events: list | None = None, steps: int = 1) -> dict[str, float]:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -165,12 +178,13 @@ def _track(plan: Plan, *, stage: int | None = None) -> dict[str, float]:
         run = _Runner(st, s, first=first, last=last, tokens=tokens, fsdp=fsdp, hidden=model.hidden_size,
                       tp_mesh=mesh["tp"])
         run.step(opt, k, m)  # warm-up: optimizer states exist from here on
-        tracker = _tracker_class(fsdp)(st, opt) if fsdp else _tracker_class(False)()
+        tracker = _tracker_class(fsdp, events)(st, opt) if fsdp else _tracker_class(False, events)()
         if not fsdp:
             tracker.track_external(st, opt)
         run.tracker = tracker
         with tracker:
-            run.step(opt, k, m)
+            for _ in range(steps):
+                run.step(opt, k, m)
         peak = tracker.get_tracker_snapshot("peak")
     snap = next(iter(peak.values())) if peak else {}
     out = {c: 0.0 for c in CATEGORIES}

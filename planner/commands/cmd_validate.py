@@ -289,6 +289,32 @@ def cmd_memory(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fragmentation(args: argparse.Namespace) -> int:
+    """The caching allocator's slack per plan, by replaying each plan's allocation trace
+    (``validate.fragmentation``); prints the ``memory.fragmentation`` block of runtime.yaml."""
+    _need_torch()
+    from validate.fragmentation import PLANS, format_yaml, run
+
+    plans = PLANS
+    if args.plans is not None:
+        if args.plans < 1:
+            raise InputError("plans", args.plans, "must be >= 1")
+        plans = PLANS[:args.plans]
+    if args.workers < 1:
+        raise InputError("workers", args.workers, "must be >= 1")
+    result = run(plans, workers=args.workers)
+    if args.json:
+        json.dump(result, sys.stdout, indent=2)
+        print()
+        return 0
+    print(f"{'plan (' + result['model'] + ', full depth)':70s} {'caching':>9s} {'expandable':>11s}")
+    for r in result["plans"]:
+        print(f"{r['strategy'][:70]:70s} {r['caching']:>+9.3f} {r['expandable_segments']:>+11.3f}")
+    print("reserved / allocated - 1 at the peaks of a replay of PyTorch's caching allocator; for catalogs/runtime.yaml:")
+    print(format_yaml(result))
+    return 0
+
+
 def cmd_slurm_script(args: argparse.Namespace) -> int:
     from validate.launch import write_job
     from validate.slurm import sbatch_script
@@ -405,6 +431,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     q.add_argument("--framework", default="torchtitan")
     q.add_argument("--moe-imbalance", type=float, default=1.0)
     q.set_defaults(func=cmd_memory)
+
+    q = sub.add_parser("fragmentation", help="the caching allocator's slack per plan, by replaying each plan's "
+                                             "allocation trace (FakeTensorMode; no GPU needed)")
+    q.add_argument("--json", action="store_true")
+    q.add_argument("--plans", type=int, default=None, help="only the first K plans of the standing set")
+    q.add_argument("--workers", type=int, default=2, help="plans replayed in parallel (one process each)")
+    q.set_defaults(func=cmd_fragmentation)
 
     for name, fn, helptext in (("slurm-script", cmd_slurm_script, "write sbatch scripts for the suite"),
                                ("k8s", cmd_k8s, "write a Kubeflow PyTorchJob manifest for the suite")):

@@ -20,7 +20,7 @@ from sim.data.specs import (DEFAULT_ORDER, DP_IMPLS, FP8_RECIPES, OFFLOAD_DEVICE
                        TRAIN_PRECISIONS, Strategy)
 from sim.layers.ops import FUSIBLE_OPS
 from sim.base.records import Record
-from sim.data.runtime import STATE_LAYOUTS
+from sim.data.runtime import ALLOCATORS, STATE_LAYOUTS
 
 
 FAMILIES: tuple[str, ...] = ("megatron", "fsdp", "xla", "tensorflow")
@@ -220,6 +220,8 @@ class Framework:
     # step: one pipeline schedule per step; local_batch: one per local batch (gradient-accumulation
     # step), Plan.pipeline_flushes = gbs / (local batch x dp) (planner.fitting.reference)
     pipeline_schedule_per: str = "step"
+    # PYTORCH_CUDA_ALLOC_CONF the framework's launcher sets (sim.data.runtime.ALLOCATORS)
+    allocator: str = "caching"
     aliases: tuple[str, ...] = ()
     source: str = ""
     notes: str = ""
@@ -229,7 +231,7 @@ _KEYS = ("id", "name", "aliases", "attention", "dp_overlap", "elementwise", "sel
          "grad_accumulation", "fsdp_copies", "loss", "sequence_parallel_default", "tp_overlap_default", "zero_default",
          "fp8_weight_cache", "family", "capabilities", "moe_dispatcher", "optimizer", "dp_impl", "model_states",
          "fp8_saved_inputs", "deepspeed_bf16_optimizer", "zero3_gather", "tp_overlap_kind", "host_syncs", "source",
-         "notes", "fused_ops", "pipeline_schedule_per")
+         "notes", "fused_ops", "pipeline_schedule_per", "allocator")
 
 
 @functools.cache
@@ -260,6 +262,7 @@ def _frameworks() -> dict[str, Framework]:
                        host_syncs=_host_syncs(r), fused_ops=_fused_ops(r),
                        pipeline_schedule_per=r.text("pipeline_schedule_per", default="step",
                                                     choices=PIPELINE_SCHEDULE_PER),
+                       allocator=r.text("allocator", default="caching", choices=ALLOCATORS),
                        aliases=r.strings("aliases", lower=False),
                        source=r.text("source"), notes=r.text("notes", default=""))
         for key in (fw.id, *fw.aliases):
@@ -286,7 +289,8 @@ def apply_framework(plan_kwargs: dict, fw: Framework) -> dict:
             "uneven_vp": fw.capabilities.uneven_vp, "moe_dispatcher": fw.moe_dispatcher,
             "optimizer_impl": fw.optimizer, "state_layout": fw.model_states, "fp8_saved_inputs": fw.fp8_saved_inputs,
             "deepspeed_bf16_optimizer": fw.deepspeed_bf16_optimizer, "zero3_gather": fw.zero3_gather,
-            "tp_overlap_kind": fw.tp_overlap_kind, "host_syncs": fw.host_syncs, "fused_ops": fw.fused_ops}
+            "tp_overlap_kind": fw.tp_overlap_kind, "host_syncs": fw.host_syncs, "fused_ops": fw.fused_ops,
+            "allocator": fw.allocator}
 
 
 def list_frameworks() -> list[Framework]:

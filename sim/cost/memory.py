@@ -332,7 +332,7 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
                  offload_layers: Num | None = None, backward_bytes: Num = 0.0, head_act_bytes: Num = 0.0,
                  device_extra_bytes: Num = 0.0, eager: bool = False, norm_tokens: Num = 0.0,
                  selective_op: Num = False, fp8_cached_weights: Num = False,
-                 bf16_optimizer: bool = False) -> StageMemory:
+                 bf16_optimizer: bool = False, allocator: str = "caching") -> StageMemory:
     """Peak bytes of one GPU of a stage of ``shape`` for one plan or over arrays (module
     docstring): the larger of two moments, the start of the stage's first backward with
     ``inflight_mb`` micro-batches' activations held (the loss of the last stage, or a layer's
@@ -352,7 +352,9 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
     context and communication buffers (``sim.data.runtime.device_extra_bytes``); ``fp8_cached_weights``
     whether fp8 copies of the layers' linear weights (and their transposes) are cached for the
     step (``fp8_weight_cache_of``), counted with the weights; ``bf16_optimizer`` DeepSpeed's
-    BF16_Optimizer (``state_bytes``)."""
+    BF16_Optimizer (``state_bytes``); ``allocator`` the caching allocator's mode
+    (``sim.data.runtime.ALLOCATORS``), which with the recomputation mode sets its slack
+    (``MemoryRuntime.fragmentation_of``)."""
     lay = layout or state_layout("deepspeed")
     z = np.asarray(zero)
     p = shape.params
@@ -482,7 +484,12 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
     # the sharded gradients.
     rs_pool = np.where(torch_amp & (z >= 2), g + 0.0 * allocated, 0.0)
     in_rs = np.where(pp == 1, np.minimum(grads, rs_pool), 0.0)  # with pipelining the peak's grads are unsharded
-    reserved = (allocated - in_rs) * (1 + rt.fragmentation_fraction) + rs_pool + rt.workspace_bytes
+    # The allocator's slack: peak reserved over peak allocated as replaying PyTorch's
+    # caching-allocator rules over the step's allocation trace measures it (validate.allocator,
+    # validate.fragmentation; catalogs/runtime.yaml memory.fragmentation), by allocator mode
+    # and recomputation mode.
+    frag = rt.fragmentation_of(allocator, full_recompute, selective_op)
+    reserved = (allocated - in_rs) * (1 + frag) + rs_pool + rt.workspace_bytes
     device = reserved + device_extra_bytes
     nvme = np.where(on_nvme, host_states, 0.0) if np.any(on_nvme) else 0.0
     host_states = np.where(on_nvme, 0.0, host_states) if np.any(on_nvme) else host_states
@@ -505,7 +512,8 @@ def plan_memory(plan: "Plan") -> MemoryBreakdown:
                             selective_policy=plan.selective_policy, loss=plan.loss, eager=plan.eager_elementwise,
                             fp8_saved_inputs=plan.fp8_saved_inputs, layout=state_layout(plan.state_layout),
                             moe_imbalance=plan.moe_imbalance, bf16_optimizer=plan.deepspeed_bf16_optimizer,
-                            fp8_weight_cache=fp8_weight_cache_of(plan.strategy.precision, plan.fp8_weight_cache))
+                            fp8_weight_cache=fp8_weight_cache_of(plan.strategy.precision, plan.fp8_weight_cache),
+                            allocator=plan.allocator)
 
 
 def layer_activations(model: Model, s: Strategy, *, attention: str = "flash", selective_policy: str = "attention",
@@ -531,11 +539,11 @@ def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
                      selective_policy: str = "attention", loss: str = "upcast", eager: bool = False,
                      fp8_saved_inputs: bool = False, layout: StateLayout | None = None,
                      moe_imbalance: float = 1.0, fp8_weight_cache: bool = False,
-                     bf16_optimizer: bool = False) -> MemoryBreakdown:
+                     bf16_optimizer: bool = False, allocator: str = "caching") -> MemoryBreakdown:
     """Memory of the most loaded GPU (the pipeline stage with the largest device-level peak),
     with the three levels of every stage in ``by_stage``; ``fp8_weight_cache``: fp8 weight
     copies held for the step (``fp8_weight_cache_of``); ``bf16_optimizer``: a bf16 plan of a
-    DeepSpeed profile (``state_bytes``)."""
+    DeepSpeed profile (``state_bytes``); ``allocator``: the caching allocator's mode."""
     rt = runtime or default_runtime()
     s = strategy
     lay = layout or state_layout("deepspeed")
@@ -568,7 +576,7 @@ def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
                            backward_bytes=back, head_act_bytes=head_act, device_extra_bytes=extra, eager=eager,
                            norm_tokens=s.mbs * s.seq_len // s.cp / (s.tp if s.sp else 1),
                            selective_op=s.recompute == "selective", fp8_cached_weights=fp8_weight_cache,
-                           bf16_optimizer=bf16_optimizer and s.precision == "bf16")
+                           bf16_optimizer=bf16_optimizer and s.precision == "bf16", allocator=allocator)
         by_stage.append({"stage": i, "memory_peak_bytes": float(mem.allocated_bytes),
                          "memory_reserved_bytes": float(mem.reserved_bytes),
                          "memory_device_bytes": float(mem.total_bytes)})

@@ -12,7 +12,7 @@ from sim.data.layout import check_layout, layout_from_counts, megatron_layout, p
 from sim.layers.moe_routing import ROUTINGS
 from sim.net.placement import group_shape
 from sim.data.psspecs import ParameterServers
-from sim.data.runtime import STATE_LAYOUTS
+from sim.data.runtime import ALLOCATORS, STATE_LAYOUTS
 from sim.layers.stages import stage_layer_counts, stage_layers
 
 ATTENTION_IMPLS: tuple[str, ...] = ("flash", "flash2", "unfused")
@@ -120,6 +120,10 @@ class Plan:
     # memory-bound ops (sim.layers.ops names) that run as fused kernels where element-wise ops otherwise
     # run eagerly (a framework's TE RMSNorm, fused RoPE, fused token permutation): sim.layers.compute.ops_time
     fused_ops: tuple[str, ...] = ()
+    # PYTORCH_CUDA_ALLOC_CONF as the framework's launcher sets it: caching (PyTorch's default)
+    # | expandable_segments; with the recomputation mode it sets the allocator's slack
+    # (sim.cost.memory.stage_memory, catalogs/runtime.yaml memory.fragmentation)
+    allocator: str = "caching"
 
     @property
     def bf16_optimizer_active(self) -> bool:
@@ -141,6 +145,8 @@ class Plan:
             raise InputError("optimizer_impl", self.optimizer_impl, f"must be one of {', '.join(OPTIMIZER_IMPLS)}")
         if self.state_layout not in STATE_LAYOUTS:
             raise InputError("state_layout", self.state_layout, f"must be one of {', '.join(STATE_LAYOUTS)}")
+        if self.allocator not in ALLOCATORS:
+            raise InputError("allocator", self.allocator, f"must be one of {', '.join(ALLOCATORS)}")
         if self.tp_overlap_kind not in TP_OVERLAP_KINDS:
             raise InputError("tp_overlap_kind", self.tp_overlap_kind, f"must be one of {', '.join(TP_OVERLAP_KINDS)}")
         if self.zero3_gather not in ZERO3_GATHERS:

@@ -70,11 +70,24 @@ class MemoryRuntime:
     """Framework-level memory not tied to the model."""
 
     workspace_bytes: float  # cuBLAS/cuBLASLt workspaces held by the caching allocator
-    fragmentation_fraction: float  # caching-allocator slack on top of live tensors
+    # caching-allocator slack (peak reserved / peak allocated - 1) by allocator mode (ALLOCATORS)
+    # and recomputation mode: the median over the replayed plans of runtime.yaml
+    # memory.fragmentation (validate.fragmentation)
+    fragmentation: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    # one measured value for every mode (a calibration profile's memory.fragmentation_fraction)
+    fragmentation_fraction: float | None = None
     fp8_weight_cache_bytes_per_param: float = 0.0  # fp8 weight + transpose cached for the step
     loss_bytes_per_logit: Mapping[str, float] = field(default_factory=dict)  # by loss implementation
     loss_saved_bytes_per_logit: Mapping[str, float] = field(default_factory=dict)  # of which saved
     source: str = ""
+
+    def fragmentation_of(self, allocator: str, full_recompute, selective):  # (str, Num, Num) -> Num
+        """The allocator's slack as a fraction of the allocated peak, for ``allocator``
+        (ALLOCATORS) and the recomputation mode (flags or arrays of the search)."""
+        if self.fragmentation_fraction is not None:
+            return self.fragmentation_fraction + 0.0 * np.asarray(full_recompute, dtype=float)
+        t = self.fragmentation[allocator]
+        return np.where(full_recompute, t["full"], np.where(selective, t["selective"], t["none"]))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -246,13 +259,36 @@ def device_extra_bytes(strategy: "Strategy", model: "Model", *, megatron_groups:
     return d.cuda_context_bytes + nccl + nvls_bytes
 
 
+ALLOCATORS: tuple[str, ...] = ("caching", "expandable_segments")  # PYTORCH_CUDA_ALLOC_CONF modes
+RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
+
+
+def _fragmentation(f: Record) -> dict[str, dict[str, float]]:
+    """Median fragmentation per allocator and recomputation mode over the replayed plans."""
+    table: dict[str, dict[str, list[float]]] = {a: {r: [] for r in RECOMPUTE_MODES} for a in ALLOCATORS}
+    plans = f.rec.get("plans")
+    if not isinstance(plans, (list, tuple)) or not plans:
+        raise f.fail("plans", "must be a non-empty list of replayed plans")
+    for i, raw in enumerate(plans):
+        row = Record(raw, where=f"memory.fragmentation.plans[{i}]", file="runtime.yaml",
+                     allowed=("strategy", "recompute") + ALLOCATORS)
+        mode = row.text("recompute", choices=RECOMPUTE_MODES)
+        for a in ALLOCATORS:
+            table[a][mode].append(row.fraction(a))
+    for a in ALLOCATORS:
+        for r in RECOMPUTE_MODES:
+            if not table[a][r]:
+                raise f.fail("plans", f"no replayed plan with recompute={r}")
+    return {a: {r: float(np.median(v)) for r, v in modes.items()} for a, modes in table.items()}
+
+
 @functools.cache
 def default_runtime() -> MemoryRuntime:
     doc = _doc()
     m, loss = doc.mapping("memory"), doc.mapping("loss").mapping("bytes_per_logit")
     saved = doc.mapping("loss").mapping("saved_bytes_per_logit")
     return MemoryRuntime(workspace_bytes=m.req("workspace_bytes"),
-                         fragmentation_fraction=m.fraction("fragmentation_fraction"),
+                         fragmentation=_fragmentation(m.mapping("fragmentation")),
                          fp8_weight_cache_bytes_per_param=m.req("fp8_weight_cache_bytes_per_param"),
                          loss_bytes_per_logit={k: loss.req(k, positive=True) for k in loss.rec},
                          loss_saved_bytes_per_logit={k: saved.req(k) for k in saved.rec},
