@@ -29,6 +29,7 @@ PLANS = [
     ("mixtral-8x7b", 64, "tp=2,pp=2,ep=4,mbs=1,gbs=256,zero=2,sp=1,recompute=selective,precision=fp8"),
     ("gpt3-175b", 256, "tp=4,pp=8,mbs=1,gbs=512,zero=1,recompute=full"),
     ("llama3-70b", 128, "tp=8,pp=4,vp=5,mbs=1,gbs=256,zero=0,sp=1,recompute=none,precision=fp16,schedule=interleaved"),
+    ("llama3-8b", 64, "tp=2,pp=1,mbs=1,gbs=64,seq=8192,zero=1,sp=1,recompute=none,precision=fp8,fp8_params=1"),
 ]
 
 
@@ -79,6 +80,7 @@ def _check_megatron(opts: dict, spec: LaunchSpec) -> None:
     assert zero == s.zero
     precision = "fp8" if "--fp8-format" in opts else ("fp16" if "--fp16" in opts else "bf16")
     assert precision == s.precision
+    assert ("--fp8-param-gather" in opts) == s.fp8_params
 
 
 @pytest.mark.skipif(BASH is None, reason="needs bash")

@@ -336,3 +336,50 @@ def test_reserved_slack_follows_the_allocator_and_the_recomputation_mode():
         grown = plan_memory(replace(p, allocator="expandable_segments"))
         assert grown.allocated_bytes == mem.allocated_bytes
         assert grown.reserved_bytes < mem.reserved_bytes
+
+
+def test_fp8_parameters_save_two_bytes_per_linear_weight():
+    """Megatron-Core --fp8-param-gather (Strategy.fp8_params): the linear weights are 1-byte
+    parameters instead of bf16 (-1 B) and the fp8 weight cache's copy is the parameter itself
+    (-1 B; the transpose stays): 2 B per local linear weight less than fp8 without it.  Under
+    Megatron FSDP (zero=3) the parameter saving is sharded and the gathered layers shrink."""
+    from sim.data.runtime import default_runtime
+
+    base = "tp=2,dp=4,mbs=1,gbs=64,seq=8192,sp=1,recompute=none,precision=fp8"
+    m = get_model("llama3-8b")
+    h, kv = m.hidden_size, m.num_kv_heads * m.hidden_size // m.num_attention_heads
+    linear = m.num_layers * (h * (2 * h + 2 * kv) + 3 * h * m.ffn_hidden_size) / 2  # QKV, out, SwiGLU; tp=2
+    assert default_runtime().fp8_param_bytes_per_param == 1.0
+    fp8 = plan_memory(_plan("llama3-8b", 8, base + ",zero=1"))
+    params = plan_memory(_plan("llama3-8b", 8, base + ",zero=1,fp8_params=1"))
+    assert fp8.weights_bytes - params.weights_bytes == pytest.approx(2.0 * linear, rel=1e-9)
+    assert params.activations_bytes == fp8.activations_bytes
+    fsdp = plan_memory(_plan("llama3-8b", 8, base + ",zero=3"))
+    fsdp_params = plan_memory(_plan("llama3-8b", 8, base + ",zero=3,fp8_params=1"))
+    # sharded parameters 1 B / dp, the cache's fp8 copy 1 B, two gathered layers 1 B each
+    saved = linear / 4 + linear + 2 * linear / m.num_layers
+    assert fsdp.weights_bytes - fsdp_params.weights_bytes == pytest.approx(saved, rel=1e-9)
+
+
+def test_fp8_parameters_need_fp8_and_a_profile_that_keeps_them():
+    from sim.base.errors import InfeasibleError, InputError
+    from sim.cost.framework import check_supported
+
+    with pytest.raises(InputError) as e:
+        parse_strategy("tp=2,dp=4,zero=1,fp8_params=1", num_gpus=8)
+    assert e.value.field == "fp8_params"
+    s = parse_strategy("tp=2,dp=4,zero=1,sp=1,precision=fp8,fp8_params=1", num_gpus=8)
+    assert parse_strategy(s.to_string(), num_gpus=8) == s and "fp8_params=1" in s.to_string()
+    check_supported(get_framework("megatron-core"), s)
+    for fw, changes in (("torchtitan", {"zero": 3, "fp8_recipe": "tensorwise"}), ("megatron-core-fa2", {}),
+                        ("megatron-core", {"zero": 0})):
+        with pytest.raises(InfeasibleError) as e:
+            check_supported(get_framework(fw), s.with_(**changes))
+        assert "fp8_params" in str(e.value)
+
+
+def test_reference_rows_that_name_fp8_parameters_run_with_them():
+    from planner.fitting.published import compare_all
+
+    row = compare_all(ids=["mlperf50-nvidia-llama31-405b-fp8-h100-512"])[0]
+    assert row.plan.strategy.fp8_params  # "FP8_PARAMS/fp8 param gather" in the row's precision

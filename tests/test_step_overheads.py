@@ -216,7 +216,12 @@ def test_sustained_clock_from_same_era_pairs() -> None:
 
 
 def test_summary_reports_the_signed_median() -> None:
-    rows = [SimpleNamespace(step_error=e, memory_error=None) for e in (-0.2, -0.1, -0.05, 0.02, 0.3)]
+    fits = (True, False, True, False, True)
+    oom = (False, False, False, True, False)  # the fourth ran out of memory as published, as predicted
+    rows = [SimpleNamespace(step_error=e, memory_error=None, published=SimpleNamespace(out_of_memory=o),
+                            predicted=SimpleNamespace(fits_memory=f))
+            for e, f, o in zip((-0.2, -0.1, -0.05, 0.02, 0.3), fits, oom)]
     s = summary(rows)  # type: ignore[arg-type]
     assert s["signed_median_step_error"] == pytest.approx(-0.05)
     assert s["median_abs_step_error"] == pytest.approx(0.1)
+    assert s["num_ran_predicted_out_of_memory"] == 1  # only the second: it ran, the model says it does not fit

@@ -86,6 +86,8 @@ def cmd_check_published(args: argparse.Namespace) -> int:
         print(f"80% band coverage ({'leave-one-source-out' if args.loso else 'in-sample'}): "
               f"{summ['band_coverage']:.0%} overall; {by}")
     print(f"signed median step error (predicted/published - 1): {_pct(summ['signed_median_step_error'])}")
+    print(f"runs that ran but the memory model says do not fit: {summ['num_ran_predicted_out_of_memory']} of "
+          f"{len(rows)}")
     if "estimate" in summ:  # the number planner simulate/recommend show: the model x the bias of runs like it
         e = summ["estimate"]
         print(f"calibrated estimate ({'bias fitted without the scored source' if args.loso else 'in-sample'}): "

@@ -128,6 +128,7 @@ def print_import(imp: Imported) -> None:
                      + f"; offload {s.offload}" + (f" ({s.offload_num_layers} layers)" if s.offload_num_layers else ""))
         overlaps = [n for n in ("tp_overlap", "dp_overlap", "pp_overlap", "ep_overlap", "cuda_graphs") if getattr(s, n)]
         lines.append(f"   precision {s.precision}" + (f" ({s.fp8_recipe})" if s.precision == "fp8" else "")
+                     + (", fp8 parameters" if s.fp8_params else "")
                      + f"; schedule {s.schedule}; overlaps: {', '.join(overlaps) or 'none'}")
         if s.pipeline_layout is not None:
             lines.append(f"pipeline layout    {format_layout(s.pipeline_layout)}  (from {r.layout})")

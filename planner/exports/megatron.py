@@ -264,6 +264,8 @@ def _precision_args(spec: LaunchSpec, opt) -> None:
     if s.precision == "fp8":
         opt("--fp8-format", "e4m3" if s.fp8_recipe in ("mxfp8", "blockwise") else "hybrid")
         opt("--fp8-recipe", s.fp8_recipe)
+        if s.fp8_params:
+            opt("--fp8-param-gather")
     # Megatron-Core's backends: auto (the best fused kernel: cuDNN/TE), flash (the flash-attn package)
     opt("--attention-backend", {"flash": "auto", "flash2": "flash"}.get(spec.attention, "unfused"))
 

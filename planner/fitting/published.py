@@ -225,7 +225,10 @@ def summary_by_source(rows: list[Comparison]) -> dict[str, dict[str, float]]:
 def summary(rows: list[Comparison]) -> dict[str, float]:
     """Step-time and memory error figures of ``rows``: medians, p90 and worst of |error|, and
     the median of the signed step-time error (``predicted / published - 1``: negative when the
-    model is faster than the run), which shows a one-sided lean the absolute figures hide."""
+    model is faster than the run), which shows a one-sided lean the absolute figures hide; and
+    ``num_ran_predicted_out_of_memory``: runs that ran as published but that the memory model
+    says do not fit at the device level (a one-sided check of "will it fit?" on the rows that
+    publish no memory figure)."""
     signed = [r.step_error for r in rows if r.step_error is not None]
     errs = [abs(e) for e in signed]
     mem = [abs(r.memory_error) for r in rows if r.memory_error is not None]
@@ -239,4 +242,6 @@ def summary(rows: list[Comparison]) -> dict[str, float]:
         "median_abs_memory_error": statistics.median(mem) if mem else float("nan"),
         "max_abs_memory_error": max(mem) if mem else float("nan"),
         "num_memory_rows": len(mem),
+        "num_ran_predicted_out_of_memory": sum(1 for r in rows if not r.published.out_of_memory
+                                               and not r.predicted.fits_memory),
     }

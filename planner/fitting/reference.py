@@ -18,7 +18,8 @@ row states, never by a per-row value:
   rest), sequence parallelism (Megatron-Core-based stacks turn it on with tp > 1 unless the row
   says otherwise), recomputation (``recompute`` text: none, full, Megatron's selective modules,
   MaxText remat policies), precision and fp8 recipe (``precision`` text: delayed, tensorwise or
-  blockwise scaling, MXFP8), overlap switches the ``overlap`` text names (TP comm overlap,
+  blockwise scaling, MXFP8; fp8 parameters where it names ``fp8_params`` / ``FP8_PARAMS`` /
+  fp8 param gather and the profile keeps them), overlap switches the ``overlap`` text names (TP comm overlap,
   overlapped p2p, expert all-to-all overlap, CUDA graphs); an Automodel MoE row whose notes
   state its fake balanced gate routes each token to consecutive experts (``sim.layers.moe_routing``);
   a profile that runs one pipeline schedule per local batch (Automodel) with a stated local batch
@@ -283,6 +284,13 @@ def precision_of(row: dict, fw: Framework) -> tuple[str, str]:
     return "bf16", "delayed"
 
 
+def fp8_params_of(row: dict) -> bool:
+    """Whether the ``precision`` text names fp8 parameters (NeMo ``fp8_params``, MLPerf's
+    ``FP8_PARAMS``, Megatron-Core's fp8 param gather)."""
+    t = _text(row["strategy"].get("precision"))
+    return "fp8_param" in t or "fp8 param" in t
+
+
 def recompute_of(row: dict, fw: Framework) -> tuple[str, str | None]:
     """(recompute, selective policy or None for the framework's) from the ``recompute`` text."""
     t = _text(row["strategy"].get("recompute"))
@@ -336,6 +344,8 @@ def strategy_of(row: dict, fw: Framework, *, unstated_vp_searched: bool) -> Mapp
                               "recompute": recompute, "precision": precision, "dp_overlap": fw.dp_overlap}
     if precision == "fp8":
         values["fp8_recipe"] = recipe
+        if fp8_params_of(row) and fw.capabilities.fp8_params:
+            values["fp8_params"] = True
     if s.get("etp"):
         values["etp"] = int(s["etp"])
     sp = s.get("sequence_parallel")

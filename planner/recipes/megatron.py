@@ -48,7 +48,6 @@ COSTLY: dict[str, str] = {
     "--moe-layer-recompute": "recomputes MoE layers",
     "--cross-entropy-loss-fusion": "fused loss kernel (memory of the logits)",
     "--cross-entropy-fusion-impl": "fused loss kernel",
-    "--fp8-param-gather": "fp8 weights all-gathered (halves the ZeRO-1 parameter gather)",
     "--fp8-amax-history-len": "delayed-scaling history (small)",
     "--fp8-amax-compute-algo": "delayed-scaling reduction (small)",
     "--grad-reduce-in-bf16": "gradients reduced in bf16 (half the fp32 volume)",
@@ -471,6 +470,10 @@ def read_megatron(path: str, options: list[tuple[str, object]], *, dialect: str,
     if "precision" not in st and default_precision is not None:
         st["precision"] = default_precision
         warn.append(f"no precision stated: assumed {default_precision}")
+    if r.flag("--fp8-param-gather", "strategy.fp8_params"):
+        if st.get("precision") != "fp8":
+            raise recipe_error(path, "--fp8-param-gather", True, "fp8 parameters need fp8 training (--fp8-format)")
+        st["fp8_params"] = True
     if "precision" not in st:  # Megatron-LM without --bf16/--fp16 trains in fp32
         raise recipe_error(path, "--bf16", None, "neither --bf16 nor --fp16: Megatron-LM trains in fp32, which the "
                            "planner does not model (add --bf16)")

@@ -57,6 +57,7 @@ RENAMED: dict[str, str] = {
     "ub_tp_comm_overlap": "--tp-comm-overlap",
     "layernorm_epsilon": "--norm-epsilon",
     "cpu_offloading_num_layers": "--cpu-offloading-num-layers",
+    "fp8_params": "--fp8-param-gather",  # NeMo 1 / MLPerf: TE fp8_model_init (fp8 weights as the parameters)
     "use_custom_fsdp": "--use-megatron-fsdp",
     "overlap_p2p_comm": "--overlap-p2p-communication",
 }

@@ -71,6 +71,10 @@ class Capabilities:
     partial_offload: bool = False
     offload_zero: tuple[int, ...] = (0, 1, 2, 3)  # ZeRO stages it offloads states with (Megatron: its distributed optimizer)
     offload_needs_sharding: bool = False  # offload only with states sharded over dp*cp > 1 (FSDP2 CPUOffloadPolicy)
+    # fp8 weights as the parameters (Strategy.fp8_params: Megatron-Core --fp8-param-gather, NeMo fp8_params),
+    # with the distributed optimizer ("--fp8-param-gather only supported with distributed optimizer",
+    # Megatron-LM 033d8b0) or Megatron FSDP (--use-megatron-fsdp, examples/megatron_fsdp)
+    fp8_params: bool = True
     source: str = ""
 
     def refusal(self, s: Strategy) -> tuple[str, object, str] | None:
@@ -121,6 +125,10 @@ class Capabilities:
             return "precision", s.precision, f"not supported (precisions: {', '.join(self.precisions)})"
         if s.precision == "fp8" and s.fp8_recipe not in self.fp8_recipes:
             return "fp8_recipe", s.fp8_recipe, f"not supported (fp8 recipes: {', '.join(self.fp8_recipes) or 'none'})"
+        if s.fp8_params and not self.fp8_params:
+            return "fp8_params", 1, "not supported (no fp8 parameters)"
+        if s.fp8_params and s.zero not in (1, 3):
+            return "fp8_params", 1, f"needs the distributed optimizer (zero=1) or Megatron FSDP (zero=3), not zero={s.zero}"
         for switch in _SWITCHES:
             if getattr(s, switch) and not getattr(self, switch):
                 return switch, 1, "not supported"
@@ -142,7 +150,7 @@ def _capabilities(r: Record) -> Capabilities:
     c = r.mapping("capabilities", allowed=("schedules", "zero", "precisions", "fp8_recipes", *_DIMS, *_SWITCHES,
                                            "uneven_vp", "pipeline_layout", "sp_with_tp", "zero_bubble_min_vp", "orders",
                                            "zero_with_pp", "offloads", "offload_devices", "dp_impls", "partial_recompute",
-                                           "partial_offload", "offload_zero", "offload_needs_sharding", "source"))
+                                           "partial_offload", "offload_zero", "offload_needs_sharding", "fp8_params", "source"))
     def choices(key: str, allowed: tuple, default: tuple) -> tuple:
         if not c.has(key):
             return default
@@ -166,7 +174,7 @@ def _capabilities(r: Record) -> Capabilities:
                         partial_recompute=c.flag("partial_recompute"), partial_offload=c.flag("partial_offload"),
                         offload_zero=choices("offload_zero", (0, 1, 2, 3), (0, 1, 2, 3)),
                         offload_needs_sharding=c.flag("offload_needs_sharding"),
-                        source=c.text("source"))
+                        fp8_params=c.flag("fp8_params", default=True), source=c.text("source"))
 
 
 def _host_syncs(r: Record) -> HostSyncs:

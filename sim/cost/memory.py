@@ -332,7 +332,7 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
                  offload_layers: Num | None = None, backward_bytes: Num = 0.0, head_act_bytes: Num = 0.0,
                  device_extra_bytes: Num = 0.0, eager: bool = False, norm_tokens: Num = 0.0,
                  selective_op: Num = False, fp8_cached_weights: Num = False,
-                 bf16_optimizer: bool = False, allocator: str = "caching") -> StageMemory:
+                 bf16_optimizer: bool = False, allocator: str = "caching", fp8_params: Num = False) -> StageMemory:
     """Peak bytes of one GPU of a stage of ``shape`` for one plan or over arrays (module
     docstring): the larger of two moments, the start of the stage's first backward with
     ``inflight_mb`` micro-batches' activations held (the loss of the last stage, or a layer's
@@ -354,7 +354,8 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
     step (``fp8_weight_cache_of``), counted with the weights; ``bf16_optimizer`` DeepSpeed's
     BF16_Optimizer (``state_bytes``); ``allocator`` the caching allocator's mode
     (``sim.data.runtime.ALLOCATORS``), which with the recomputation mode sets its slack
-    (``MemoryRuntime.fragmentation_of``)."""
+    (``MemoryRuntime.fragmentation_of``); ``fp8_params`` the layers' linear weights kept in fp8
+    as the parameters (``Strategy.fp8_params``)."""
     lay = layout or state_layout("deepspeed")
     z = np.asarray(zero)
     p = shape.params
@@ -380,9 +381,17 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
     layer_params = max(0.0, p.total - head - embedding) / n_layers if shape.num_layers else 0.0
     # Transformer Engine's fp8 weight cache: the layers' linear weights (not norms, embedding or
     # the output layer, which Megatron-Core keeps in 16 bits), gathered if ZeRO-3 gathers them
-    cache = np.where(np.asarray(fp8_cached_weights), rt.fp8_weight_cache_bytes_per_param
-                     * max(0.0, layer_params - model.norm_params_per_layer) * shape.num_layers, 0.0)
-    w = w + cache
+    linear = max(0.0, layer_params - model.norm_params_per_layer) * shape.num_layers
+    cache = np.where(np.asarray(fp8_cached_weights), rt.fp8_weight_cache_bytes_per_param * linear, 0.0)
+    # fp8 parameters (Megatron-Core --fp8-param-gather: "Keep the compute param in fp8 (do not use
+    # any other intermediate dtype)", Megatron-LM 033d8b0 arguments.py; TE fp8_model_init): the
+    # linear weights are stored in fp8 (runtime.yaml fp8_param_bytes_per_param) instead of the
+    # layout's 16 bits (sharded under ZeRO-3 / Megatron FSDP), and the cache's fp8 copy is the
+    # parameter itself (its transpose stays)
+    fp8_p = np.asarray(fp8_params)
+    own = (lay.weights_bytes_per_param - rt.fp8_param_bytes_per_param) * linear / np.where(z >= 3, shard, 1)
+    w = w + cache - np.where(fp8_p, own + np.where(np.asarray(fp8_cached_weights), rt.fp8_param_bytes_per_param
+                                                   * linear, 0.0), 0.0)
     accumulated = np.asarray(microbatches) > np.asarray(inflight_mb)  # earlier micro-batches' gradients exist
 
     # ---- the start of the first backward: weights, gradients, activations, temporaries
@@ -398,7 +407,10 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
         unsharded_grads = np.where((z >= 3) & (pp > 1), lay.gradient_bytes_per_param * p.total, 0.0)
         g_act = np.where(accumulated, np.where((z >= 3) & (pp > 1), unsharded_grads, g), 0.0)
     else:
-        gathered = np.where(z >= 3, 2 * gb * layer_params, 0.0)  # FSDP gathers one layer ahead
+        # FSDP gathers one layer ahead; fp8 parameters are gathered in fp8
+        layer_linear = linear / max(1, shape.num_layers)
+        gathered = np.where(z >= 3, 2 * (gb * layer_params - np.where(fp8_p, (gb - rt.fp8_param_bytes_per_param)
+                                                                        * layer_linear, 0.0)), 0.0)
         g_act = g if lay.persistent_gradients else np.where(accumulated, g, 0.0)
     w_act = w + gathered
 
@@ -576,7 +588,8 @@ def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
                            backward_bytes=back, head_act_bytes=head_act, device_extra_bytes=extra, eager=eager,
                            norm_tokens=s.mbs * s.seq_len // s.cp / (s.tp if s.sp else 1),
                            selective_op=s.recompute == "selective", fp8_cached_weights=fp8_weight_cache,
-                           bf16_optimizer=bf16_optimizer and s.precision == "bf16", allocator=allocator)
+                           bf16_optimizer=bf16_optimizer and s.precision == "bf16", allocator=allocator,
+                           fp8_params=s.fp8_params)
         by_stage.append({"stage": i, "memory_peak_bytes": float(mem.allocated_bytes),
                          "memory_reserved_bytes": float(mem.reserved_bytes),
                          "memory_device_bytes": float(mem.total_bytes)})

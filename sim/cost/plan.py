@@ -33,7 +33,7 @@ TP_OVERLAP_KINDS: tuple[str, ...] = ("userbuffers", "async_tp")
 
 _INT_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "mbs", "gbs", "zero", "seq_len", "dp_shard",
              "recompute_num_layers", "offload_num_layers")
-_BOOL_KEYS = ("sp", "tp_overlap", "dp_overlap", "ep_overlap", "pp_overlap", "cuda_graphs")
+_BOOL_KEYS = ("sp", "tp_overlap", "dp_overlap", "ep_overlap", "pp_overlap", "cuda_graphs", "fp8_params")
 _STR_KEYS = ("recompute", "precision", "schedule", "fp8_recipe", "order", "dp_impl", "offload", "offload_device",
              "recompute_method")
 _ALIASES = {"seq": "seq_len", "micro_batch": "mbs", "global_batch": "gbs", "zero_stage": "zero",

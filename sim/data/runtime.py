@@ -77,6 +77,7 @@ class MemoryRuntime:
     # one measured value for every mode (a calibration profile's memory.fragmentation_fraction)
     fragmentation_fraction: float | None = None
     fp8_weight_cache_bytes_per_param: float = 0.0  # fp8 weight + transpose cached for the step
+    fp8_param_bytes_per_param: float = 1.0  # a linear weight kept in fp8 as the parameter (Strategy.fp8_params)
     loss_bytes_per_logit: Mapping[str, float] = field(default_factory=dict)  # by loss implementation
     loss_saved_bytes_per_logit: Mapping[str, float] = field(default_factory=dict)  # of which saved
     source: str = ""
@@ -290,6 +291,7 @@ def default_runtime() -> MemoryRuntime:
     return MemoryRuntime(workspace_bytes=m.req("workspace_bytes"),
                          fragmentation=_fragmentation(m.mapping("fragmentation")),
                          fp8_weight_cache_bytes_per_param=m.req("fp8_weight_cache_bytes_per_param"),
+                         fp8_param_bytes_per_param=m.req("fp8_param_bytes_per_param", positive=True),
                          loss_bytes_per_logit={k: loss.req(k, positive=True) for k in loss.rec},
                          loss_saved_bytes_per_logit={k: saved.req(k) for k in saved.rec},
                          source=m.text("source"))

@@ -494,7 +494,10 @@ class Strategy:
     them one by one).  ``fp8_recipe`` is the fp8 scaling recipe with ``precision=fp8``
     (Megatron-Core ``--fp8-recipe``: ``delayed`` per-tensor amax history, ``tensorwise``
     current per-tensor scaling, ``blockwise`` 1x128 / 128x128 block scales, ``mxfp8`` 1x32
-    microscaling on Blackwell).  ``dp_shard`` (HSDP) shards ZeRO/FSDP states over groups of
+    microscaling on Blackwell).  ``fp8_params`` keeps the layers' linear weights in fp8 as the
+    parameters themselves (Megatron-Core ``--fp8-param-gather``, Transformer Engine
+    ``fp8_model_init``, NeMo ``fp8_params``): no 16-bit copy of them, the fp32 master copy in the
+    distributed optimizer, the parameter all-gather in fp8.  ``dp_shard`` (HSDP) shards ZeRO/FSDP states over groups of
     ``dp_shard`` data-parallel ranks and replicates them over the ``dp / dp_shard`` groups
     (torchtitan ``data_parallel_shard_degree``, MaxText ``ici_fsdp``); ``None`` shards over all.
     ``offload`` moves model states or activations out of GPU memory (``OFFLOADS``; docs/offload.md):
@@ -539,6 +542,7 @@ class Strategy:
     pp_overlap: bool = False
     cuda_graphs: bool = False
     fp8_recipe: str = "delayed"
+    fp8_params: bool = False
     dp_shard: int | None = None
     # rank order, innermost first (Megatron-Core RankGenerator order; torchtitan's device mesh is
     # tp-cp-dp-pp): which dimension's groups are consecutive ranks and so share a node
@@ -578,6 +582,8 @@ class Strategy:
         _choice("precision", self.precision, TRAIN_PRECISIONS)
         _choice("schedule", self.schedule, SCHEDULES)
         _choice("fp8_recipe", self.fp8_recipe, FP8_RECIPES)
+        if self.fp8_params and self.precision != "fp8":
+            raise InputError("fp8_params", 1, f"keeps fp8 weights: applies to precision=fp8, not {self.precision}")
         _choice("dp_impl", self.dp_impl, DP_IMPLS)
         if self.dp_impl == "dataparallel":
             other = [f"{k}={getattr(self, k)}" for k in ("tp", "pp", "cp", "ep") if getattr(self, k) > 1]
@@ -715,6 +721,8 @@ class Strategy:
             parts.append("cuda_graphs=1")
         if self.precision == "fp8" and self.fp8_recipe != "delayed":
             parts.append(f"fp8_recipe={self.fp8_recipe}")
+        if self.fp8_params:
+            parts.append("fp8_params=1")
         if self.order != DEFAULT_ORDER:
             parts.append(f"order={self.order}")
         if self.dp_shard is not None and self.dp_shard != self.dp:
