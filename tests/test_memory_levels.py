@@ -383,3 +383,27 @@ def test_reference_rows_that_name_fp8_parameters_run_with_them():
 
     row = compare_all(ids=["mlperf50-nvidia-llama31-405b-fp8-h100-512"])[0]
     assert row.plan.strategy.fp8_params  # "FP8_PARAMS/fp8 param gather" in the row's precision
+
+
+def test_zero_engine_step_keeps_a_segment_for_the_fp32_gradient_copy():
+    """DeepSpeed's ZeRO engine flattens the 16-bit gradient partition and copies it to fp32 at the
+    optimizer step (stage3.py _prepare_fp32_grad_for_sub_group; per sub-group of at most 1e9
+    parameters under ZeRO-3): 2 + 4 B per partition parameter at the step, and the fp32 copy's
+    own segment stays reserved (no cached activation block holds GBs).  Offloaded optimizers copy
+    to the host instead; Megatron's optimizer adds nothing."""
+    from sim.data.runtime import default_runtime
+
+    rt = default_runtime()
+    frag = rt.fragmentation["caching"]["none"]
+    part = get_model("llama3-8b").num_params / 8  # 1.004e9: ZeRO-3 caps the sub-group at 1e9, ZeRO-1 does not
+    for strategy, sub in (("dp=8,mbs=1,gbs=8,seq=4096,zero=3,recompute=none", 1e9),
+                          ("dp=8,mbs=1,gbs=8,seq=4096,zero=1,recompute=none", part)):
+        mem = plan_memory(_plan("llama3-8b", 8, strategy, "deepspeed-hf"))
+        assert mem.reserved_bytes == pytest.approx(mem.allocated_bytes * (1 + frag) + rt.workspace_bytes
+                                                   + 4.0 * sub, rel=1e-9)
+    big = plan_memory(_plan("llama3-70b", 8, "dp=8,mbs=1,gbs=8,seq=4096,zero=3,recompute=full", "deepspeed-hf"))
+    frag_full = rt.fragmentation["caching"]["full"]
+    assert big.reserved_bytes == pytest.approx(big.allocated_bytes * (1 + frag_full) + rt.workspace_bytes
+                                               + 4.0 * 1e9, rel=1e-9)  # capped at sub_group_size
+    meg = plan_memory(_plan("llama3-8b", 8, "tp=2,dp=4,mbs=1,gbs=8,seq=4096,zero=1,recompute=none"))
+    assert meg.reserved_bytes == pytest.approx(meg.allocated_bytes * (1 + frag) + rt.workspace_bytes, rel=1e-9)

@@ -476,15 +476,26 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
     else:
         act, temps, w_act, g_act = layer_act, layer_temps, w_layer, g_layer
     peak_act = w_act + g_act + o + act + temps
-    # ---- the optimizer step: states at rest (fused optimizers allocate nothing more)
-    peak_opt = w + g + o
+    # ---- the optimizer step: states at rest (fused optimizers allocate nothing more), and the
+    # ZeRO engine's flattened gradient partition and its fp32 copy (runtime.yaml model_states
+    # step_*: DeepSpeed stage3.py _prepare_fp32_grad_for_sub_group, per sub-group under ZeRO-3;
+    # on the host when the optimizer is offloaded)
+    part = local_params(p, z, shard, expert_shard)
+    sub_group = np.where(z >= 3, np.minimum(part, lay.step_sub_group_params), part)
+    zero_engine = (z >= 1) & ~off_opt.astype(bool)
+    step_tmp = np.where(zero_engine, (lay.step_flat_bytes_per_param + lay.step_fp32_grad_bytes_per_param) * sub_group,
+                        0.0)
+    # the fp32 copy is one request of GBs that no cached activation block can hold: a segment of
+    # its own, reserved from then on (replayed: validate.allocator)
+    step_segment = np.where(zero_engine, lay.step_fp32_grad_bytes_per_param * sub_group, 0.0)
+    peak_opt = w + g + o + step_tmp
     at_opt = peak_opt > peak_act
     zero_ = 0.0 * peak_act
     weights = np.where(at_opt, w + zero_, w_act)
     grads = np.where(at_opt, g + zero_, g_act + zero_)
     optim = o + zero_
     acts = np.where(at_opt, zero_, act)
-    temps = np.where(at_opt, zero_, temps + zero_)
+    temps = np.where(at_opt, step_tmp + zero_, temps + zero_)
     allocated = np.maximum(peak_opt, peak_act)
     # The caching allocator keeps a free list per CUDA stream (a freed block is reused only by
     # allocations on the stream it was allocated on: c10/cuda/CUDACachingAllocator.cpp, BlockPool
@@ -501,7 +512,7 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
     # validate.fragmentation; catalogs/runtime.yaml memory.fragmentation), by allocator mode
     # and recomputation mode.
     frag = rt.fragmentation_of(allocator, full_recompute, selective_op)
-    reserved = (allocated - in_rs) * (1 + frag) + rs_pool + rt.workspace_bytes
+    reserved = (allocated - in_rs) * (1 + frag) + rs_pool + rt.workspace_bytes + np.where(at_opt, 0.0, step_segment)
     device = reserved + device_extra_bytes
     nvme = np.where(on_nvme, host_states, 0.0) if np.any(on_nvme) else 0.0
     host_states = np.where(on_nvme, 0.0, host_states) if np.any(on_nvme) else host_states

@@ -101,6 +101,11 @@ class StateLayout:
     optimizer_bytes_per_param: float
     gathered_bytes_per_param: float
     persistent_gradients: bool
+    # the optimizer step's flattened 16-bit gradient partition and its fp32 copy (DeepSpeed's ZeRO
+    # engine), per sub-group of at most step_sub_group_params under ZeRO-3; 0: none
+    step_flat_bytes_per_param: float = 0.0
+    step_fp32_grad_bytes_per_param: float = 0.0
+    step_sub_group_params: float = math.inf
 
 
 STATE_LAYOUTS: tuple[str, ...] = ("megatron", "torch_amp", "deepspeed")
@@ -114,7 +119,11 @@ def state_layout(name: str) -> StateLayout:
                        gradient_bytes_per_param=r.req("gradient_bytes_per_param", positive=True),
                        optimizer_bytes_per_param=r.req("optimizer_bytes_per_param", positive=True),
                        gathered_bytes_per_param=r.req("gathered_bytes_per_param", positive=True),
-                       persistent_gradients=r.flag("persistent_gradients"))
+                       persistent_gradients=r.flag("persistent_gradients"),
+                       step_flat_bytes_per_param=r.number("step_flat_bytes_per_param", optional=True, default=0.0),
+                       step_fp32_grad_bytes_per_param=r.number("step_fp32_grad_bytes_per_param", optional=True,
+                                                               default=0.0),
+                       step_sub_group_params=r.number("step_sub_group_params", optional=True, default=math.inf))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
