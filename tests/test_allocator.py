@@ -112,3 +112,38 @@ def test_bad_counts_exit_2_naming_the_flag(capsys, argv, field) -> None:
     assert main(["validate", "fragmentation", *argv]) == 2
     err = capsys.readouterr().err
     assert field in err and "Traceback" not in err
+
+
+def test_zero_engine_step_transient_takes_a_segment_of_its_own() -> None:
+    """The replay behind runtime.yaml's deepspeed step_* keys: DeepSpeed's fp32 copy of the
+    flattened gradient partition at the optimizer step is one request; larger than every block
+    the step's tensors left cached (the fp32 logits are the largest), it maps a segment of its
+    own and the reserved peak grows by its size; smaller, it reuses the logits' block.
+    sim.cost.memory makes the same call."""
+    pytest.importorskip("torch")
+    from sim.cost.memory import plan_memory
+    from validate.memgrid import build_plan
+    from validate.memtrack import track
+
+    logits_fp32 = 4.0 * 2048 * 128256
+    for dp, grows in ((8, False), (2, True)):  # fp32 copy 0.96 GB < 1.05 GB logits; 3.85 GB > it
+        plan = build_plan("llama3-8b", 4, dp, f"dp={dp},mbs=1,gbs={dp},seq=2048,zero=3,recompute=none")
+        fp32_copy = 4.0 * plan.model.num_params / dp
+        assert (fp32_copy > logits_fp32) == grows
+        peaks = []
+        for engine in (False, True):
+            events: list = []
+            track(plan, events=events, steps=2, zero_engine_step=engine)
+            peaks.append(replay(events)["reserved_bytes"])
+        growth = peaks[1] - peaks[0]
+        if grows:
+            assert 0.9 * fp32_copy <= growth <= 1.1 * fp32_copy
+        else:
+            assert growth <= 0.1 * fp32_copy
+        ds = build_plan("llama3-8b", 4, dp, f"dp={dp},mbs=1,gbs={dp},seq=2048,zero=3,recompute=none",
+                        framework="deepspeed-hf")
+        mem = plan_memory(ds)
+        from sim.data.runtime import default_runtime
+        rt = default_runtime()
+        base = mem.allocated_bytes * (1 + rt.fragmentation["caching"]["none"]) + rt.workspace_bytes
+        assert mem.reserved_bytes - base == pytest.approx(fp32_copy if grows else 0.0, rel=1e-9, abs=1.0)

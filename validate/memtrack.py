@@ -50,13 +50,29 @@ _MAP = {
 
 
 class LocalFusedAdamW(torch.optim.Optimizer):
-    """AdamW with the fused kernel (``torch._fused_adamw_``) on each parameter's local tensor."""
+    """AdamW with the fused kernel (``torch._fused_adamw_``) on each parameter's local tensor.
+    ``zero_engine_step``: first allocate what DeepSpeed's ZeRO engine allocates at its step, the
+    flattened 16-bit gradient partition and its fp32 copy (stage3.py
+    ``_prepare_fp32_grad_for_sub_group``), the copy held through the update."""
 
-    def __init__(self, params, lr: float = 1e-4) -> None:
+    def __init__(self, params, lr: float = 1e-4, *, zero_engine_step: bool = False) -> None:
         super().__init__(params, {"lr": lr})
+        self.zero_engine_step = zero_engine_step
 
     @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]
+        fp32_grad = None
+        if self.zero_engine_step:
+            n = sum((p.to_local() if hasattr(p, "to_local") else p).numel()
+                    for g in self.param_groups for p in g["params"])
+            flat = torch.empty(n, dtype=torch.bfloat16)
+            fp32_grad = flat.float()
+            del flat
+        self._update()
+        del fp32_grad
+        return None
+
+    def _update(self) -> None:
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -71,7 +87,6 @@ class LocalFusedAdamW(torch.optim.Optimizer):
                 torch._fused_adamw_([local], [grad], [st["exp_avg"]], [st["exp_avg_sq"]], [], [st["step"]],
                                     lr=group["lr"], beta1=0.9, beta2=0.95, weight_decay=0.1, eps=1e-8, amsgrad=False,
                                     maximize=False)
-        return None
 
 
 def _tracker_class(fsdp: bool, events: list | None = None):
@@ -120,20 +135,23 @@ def heaviest_stage(plan: Plan) -> int:
     return plan_memory(plan).stage
 
 
-def track(plan: Plan, *, stage: int | None = None, events: list | None = None, steps: int = 1) -> dict[str, float]:
+def track(plan: Plan, *, stage: int | None = None, events: list | None = None, steps: int = 1,
+          zero_engine_step: bool = False) -> dict[str, float]:
     """Bytes per category at the tracked step's peak on one rank of ``stage`` (default: the
     planner's heaviest stage), plus ``total`` and ``stage``.  With ``events`` (a list), the
     allocation trace of ``steps`` tracked steps is appended to it, the states that exist before
-    them first.  The fake process group it runs in is destroyed afterwards, so a later gloo run
-    in the same process starts clean."""
+    them first; ``zero_engine_step`` adds DeepSpeed's step transients to the optimizer
+    (``LocalFusedAdamW``).  The fake process group it runs in is destroyed afterwards, so a later
+    gloo run in the same process starts clean."""
     try:
-        return _track(plan, stage=stage, events=events, steps=steps)
+        return _track(plan, stage=stage, events=events, steps=steps, zero_engine_step=zero_engine_step)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
-def _track(plan: Plan, *, stage: int | None = None, events: list | None = None, steps: int = 1) -> dict[str, float]:
+def _track(plan: Plan, *, stage: int | None = None, events: list | None = None, steps: int = 1,
+           zero_engine_step: bool = False) -> dict[str, float]:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -172,7 +190,7 @@ def _track(plan: Plan, *, stage: int | None = None, events: list | None = None, 
     else:
         st.autocast = True
     with fake:
-        opt = LocalFusedAdamW(st.parameters())
+        opt = LocalFusedAdamW(st.parameters(), zero_engine_step=zero_engine_step)
         k = max(1, round(inflight_microbatches(s, stage)))
         m = s.num_microbatches
         run = _Runner(st, s, first=first, last=last, tokens=tokens, fsdp=fsdp, hidden=model.hidden_size,

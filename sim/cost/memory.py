@@ -485,9 +485,16 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
     zero_engine = (z >= 1) & ~off_opt.astype(bool)
     step_tmp = np.where(zero_engine, (lay.step_flat_bytes_per_param + lay.step_fp32_grad_bytes_per_param) * sub_group,
                         0.0)
-    # the fp32 copy is one request of GBs that no cached activation block can hold: a segment of
-    # its own, reserved from then on (replayed: validate.allocator)
-    step_segment = np.where(zero_engine, lay.step_fp32_grad_bytes_per_param * sub_group, 0.0)
+    # The fp32 copy is one request.  Requests of 10 MiB and more get segments of their own size
+    # (CUDACachingAllocator get_allocation_size), so the largest block the step's earlier tensors
+    # leave cached is about its largest tensor: the loss's logits (fp32 with an upcasting loss) or
+    # the MLP's widest activation.  A copy larger than that maps a segment of its own, reserved
+    # from then on (replayed: validate.allocator, tests/test_allocator.py).
+    fp32_copy = lay.step_fp32_grad_bytes_per_param * sub_group
+    largest = BYTES_ACT * tokens * max(model.ffn_hidden_size, model.hidden_size) / tp
+    if shape.last:
+        largest = np.maximum(largest, tokens * model.vocab_size / tp * (4.0 if loss == "upcast" else BYTES_ACT))
+    step_segment = np.where(zero_engine & (fp32_copy > largest), fp32_copy, 0.0)
     peak_opt = w + g + o + step_tmp
     at_opt = peak_opt > peak_act
     zero_ = 0.0 * peak_act
