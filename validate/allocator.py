@@ -143,22 +143,18 @@ class CachingAllocator:
         for other in (b.prev, b.next):
             if other is not None and other.free and other.segment == b.segment:
                 pool.remove(other)
-                if other is b.prev:
-                    other.size += b.size
-                    other.next = b.next
-                    if b.next is not None:
-                        b.next.prev = other
-                    if self._tail is b:
-                        self._tail = other
-                    b = other
-                else:
-                    b.size += other.size
-                    b.next = other.next
-                    if other.next is not None:
-                        other.next.prev = b
-                    if self._tail is other:
-                        self._tail = b
+                b = self._absorb(other, b) if other is b.prev else self._absorb(b, other)
         pool.insert(b)
+
+    def _absorb(self, left: _Block, right: _Block) -> _Block:
+        """Merge ``right`` into its neighbour ``left`` (``try_merge_blocks``)."""
+        left.size += right.size
+        left.next = right.next
+        if right.next is not None:
+            right.next.prev = left
+        if self._tail is right:
+            self._tail = left
+        return left
 
     def _segment(self, size: int) -> _Block:
         self._segments += 1
