@@ -229,18 +229,24 @@ def test_transformer_engine_fp8_weight_cache_counts_two_bytes_per_linear_weight(
 
 
 def test_fsdp2_sharded_gradients_reserved_in_the_reduce_scatter_stream_pool():
-    """FSDP2 allocates the reduce-scatter output (the sharded gradients) in its own stream; the
-    caching allocator cannot reuse the default stream's blocks for it, so the reserved level is
-    the default stream's peak (with its slack) plus the sharded fp32 gradients: 4 B x N / dp."""
+    """FSDP2 allocates the reduce-scatter output (the sharded gradients) in its own stream, and
+    the all-gather outputs in its all-gather copy-in stream; the caching allocator cannot reuse
+    the default stream's blocks for either, so the reserved level is the default stream's peak
+    (with its slack) plus the sharded fp32 gradients (4 B x N / dp) plus two gathered units in
+    bf16 (the largest pair: a layer and the embedding / output layer)."""
     from sim.data.runtime import default_runtime
 
     rt = default_runtime()
     p = _plan("llama3-8b", 8, "dp=8,mbs=1,gbs=8,seq=8192,zero=3,recompute=full", "torchtitan")
     mem = plan_memory(p)
     assert mem.gradients_bytes == 0.0  # peak before any backward: the shards do not exist yet
-    sharded_grads = 4.0 * get_model("llama3-8b").num_params / 8
+    m = get_model("llama3-8b")
+    sharded_grads = 4.0 * m.num_params / 8
+    head = m.embedding_params + m.hidden_size  # the output layer and the final norm: one FSDP unit
+    layer = (m.num_params - head - m.embedding_params) / m.num_layers
+    gather_pool = 2.0 * (layer + head)
     frag = rt.fragmentation["expandable_segments"]["full"]  # torchtitan's launcher, full recomputation
-    expect = mem.allocated_bytes * (1 + frag) + rt.workspace_bytes + sharded_grads
+    expect = mem.allocated_bytes * (1 + frag) + rt.workspace_bytes + sharded_grads + gather_pool
     assert mem.reserved_bytes == pytest.approx(expect, rel=1e-9)
     ddp = plan_memory(_plan("llama3-8b", 8, "dp=8,mbs=1,gbs=8,seq=8192,zero=0,recompute=full", "torchtitan"))
     assert ddp.reserved_bytes == pytest.approx(ddp.allocated_bytes * (1 + frag)

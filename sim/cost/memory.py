@@ -514,12 +514,20 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
     # the sharded gradients.
     rs_pool = np.where(torch_amp & (z >= 2), g + 0.0 * allocated, 0.0)
     in_rs = np.where(pp == 1, np.minimum(grads, rs_pool), 0.0)  # with pipelining the peak's grads are unsharded
+    # Likewise the all-gather output, the flat 16-bit buffer each FSDP unit is gathered into before
+    # its copy-out into the parameters, is allocated in FSDP2's all-gather copy-in stream
+    # (_fsdp_collectives.py foreach_all_gather: all_gather_comm.allocate under
+    # all_gather_copy_in_stream): that stream's pool holds two units at once (the one being copied
+    # out and the next one prefetched), the largest pair a layer and the embedding or output layer.
+    units = max(layer_params, embedding, head)
+    ag_pool = np.where(torch_amp & (z >= 2), gb * (layer_params + units) + 0.0 * allocated, 0.0)
     # The allocator's slack: peak reserved over peak allocated as replaying PyTorch's
     # caching-allocator rules over the step's allocation trace measures it (validate.allocator,
     # validate.fragmentation; catalogs/runtime.yaml memory.fragmentation), by allocator mode
     # and recomputation mode.
     frag = rt.fragmentation_of(allocator, full_recompute, selective_op)
-    reserved = (allocated - in_rs) * (1 + frag) + rs_pool + rt.workspace_bytes + np.where(at_opt, 0.0, step_segment)
+    reserved = ((allocated - in_rs) * (1 + frag) + rs_pool + ag_pool + rt.workspace_bytes
+                + np.where(at_opt, 0.0, step_segment))
     device = reserved + device_extra_bytes
     nvme = np.where(on_nvme, host_states, 0.0) if np.any(on_nvme) else 0.0
     host_states = np.where(on_nvme, 0.0, host_states) if np.any(on_nvme) else host_states
