@@ -255,3 +255,18 @@ def test_any_text_is_read_or_refused_in_one_line(tmp_path, capsys, suffix):
         assert rc == 0 or err.count("\n") == 1
 
     run()
+
+
+@pytest.mark.parametrize("key", ["fp8_params", "fp8_param_gather"])
+def test_nemo_fp8_parameters_map_to_the_strategy(tmp_path, key):
+    """NeMo 1's fp8_params (MLPerf's FP8_PARAMS) and NeMo 2 / Bridge's fp8_param_gather are
+    Megatron-Core's --fp8-param-gather: Strategy.fp8_params."""
+    doc = yaml.safe_load((CORPUS_DIR / "nemo" / "megatron_gpt_config.yaml").read_text())
+    doc["model"]["fp8"] = True
+    doc["model"]["fp8_hybrid"] = True
+    doc["model"][key] = True
+    doc["model"]["optim"]["name"] = "distributed_fused_adam"
+    f = tmp_path / "gpt_fp8.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    r = read_recipe(str(f))
+    assert r.settings["precision"] == "fp8" and r.settings.get("fp8_params") is True
