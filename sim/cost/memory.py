@@ -44,6 +44,8 @@ from sim.data.specs import Cluster, Model, Strategy
 from sim.layers.stages import StageParams, StageShape, stage_index_shapes
 from sim.cost.step import Num, local_params
 
+BYTES_FP32 = 4
+
 if TYPE_CHECKING:
     from sim.cost.plan import Plan
 
@@ -493,7 +495,8 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
     fp32_copy = lay.step_fp32_grad_bytes_per_param * sub_group
     largest = BYTES_ACT * tokens * max(model.ffn_hidden_size, model.hidden_size) / tp
     if shape.last:
-        largest = np.maximum(largest, tokens * model.vocab_size / tp * (4.0 if loss == "upcast" else BYTES_ACT))
+        logit_bytes = BYTES_FP32 if loss == "upcast" else BYTES_ACT  # an upcasting loss holds fp32 logits
+        largest = np.maximum(largest, tokens * model.vocab_size / tp * logit_bytes)
     step_segment = np.where(zero_engine & (fp32_copy > largest), fp32_copy, 0.0)
     peak_opt = w + g + o + step_tmp
     at_opt = peak_opt > peak_act

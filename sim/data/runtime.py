@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Mapping
 import numpy as np
 
 from sim.data.catalog import catalog_document
+from sim.data.specs import RECOMPUTES
 from sim.base.records import Record
 
 if TYPE_CHECKING:
@@ -270,23 +271,22 @@ def device_extra_bytes(strategy: "Strategy", model: "Model", *, megatron_groups:
 
 
 ALLOCATORS: tuple[str, ...] = ("caching", "expandable_segments")  # PYTORCH_CUDA_ALLOC_CONF modes
-RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
 
 
 def _fragmentation(f: Record) -> dict[str, dict[str, float]]:
     """Median fragmentation per allocator and recomputation mode over the replayed plans."""
-    table: dict[str, dict[str, list[float]]] = {a: {r: [] for r in RECOMPUTE_MODES} for a in ALLOCATORS}
+    table: dict[str, dict[str, list[float]]] = {a: {r: [] for r in RECOMPUTES} for a in ALLOCATORS}
     plans = f.rec.get("plans")
     if not isinstance(plans, (list, tuple)) or not plans:
         raise f.fail("plans", "must be a non-empty list of replayed plans")
     for i, raw in enumerate(plans):
         row = Record(raw, where=f"memory.fragmentation.plans[{i}]", file="runtime.yaml",
                      allowed=("strategy", "recompute") + ALLOCATORS)
-        mode = row.text("recompute", choices=RECOMPUTE_MODES)
+        mode = row.text("recompute", choices=RECOMPUTES)
         for a in ALLOCATORS:
             table[a][mode].append(row.fraction(a))
     for a in ALLOCATORS:
-        for r in RECOMPUTE_MODES:
+        for r in RECOMPUTES:
             if not table[a][r]:
                 raise f.fail("plans", f"no replayed plan with recompute={r}")
     return {a: {r: float(np.median(v)) for r, v in modes.items()} for a, modes in table.items()}
