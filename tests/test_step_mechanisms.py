@@ -124,3 +124,69 @@ def test_selective_policies_trade_memory_for_recompute():
         p = Plan(model=model, cluster=cluster("h100-80gb", 8), strategy=sel, selective_policy=policy)
         times[policy] = simulate_analytic(p).breakdown.recompute_s
     assert 0 < times["moe_act"] < times["mlp_up"] < times["mlp"]
+
+
+# ------------------------------------------------------------------ the last gradient bucket (issue 23)
+
+def test_grad_bucket_sizes_follow_each_reducer():
+    from sim.data.runtime import default_comm_runtime
+    rt = default_comm_runtime()
+    # Megatron-Core: max(40M, 1M x dp x cp) parameters
+    assert rt.grad_bucket_params("megatron", 8) == 4.0e7
+    assert rt.grad_bucket_params("megatron", 64) == 6.4e7
+    # PyTorch DDP: 25 MiB of fp32 gradients; DeepSpeed: reduce_bucket_size 5e8
+    assert rt.grad_bucket_params("ddp", 64) == pytest.approx(25 * 2**20 / 4)
+    assert rt.grad_bucket_params("deepspeed", 64) == 5.0e8
+
+
+def test_last_bucket_is_never_hidden_closed_form():
+    """Reduction well inside the backward: the old window hid all of it; now the last bucket
+    (embedding + half a bucket) is exposed after the backward, and its parameter gather before the
+    first forward: exposed = share x (reduce-scatter + all-gather)."""
+    from sim.cost.step import DpCollectives, compose, stage_pieces, stage_times
+    from sim.cost.costs import piece_settings
+    from sim.layers.stages import StageParams
+    plan = _plan("llama3-8b", "h100-80gb", 64, "tp=1,pp=1,mbs=1,gbs=64,zero=1")
+    eff = default_efficiency()
+    coll = DpCollectives(all_reduce_s=0.2, reduce_scatter_s=0.1, all_gather_s=0.05)
+    params = StageParams(8.0e9, 0.0)
+    emb = 0.5e9
+    out = {}
+    for bucketed in (False, True):
+        settings = replace(piece_settings(plan, eff, precision="bf16", pp=1, num_microbatches=1, dp_overlap=True,
+                                          fp8_recipe="delayed", dp_size=64),
+                           **({} if bucketed else {"grad_bucket_params": 0.0}))
+        pieces = stage_pieces(coll=coll, zero=1, dp_size=64, expert_dp=1, params=params, num_layers=32,
+                              layer_fwd_s=0.2, layer_bwd_s=0.4, settings=settings, embedding_params=emb)
+        st = stage_times(layer_fwd_s=0.2, layer_bwd_s=0.4, recompute_s=0.0, layer_exposed_fwd_s=0.0,
+                         layer_exposed_bwd_s=0.0, extra_fwd_s=0.0, extra_bwd_s=0.0, pieces=pieces, p2p_s=0.0,
+                         num_layers=32, first=True, last=True)
+        out[bucketed] = (float(pieces.dp_tail_share), compose([st], m=1, vp=1, zero_bubble=False, pp=1, zero=1,
+                                                             dp_overlap=True, overlap_slowdown=0.0))
+    share = (emb + 0.5 * 6.4e7) / 8.0e9
+    assert out[False][0] == 0.0 and out[True][0] == pytest.approx(share)
+    assert float(out[False][1].dp_exposed_s[0]) == pytest.approx(0.0, abs=1e-12)
+    assert float(out[True][1].dp_exposed_s[0]) == pytest.approx(share * (0.1 + 0.05), rel=1e-9)
+    assert float(out[True][1].step_time_s) - float(out[False][1].step_time_s) == pytest.approx(share * 0.15, rel=1e-9)
+    # without overlap everything is exposed either way
+    plain = compose([replace(st, dp_tail_share=0.0)], m=1, vp=1, zero_bubble=False, pp=1, zero=1,
+                    dp_overlap=False, overlap_slowdown=0.0)
+    tailed = compose([st], m=1, vp=1, zero_bubble=False, pp=1, zero=1, dp_overlap=False, overlap_slowdown=0.0)
+    assert float(plain.step_time_s) == pytest.approx(float(tailed.step_time_s), rel=1e-12)
+
+
+def test_megatron_deepspeed_runs_eager_ops_but_keeps_megatron_activations():
+    """Megatron-DeepSpeed's SwiGLU, RoPE and biases run as eager PyTorch ops (slower than the fused
+    profile) while its saved activations are Megatron's layer code's (same memory)."""
+    from sim.cost.framework import apply_framework, get_framework
+    fw = get_framework("megatron-deepspeed-fa2")
+    assert fw.eager_elementwise and not fw.eager_activations
+    base = _plan("llama2-7b", "a100-80gb", 8, "tp=1,pp=1,mbs=1,gbs=64,zero=1")
+    kw = {f: getattr(base, f) for f in ("model", "cluster", "strategy")}
+    as_run = Plan(**apply_framework(kw, fw)).checked()
+    fused = replace(as_run, eager_elementwise=False, fused_ops=())
+    assert simulate_analytic(as_run).step_time_s > simulate_analytic(fused).step_time_s
+    assert plan_memory(as_run).activations_bytes == pytest.approx(plan_memory(fused).activations_bytes, rel=1e-12)
+    # a profile whose model code is eager (torchtitan) counts eager activations
+    tt = get_framework("torchtitan")
+    assert tt.eager_elementwise and tt.eager_activations

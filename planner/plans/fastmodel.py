@@ -45,7 +45,8 @@ from sim.cost.offload import OffloadRates, host_spec, offload_constants, offload
 from sim.cost.plan import Plan
 from sim.data.runtime import default_comm_runtime, default_runtime, device_extra_bytes, nvls_buffers, state_layout
 from sim.data.specs import Cluster, Model, Strategy, expert_dp_size, offload_flags
-from sim.layers.stages import StageShape, layer_params, stage_index_shapes, stage_parameter_tensors, stage_shapes
+from sim.layers.stages import (StageShape, layer_params, stage_embedding_params, stage_index_shapes,
+                               stage_parameter_tensors, stage_shapes)
 from sim.cost.step import ChunkSums, DpCollectives, compose, layout_chunk_sums, stage_pieces, stage_times
 
 
@@ -271,13 +272,13 @@ class FastModel:
             ends = end_costs(plan, self.eff)
             dense = self._dense[dkey] = _layer_vector(cost(False)) + [getattr(ends, n) for n in _ENDS]
         acts = layer_activations(model, s, attention=probe.attention, selective_policy=probe.selective_policy,
-                                 eager=probe.eager_elementwise, fp8_saved_inputs=probe.fp8_saved_inputs,
+                                 eager=probe.eager_activations, fp8_saved_inputs=probe.fp8_saved_inputs,
                                  moe_imbalance=probe.moe_imbalance)
         back = max(layer_backward_bytes(model, s, moe=False),
                    layer_backward_bytes(model, s, moe=True, moe_imbalance=probe.moe_imbalance) if is_moe else 0.0)
         nl = len(_LAYER)
         vec = (dense[:nl] + _layer_vector(cost(True) if is_moe else None) + dense[nl:]
-               + list(acts) + [back, head_activation_bytes(model, s, eager=probe.eager_elementwise)])
+               + list(acts) + [back, head_activation_bytes(model, s, eager=probe.eager_activations)])
         got = np.array(vec, dtype=float)
         self._micro[key] = got
         return got
@@ -368,7 +369,7 @@ class FastModel:
                                    microbatches=m, pp=p, dense_full_bytes=dense_full, moe_full_bytes=moe_full,
                                    recompute_inputs=fi, recompute_full=ff, recompute_transient=tl,
                                    backward_bytes=back, head_act_bytes=head_act, device_extra_bytes=extra,
-                                   eager=probe.eager_elementwise, norm_tokens=norm_tok, selective_op=selective,
+                                   eager=probe.eager_activations, norm_tokens=norm_tok, selective_op=selective,
                                    fp8_cached_weights=fp8_weight_cache_of(layout.precision, probe.fp8_weight_cache),
                                    bf16_optimizer=probe.deepspeed_bf16_optimizer and layout.precision == "bf16",
                                    allocator=probe.allocator)
@@ -418,7 +419,7 @@ class FastModel:
         p2p = np.array([[self._p2p_s(layout, mbs, sp) for sp in grid.sp] for mbs in grid.mbs],
                        dtype=float).reshape(M, S, 1, 1, 1)
         settings = piece_settings(probe, self.eff, precision=layout.precision, pp=p, num_microbatches=m,
-                                  dp_overlap=self.dp_overlap, fp8_recipe=probe.strategy.fp8_recipe)
+                                  dp_overlap=self.dp_overlap, fp8_recipe=probe.strategy.fp8_recipe, dp_size=dpcp)
         rep = self.representative(layout)
         per_layer = {False: layer_params(model, rep, moe=False).total,
                      True: layer_params(model, rep, moe=True).total if model.moe is not None else 0.0}
@@ -455,7 +456,7 @@ class FastModel:
                                   offload_params=off_par, offload_activations=off_act,
                                   act_bytes=offloaded_activation_bytes(sh, dense_act, moe_act, off_layers)
                                   if timed_offload else 0.0,
-                                  rates=rates)
+                                  rates=rates, embedding_params=stage_embedding_params(model, rep, sh.first))
             stages.append(stage_times(layer_fwd_s=lf, layer_bwd_s=lb, recompute_s=lr,
                                       layer_exposed_fwd_s=layer_sum(sh, "exposed_fwd_s"),
                                       layer_exposed_bwd_s=layer_sum(sh, "exposed_bwd_s"), extra_fwd_s=ef,

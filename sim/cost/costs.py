@@ -27,7 +27,7 @@ from sim.cost.plan import HostSyncs, Plan
 from sim.data.runtime import CommRuntime, default_comm_runtime
 from sim.data.specs import Cluster, Model, Strategy
 from sim.layers.stages import (StageParams, chunk_signature, layer_params, model_chunks, stage_layers,
-                        stage_parameter_tensors, stage_shapes)
+                        stage_embedding_params, stage_parameter_tensors, stage_shapes)
 from sim.cost.step import (ChunkSums, DpCollectives, Num, PieceSettings, StagePieces, StageTimes, layout_chunk_sums,
                       local_params, stage_pieces, stage_times)
 
@@ -356,11 +356,13 @@ def pieces_hbm_bytes_per_s(cluster: Cluster, eff: KernelEfficiency) -> float:
 
 
 def piece_settings(plan: Plan, eff: KernelEfficiency, *, precision: str, pp: int, num_microbatches: Num,
-                   dp_overlap: bool, fp8_recipe: str) -> PieceSettings:
+                   dp_overlap: bool, fp8_recipe: str, dp_size: int) -> PieceSettings:
     """The plan's inputs of ``sim.cost.step.stage_pieces`` (``PieceSettings``): ``simulate`` passes
-    its strategy's values (floats), the search a layout's and an array of micro-batch counts."""
+    its strategy's values (floats), the search a layout's and an array of micro-batch counts;
+    ``dp_size``: the data(-and-context)-parallel group the gradients are reduced over."""
     rt = default_comm_runtime()
     return PieceSettings(
+        grad_bucket_params=rt.grad_bucket_params(plan.grad_buckets, dp_size),
         dp_overlap=dp_overlap, hbm_bytes_per_s=pieces_hbm_bytes_per_s(plan.cluster, eff), rt=rt, eff=eff,
         accum_bytes_per_param=rt.grad_accumulation_bytes(plan.grad_accumulation, num_microbatches),
         fp16=precision == "fp16", fsdp_copies=plan.fsdp_copies, optimizer_impl=plan.optimizer_impl,
@@ -372,20 +374,21 @@ def piece_settings(plan: Plan, eff: KernelEfficiency, *, precision: str, pp: int
 
 
 def stage_pieces_for(plan: Plan, net: Network, eff: KernelEfficiency, params: StageParams, num_layers: int,
-                     layer_fwd_s: float, layer_bwd_s: float, act_bytes: float = 0.0, tensors: int = 0) -> StagePieces:
+                     layer_fwd_s: float, layer_bwd_s: float, act_bytes: float = 0.0, tensors: int = 0,
+                     embedding_params: float = 0.0) -> StagePieces:
     """``stage_pieces`` of one stage of ``plan`` (floats); ``act_bytes``: the stage's saved
     activations of one micro-batch (what activation offload moves); ``tensors``: its parameter
     tensors (``sim.layers.stages.stage_parameter_tensors``), gathered one by one under
     ``Plan.zero3_gather`` ``per_tensor_sync``."""
     s = plan.strategy
     settings = piece_settings(plan, eff, precision=s.precision, pp=s.pp, num_microbatches=s.num_microbatches,
-                              dp_overlap=s.dp_overlap, fp8_recipe=s.fp8_recipe)
+                              dp_overlap=s.dp_overlap, fp8_recipe=s.fp8_recipe, dp_size=s.dp * s.cp)
     return stage_pieces(coll=dp_collectives(net, s, params, settings.rt, eff), zero=s.zero, dp_size=s.zero_shard,
                         expert_dp=s.expert_dp, params=params, num_layers=num_layers, layer_fwd_s=layer_fwd_s,
                         layer_bwd_s=layer_bwd_s, settings=settings, tensors=tensors,
                         offload_optimizer=s.offload_optimizer, offload_params=s.offload_params,
                         offload_activations=s.offload_activations, act_bytes=act_bytes,
-                        rates=strategy_rates(plan.cluster, s))
+                        rates=strategy_rates(plan.cluster, s), embedding_params=embedding_params)
 
 
 def moe_dispatch_s(plan: Plan, net: Network, eff: KernelEfficiency, nbytes: float) -> float:
@@ -474,7 +477,8 @@ def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | N
             pieces = stage_pieces_for(plan, net, eff, sh.params, len(layers), sum(c.fwd_s for c in costs) + extra_f,
                                       sum(c.bwd_s + c.recompute_s for c in costs) + extra_b,
                                       act_bytes=float(offloaded_activation_bytes(sh, *act, s.offload_num_layers)),
-                                      tensors=stage_parameter_tensors(model, sh)).as_floats()
+                                      tensors=stage_parameter_tensors(model, sh),
+                                      embedding_params=stage_embedding_params(model, s, sh.first)).as_floats()
             pieces_of[sh.index] = pieces
         stages.append(StageCost(
             stage=i, layers=tuple(layers), layer_costs=costs, extra_fwd_s=extra_f, extra_bwd_s=extra_b,
@@ -488,7 +492,7 @@ def _layer_act_bytes(plan: Plan) -> tuple[float, float]:
     """Saved activations of a dense and of an MoE layer per micro-batch, as ``sim.cost.memory``
     counts them."""
     dense, moe, *_ = layer_activations(plan.model, plan.strategy, attention=plan.attention,
-                                       selective_policy=plan.selective_policy, eager=plan.eager_elementwise,
+                                       selective_policy=plan.selective_policy, eager=plan.eager_activations,
                                        fp8_saved_inputs=plan.fp8_saved_inputs, moe_imbalance=plan.moe_imbalance)
     return dense, moe
 

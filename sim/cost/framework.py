@@ -20,7 +20,7 @@ from sim.data.specs import (DEFAULT_ORDER, DP_IMPLS, FP8_RECIPES, OFFLOAD_DEVICE
                        TRAIN_PRECISIONS, Strategy)
 from sim.layers.ops import FUSIBLE_OPS
 from sim.base.records import Record
-from sim.data.runtime import ALLOCATORS, STATE_LAYOUTS
+from sim.data.runtime import ALLOCATORS, GRAD_BUCKETS, STATE_LAYOUTS
 
 
 FAMILIES: tuple[str, ...] = ("megatron", "fsdp", "xla", "tensorflow")
@@ -203,6 +203,9 @@ class Framework:
     attention: str  # flash | flash2 | unfused
     dp_overlap: bool
     eager_elementwise: bool
+    # which model code's saved activations (sim.layers.activations): eager (torchtitan / Hugging Face
+    # modules) or Megatron's layer code; default: as elementwise
+    eager_activations: bool = False
     selective_recompute: str  # attention | op
     grad_accumulation: str = "fused"  # fused | fp32_main_grad | autograd (runtime.yaml)
     fsdp_copies: bool = False  # FSDP2 packing around ZeRO-3 collectives (runtime.yaml)
@@ -230,6 +233,9 @@ class Framework:
     pipeline_schedule_per: str = "step"
     # PYTORCH_CUDA_ALLOC_CONF the framework's launcher sets (sim.data.runtime.ALLOCATORS)
     allocator: str = "caching"
+    # how its data-parallel gradient reduction is bucketed (sim.data.runtime.GRAD_BUCKETS); default by
+    # model_states: megatron -> megatron, deepspeed -> deepspeed, torch_amp -> ddp
+    grad_buckets: str = "megatron"
     aliases: tuple[str, ...] = ()
     source: str = ""
     notes: str = ""
@@ -239,7 +245,9 @@ _KEYS = ("id", "name", "aliases", "attention", "dp_overlap", "elementwise", "sel
          "grad_accumulation", "fsdp_copies", "loss", "sequence_parallel_default", "tp_overlap_default", "zero_default",
          "fp8_weight_cache", "family", "capabilities", "moe_dispatcher", "optimizer", "dp_impl", "model_states",
          "fp8_saved_inputs", "deepspeed_bf16_optimizer", "zero3_gather", "tp_overlap_kind", "host_syncs", "source",
-         "notes", "fused_ops", "pipeline_schedule_per", "allocator")
+         "notes", "fused_ops", "pipeline_schedule_per", "allocator", "grad_buckets",
+         "saved_activations")
+_BUCKETS_BY_STATES = {"megatron": "megatron", "deepspeed": "deepspeed", "torch_amp": "ddp"}
 
 
 @functools.cache
@@ -251,6 +259,8 @@ def _frameworks() -> dict[str, Framework]:
         fw = Framework(id=r.text("id"), name=r.text("name"), attention=r.text("attention", choices=ATTENTION_IMPLS),
                        dp_overlap=r.flag("dp_overlap"),
                        eager_elementwise=r.text("elementwise", choices=("fused", "eager")) == "eager",
+                       eager_activations=r.text("saved_activations", choices=("fused", "eager"),
+                                                default=r.text("elementwise", choices=("fused", "eager"))) == "eager",
                        selective_recompute=r.text("selective_recompute", default="attention", choices=SELECTIVE_POLICIES),
                        grad_accumulation=r.text("grad_accumulation", default="fused", choices=GRAD_ACCUMULATION),
                        fsdp_copies=r.flag("fsdp_copies"), loss=r.text("loss", default="upcast", choices=LOSS_IMPLS),
@@ -271,6 +281,8 @@ def _frameworks() -> dict[str, Framework]:
                        pipeline_schedule_per=r.text("pipeline_schedule_per", default="step",
                                                     choices=PIPELINE_SCHEDULE_PER),
                        allocator=r.text("allocator", default="caching", choices=ALLOCATORS),
+                       grad_buckets=r.text("grad_buckets", choices=GRAD_BUCKETS,
+                                           default=_BUCKETS_BY_STATES.get(r.text("model_states"), "megatron")),
                        aliases=r.strings("aliases", lower=False),
                        source=r.text("source"), notes=r.text("notes", default=""))
         for key in (fw.id, *fw.aliases):
@@ -292,13 +304,14 @@ def apply_framework(plan_kwargs: dict, fw: Framework) -> dict:
     optimizer implementation, model-state layout).  What the profile does to a strategy the
     user left silent (``dp_overlap``, the fp8 recipe, ``dp_impl``) is ``sim.engines.run.complete_strategy``."""
     return {**plan_kwargs, "attention": fw.attention, "eager_elementwise": fw.eager_elementwise,
+            "eager_activations": fw.eager_activations,
             "selective_policy": fw.selective_recompute, "grad_accumulation": fw.grad_accumulation,
             "fsdp_copies": fw.fsdp_copies, "loss": fw.loss, "fp8_weight_cache": fw.fp8_weight_cache,
             "uneven_vp": fw.capabilities.uneven_vp, "moe_dispatcher": fw.moe_dispatcher,
             "optimizer_impl": fw.optimizer, "state_layout": fw.model_states, "fp8_saved_inputs": fw.fp8_saved_inputs,
             "deepspeed_bf16_optimizer": fw.deepspeed_bf16_optimizer, "zero3_gather": fw.zero3_gather,
             "tp_overlap_kind": fw.tp_overlap_kind, "host_syncs": fw.host_syncs, "fused_ops": fw.fused_ops,
-            "allocator": fw.allocator}
+            "allocator": fw.allocator, "grad_buckets": fw.grad_buckets}
 
 
 def list_frameworks() -> list[Framework]:

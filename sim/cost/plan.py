@@ -12,7 +12,7 @@ from sim.data.layout import check_layout, layout_from_counts, megatron_layout, p
 from sim.layers.moe_routing import ROUTINGS
 from sim.net.placement import group_shape
 from sim.data.psspecs import ParameterServers
-from sim.data.runtime import ALLOCATORS, STATE_LAYOUTS
+from sim.data.runtime import ALLOCATORS, GRAD_BUCKETS, STATE_LAYOUTS
 from sim.layers.stages import stage_layer_counts, stage_layers
 
 ATTENTION_IMPLS: tuple[str, ...] = ("flash", "flash2", "unfused")
@@ -84,6 +84,9 @@ class Plan:
     strategy: Strategy
     attention: str = "flash"
     eager_elementwise: bool = False
+    # saved activations counted as eager model code keeps them (torchtitan / Hugging Face modules:
+    # sim.layers.activations) rather than as Megatron's layer code does; a profile's saved_activations
+    eager_activations: bool = False
     selective_policy: str = "attention"
     grad_accumulation: str = "fused"
     fsdp_copies: bool = False  # FSDP2 per-parameter packing around collectives (runtime.yaml)
@@ -124,6 +127,9 @@ class Plan:
     # | expandable_segments; with the recomputation mode it sets the allocator's slack
     # (sim.cost.memory.stage_memory, catalogs/runtime.yaml memory.fragmentation)
     allocator: str = "caching"
+    # how the data-parallel gradient reduction is bucketed (GRAD_BUCKETS; catalogs/runtime.yaml
+    # grad_buckets): the last bucket is never hidden (sim.cost.step.stage_pieces dp_tail_share)
+    grad_buckets: str = "megatron"
 
     @property
     def bf16_optimizer_active(self) -> bool:
@@ -147,6 +153,8 @@ class Plan:
             raise InputError("state_layout", self.state_layout, f"must be one of {', '.join(STATE_LAYOUTS)}")
         if self.allocator not in ALLOCATORS:
             raise InputError("allocator", self.allocator, f"must be one of {', '.join(ALLOCATORS)}")
+        if self.grad_buckets not in GRAD_BUCKETS:
+            raise InputError("grad_buckets", self.grad_buckets, f"must be one of {', '.join(GRAD_BUCKETS)}")
         if self.tp_overlap_kind not in TP_OVERLAP_KINDS:
             raise InputError("tp_overlap_kind", self.tp_overlap_kind, f"must be one of {', '.join(TP_OVERLAP_KINDS)}")
         if self.zero3_gather not in ZERO3_GATHERS:

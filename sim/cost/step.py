@@ -88,6 +88,9 @@ class StageTimes:
     fwd_sends: int
     bwd_sends: int
     dp_replica_sync_s: Num = 0.0
+    # share of the per-step gradient reduction and parameter gather in the last-reduced bucket (the
+    # first gathered): never hidden (StagePieces.dp_tail_share)
+    dp_tail_share: Num = 0.0
     offload_grad_s: Num = 0.0  # per step: gradient shard to the host behind the reduction (ZeRO-1/2)
     offload_param_s: Num = 0.0  # per step: updated weights back from the host, after the optimizer
     fsdp_step_sync_s: Num = 0.0  # per step, exposed: FSDP with pipelining gathers and reduces once
@@ -215,6 +218,10 @@ class StagePieces:
     fsdp_copy_bwd_s: Num = _piece("params", required=True)
     fp8_weight_cast_s: Num = _piece("params")  # per micro-batch (averaged when cast once per step)
     dp_replica_sync_s: Num = _piece("params")  # HSDP: all-reduce of the gradient shard over the replicas, per step
+    # share of the stage's per-step gradient reduction (and ZeRO-1/2 parameter gather) in its last
+    # bucket: the embedding and the rest of the first layer, reduced after the last backward and
+    # gathered before the first forward, never hidden (bucketed reducers, runtime.yaml grad_buckets)
+    dp_tail_share: Num = _piece("fixed")
     offload_fwd_s: Num = _piece("params")  # per micro-batch: exposed host-link copies (weights in, activations out)
     offload_bwd_s: Num = _piece("params")  # (weights and activations in, gradients out)
     offload_grad_s: Num = _piece("params")  # per step, full duration: gradient shard to the host (ZeRO-1/2)
@@ -307,21 +314,31 @@ class PieceSettings:
     bf16_optimizer: bool = False
     per_tensor_gather: bool = False  # ZeRO-3 gathers tensor by tensor (Plan.zero3_gather per_tensor_sync)
     host_syncs: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    grad_bucket_params: Num = 0.0  # parameters per gradient bucket (0: one reduction, not bucketed)
 
 
 def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int, params: StageParams,
                  num_layers: int, layer_fwd_s: Num, layer_bwd_s: Num, settings: PieceSettings, tensors: int = 0,
                  offload_optimizer: Num = False, offload_params: Num = False, offload_activations: Num = False,
-                 act_bytes: Num = 0.0, rates: OffloadRates | None = None) -> StagePieces:
+                 act_bytes: Num = 0.0, rates: OffloadRates | None = None, embedding_params: float = 0.0) -> StagePieces:
     """The per-stage pieces (``StagePieces``) of a stage, for one ZeRO stage or an array of them.
 
     ``layer_fwd_s`` / ``layer_bwd_s``: the stage's compute per micro-batch (layers incl.
     recomputation, plus the embedding/head), which hides FSDP's prefetched gathers.
     ``settings``: the plan's (``PieceSettings``, whose fields the items below name);
-    ``tensors``: the stage's parameter tensors (``sim.layers.stages.stage_parameter_tensors``).
+    ``tensors``: the stage's parameter tensors (``sim.layers.stages.stage_parameter_tensors``);
+    ``embedding_params``: the input embedding's parameters on this GPU (0 off the first stage).
 
     * ZeRO-0: gradient all-reduce; ZeRO-1/2: reduce-scatter, then the parameter all-gather
       (Rajbhandari et al. 2020, Sec. 5); both per step, composed in ``sim.cost.step``.
+    * Bucketed reduction (``grad_bucket_params`` > 0; Megatron-Core, PyTorch DDP, DeepSpeed ZeRO-1/2):
+      buckets are filled in reverse parameter order and a bucket is reduced when all its
+      gradients are final, so the last bucket, the input embedding plus what is left of the first
+      layer (on average half a bucket; half a bucket of experts too when the stage has experts,
+      whose buffer is bucketed apart), is reduced after the last backward, and gathered first
+      before the next forward (Megatron-Core ``overlap_param_gather``): ``dp_tail_share``, the
+      share of the stage's parameters in it, is never hidden (``compose``).  Li et al. 2020,
+      PyTorch Distributed (VLDB), Sec. 3.2.3: the last bucket's all-reduce cannot overlap.
     * ZeRO-3 (FSDP): per layer, an all-gather before forward and backward (prefetched one layer
       ahead), a reduce-scatter after backward, every micro-batch; what the stage's compute
       cannot hide is exposed, plus one layer's share that no prefetch hides.  Without prefetch
@@ -428,12 +445,15 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
         off_g = vol.grads_out_per_step / link
         off_p = vol.weights_back_per_step / rates.state_bytes_per_s
         opt_s = np.where(np.asarray(offload_optimizer), local * rates.cpu_optimizer_s_per_param, opt_s)
+    bucket = np.asarray(st.grad_bucket_params, dtype=float)
+    tail = embedding_params + 0.5 * bucket + np.where(params.expert_params > 0, 0.5 * bucket, 0.0)
+    tail_share = np.where(bucket > 0, np.minimum(1.0, tail / max(params.total, 1.0)), 0.0) + 0.0 * z
     return StagePieces(dp_grad_sync_s=grad_sync, dp_param_gather_s=param_gather, zero3_exposed_fwd_s=z3f,
                        zero3_exposed_bwd_s=z3b, overlap_slowdown_fwd_s=slow_f, overlap_slowdown_bwd_s=slow_b,
                        optimizer_s=opt_s, grad_accum_s=accum_s, fsdp_copy_fwd_s=copy_f, fsdp_copy_bwd_s=copy_b,
                        fp8_weight_cast_s=cast_s, dp_replica_sync_s=coll.replica_all_reduce_s + 0.0 * z,
                        offload_fwd_s=off_f, offload_bwd_s=off_b, offload_grad_s=off_g, offload_param_s=off_p,
-                       fsdp_step_sync_s=step_sync, zero3_sync_s=sync + 0.0 * z,
+                       fsdp_step_sync_s=step_sync, zero3_sync_s=sync + 0.0 * z, dp_tail_share=tail_share,
                        host_sync_fwd_s=host_syncs[0] * eff.host_op_floor_s, host_sync_bwd_s=host_syncs[1] * eff.host_op_floor_s)
 
 
@@ -463,7 +483,8 @@ def stage_times(*, layer_fwd_s: Num, layer_bwd_s: Num, recompute_s: Num, layer_e
         exposed_bwd_s=layer_exposed_bwd_s + pieces.zero3_exposed_bwd_s + pieces.offload_bwd_s,
         p2p_s=p2p_s, weight_grad_s=0.5 * layer_bwd_s, dp_grad_sync_s=pieces.dp_grad_sync_s,
         dp_param_gather_s=pieces.dp_param_gather_s, optimizer_s=pieces.optimizer_s, num_layers=num_layers,
-        dp_replica_sync_s=pieces.dp_replica_sync_s, offload_grad_s=pieces.offload_grad_s,
+        dp_replica_sync_s=pieces.dp_replica_sync_s, dp_tail_share=pieces.dp_tail_share,
+        offload_grad_s=pieces.offload_grad_s,
         offload_param_s=pieces.offload_param_s, fsdp_step_sync_s=pieces.fsdp_step_sync_s,
         host_sync_fwd_s=pieces.host_sync_fwd_s, host_sync_bwd_s=pieces.host_sync_bwd_s,
         fwd_sends=0 if last else 1, bwd_sends=0 if first else 1, count=count, before=before,
@@ -569,16 +590,18 @@ def compose(stages: Sequence[StageTimes], *, m: Num, vp: Num, zero_bubble: Num, 
         # per step after the last backward: the gradient reduction (ZeRO-3 reduces inside each
         # backward) and HSDP's all-reduce over the replicas
         sync = np.where(z3, 0.0, st.dp_grad_sync_s) + st.dp_replica_sync_s
-        slow = sigma * np.minimum(sync, window)
-        ready = np.maximum(last_end + slow, last_end - window + sync)
+        tail = st.dp_tail_share * sync  # the last bucket: reduced after the last backward
+        slow = sigma * np.minimum(sync - tail, window)
+        ready = np.maximum(last_end + slow + tail, last_end - window + sync)
         dp_exposed = ready - last_end - slow
         # offloaded gradient shard: copied bucket by bucket as the reduction delivers it
-        off_ready = np.maximum(last_end + slow, last_end - window + np.maximum(sync, st.offload_grad_s))
+        off_ready = np.maximum(ready, last_end - window + np.maximum(sync, st.offload_grad_s))
         off_exposed = off_ready - ready + st.offload_param_s
         ready = off_ready
         gather = st.dp_param_gather_s
         if dp_overlap:  # overlapped with the next step's first forwards (overlap_param_gather)
-            hidden_gather = np.minimum(gather, overlap_window(f, st.num_layers, vp, pp))
+            # the first bucket the forward needs (the embedding's) is waited for
+            hidden_gather = np.minimum(gather * (1.0 - st.dp_tail_share), overlap_window(f, st.num_layers, vp, pp))
             gather = gather - hidden_gather
             slow = slow + sigma * hidden_gather
             ready = ready + sigma * hidden_gather

@@ -45,6 +45,19 @@ class CommRuntime:
     bf16_optimizer_full_buffer_bytes_per_param: float = 0.0
     # 2021 DeepSpeed ZeRO-3: host time per rank of the group for every parameter tensor gathered
     zero3_host_per_rank_s: float = 0.0
+    # bucketed gradient reduction (runtime.yaml grad_buckets): kind -> (min_params,
+    # params_per_dp_rank, bytes); a bucket holds max(min_params, params_per_dp_rank x dp, bytes /
+    # grad_reduce_bytes_per_param) parameters
+    grad_buckets: Mapping[str, tuple[float, float, float]] = field(default_factory=dict)
+
+    def grad_bucket_params(self, kind: str, dp_size: int) -> float:
+        """Parameters of one gradient bucket of a ``kind`` reducer (``GRAD_BUCKETS``) over ``dp_size``
+        ranks (dp x cp); 0 for a kind without an entry."""
+        got = self.grad_buckets.get(kind)
+        if got is None:
+            return 0.0
+        min_params, per_rank, nbytes = got
+        return max(min_params, per_rank * dp_size, nbytes / self.grad_reduce_bytes_per_param)
 
     def grad_accumulation_bytes(self, mode: str, microbatches):
         """Bytes per parameter per micro-batch, averaged over the step's micro-batches
@@ -179,7 +192,19 @@ def default_comm_runtime() -> CommRuntime:
                        fsdp_reduce_copy_bytes_per_param=copies.req("reduce_scatter_copy_in_bytes_per_param"),
                        optimizer_bytes_per_param_by_impl={k: impl.req(k, positive=True) for k in impl.rec},
                        bf16_optimizer_full_buffer_bytes_per_param=bf16.req("full_buffer_bytes_per_param"),
-                       zero3_host_per_rank_s=doc.mapping("zero3_per_tensor_gather").req("host_per_rank_s"))
+                       zero3_host_per_rank_s=doc.mapping("zero3_per_tensor_gather").req("host_per_rank_s"),
+                       grad_buckets=_grad_buckets(doc.mapping("grad_buckets")))
+
+
+def _grad_buckets(b: Record) -> dict[str, tuple[float, float, float]]:
+    out = {}
+    for kind in GRAD_BUCKETS:
+        r = b.mapping(kind)
+        out[kind] = tuple(float(r.number(k, optional=True, default=0.0))  # type: ignore[arg-type]
+                          for k in ("min_params", "params_per_dp_rank", "bytes"))
+        if max(out[kind]) <= 0:
+            raise r.fail("min_params", "a bucket needs min_params, params_per_dp_rank or bytes > 0")
+    return out
 
 
 @functools.cache
@@ -270,6 +295,8 @@ def device_extra_bytes(strategy: "Strategy", model: "Model", *, megatron_groups:
     return d.cuda_context_bytes + nccl + nvls_bytes
 
 
+# bucketed gradient reducers (runtime.yaml grad_buckets; a framework's grad_buckets, Plan.grad_buckets)
+GRAD_BUCKETS: tuple[str, ...] = ("megatron", "ddp", "deepspeed")
 ALLOCATORS: tuple[str, ...] = ("caching", "expandable_segments")  # PYTORCH_CUDA_ALLOC_CONF modes
 
 

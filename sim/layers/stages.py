@@ -121,6 +121,12 @@ def layer_params(model: Model, strategy: Strategy, *, moe: bool) -> StageParams:
     return StageParams(dense, spec.num_experts * model.expert_params / (strategy.expert_tp * ep))
 
 
+def stage_embedding_params(model: Model, strategy: Strategy, first: bool) -> float:
+    """The input embedding's parameters on one GPU of a stage: the vocabulary-parallel shard on
+    the first stage, none elsewhere (as ``stage_params`` counts them)."""
+    return model.embedding_params / strategy.tp if first else 0.0
+
+
 def stage_params(model: Model, strategy: Strategy, layers: list[int] | tuple[int, ...], *, first: bool,
                  last: bool) -> StageParams:
     """Parameters of one GPU of a stage holding ``layers`` (and the embedding when ``first``,
