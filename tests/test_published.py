@@ -136,3 +136,14 @@ def test_loso_refits_only_the_sources_the_fit_reads(loso):
     assert fitted_without("FlagOpen/FlagPerf") is catalog_fitted() or \
         fitted_without("FlagOpen/FlagPerf") == catalog_fitted()
     assert fitted_without("korthikanti2022")["excluded_sources"] == ["korthikanti2022"]
+
+
+def test_unstated_batch_split_falls_back_to_the_least_memory_when_nothing_fits():
+    """A run that ran did fit: when no unstated micro-batch size fits our memory model, the row is
+    scored at the one closest to fitting (the least memory), not at the fastest."""
+    from planner.fitting.published import compare_run
+    row = next(r for r in load_runs() if r["id"] == "nemo-longseq-llama2-7b-fp8-h100-4k")
+    c = compare_run(row)
+    assert not c.predicted.fits_memory
+    assert c.plan.strategy.mbs == 1
+    assert any("least memory" in a for a in c.assumptions)
