@@ -96,3 +96,21 @@ def test_event_engine_spreads_per_parameter_work_over_the_layers() -> None:
     # the pass costs the same in both engines, and adds no bubble
     assert e21.step_time_s - e22.step_time_s == pytest.approx(a21.step_time_s - a22.step_time_s, rel=0.05)
     assert e21.breakdown.bubble_s == pytest.approx(e22.breakdown.bubble_s, rel=0.1)
+
+
+def test_nemo_launcher_2024_runs_flash_attention_2_and_is_nemo_otherwise():
+    """NeMo Framework Launcher set NVTE_FUSED_ATTN=0 from 2024-02-13 to 2024-08-29: NeMo 24.03-24.07
+    containers ran Transformer Engine's FlashAttention (flash-attn 2) backend on Hopper."""
+    from dataclasses import fields
+
+    from planner.fitting.reference import framework_of
+    from sim.cost.framework import get_framework
+    era, now = get_framework("nemo-launcher-2024"), get_framework("nemo")
+    assert era.attention == "flash2" and now.attention == "flash"
+    same = {f.name for f in fields(era)} - {"id", "name", "aliases", "attention", "source", "notes"}
+    assert all(getattr(era, k) == getattr(now, k) for k in same)
+    row = {"source": "x", "strategy": {}}
+    assert framework_of({**row, "framework": "NeMo 24.03.01 framework container"}).id == "nemo-launcher-2024"
+    assert framework_of({**row, "framework": "NeMo 24.05 container (launch.sh FW_VERSION=24.05)"}).id == "nemo-launcher-2024"
+    assert framework_of({**row, "framework": "NeMo 24.09 container (NeMo Launcher)"}).id == "nemo"
+    assert framework_of({**row, "framework": "NeMo 2 (25.04)"}).id == "nemo"

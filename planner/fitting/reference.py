@@ -239,7 +239,9 @@ def framework_of(row: dict) -> Framework:
     if "megatron-deepspeed" in text:
         return get_framework("megatron-deepspeed-fa2" if "flash-attn" in text else "megatron-deepspeed")
     if "nemo" in text:
-        return get_framework("nemo")
+        # NeMo 24.03-24.07 containers were launched by NeMo Framework Launcher with cuDNN attention off
+        launcher = re.search(r"nemo\s*24\.0([3-7])", text) is not None
+        return get_framework("nemo-launcher-2024" if launcher else "nemo")
     if "megatron-core" in text or "core_v" in text or "flagscale" in text:
         return get_framework("megatron-core-fa2" if "flash-attn 2" in text else "megatron-core")
     if "megatron" in text:
