@@ -270,3 +270,27 @@ def test_nemo_fp8_parameters_map_to_the_strategy(tmp_path, key):
     f.write_text(yaml.safe_dump(doc))
     r = read_recipe(str(f))
     assert r.settings["precision"] == "fp8" and r.settings.get("fp8_params") is True
+
+
+_TE_SCRIPT = """#!/bin/bash
+{env}
+torchrun --nproc_per_node 8 pretrain_gpt.py --tensor-model-parallel-size 2 --num-layers 32 --hidden-size 4096 \\
+  --num-attention-heads 32 --ffn-hidden-size 11008 --swiglu --seq-length 4096 --max-position-embeddings 4096 \\
+  --micro-batch-size 1 --global-batch-size 64 --bf16 --use-distributed-optimizer --sequence-parallel {args}
+"""
+
+
+@pytest.mark.parametrize("env,args,kernel", [
+    ("export NVTE_FUSED_ATTN=0", "", "flash2"),  # NeMo Framework Launcher 2024: cuDNN off, flash-attn runs
+    ("export NVTE_FLASH_ATTN=0\nexport NVTE_FUSED_ATTN=1", "", "flash"),  # cuDNN fused attention
+    ("export NVTE_FLASH_ATTN=0\nexport NVTE_FUSED_ATTN=0", "", "unfused"),
+    ("export NVTE_FUSED_ATTN=0", "--attention-backend fused", "flash"),  # Megatron's backend option wins
+    ("", "", None),  # nothing said: the profile's kernel
+])
+def test_transformer_engine_attention_env_picks_the_kernel(tmp_path, env, args, kernel):
+    path = tmp_path / "train.sh"
+    path.write_text(_TE_SCRIPT.format(env=env, args=args))
+    recipe = read_recipe(str(path))
+    assert recipe.plan.get("attention") == kernel
+    if kernel and not args:
+        assert any(k.key.startswith("export NVTE_") and k.maps_to == "plan.attention" for k in recipe.keys)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -98,6 +99,7 @@ def read_launch(path: str, text: str, *, model: Model | None = None) -> Recipe:
         if hint and not isinstance(exc, InfeasibleError):
             raise InputError(exc.field, exc.value, f"{exc.message} ({hint})") from None
         raise
+    recipe = te_attention_env(recipe, sh.variables, dict(options).get("--attention-backend"))
     ds = dict(options).get("--deepspeed_config") or dict(options).get("--deepspeed-config")
     if recipe.framework == "megatron-deepspeed" and isinstance(ds, str) and (Path(path).parent / ds).is_file():
         from planner.recipes.deepspeed import merge_megatron_deepspeed
@@ -105,6 +107,30 @@ def read_launch(path: str, text: str, *, model: Model | None = None) -> Recipe:
         cfg = json.loads((Path(path).parent / ds).read_text(encoding="utf-8"))
         recipe = merge_megatron_deepspeed(recipe, str(Path(path).parent / ds), cfg)
     return recipe
+
+
+def te_attention_env(recipe: Recipe, variables: dict[str, str], backend: object) -> Recipe:
+    """Transformer Engine's attention backend as the script's environment picks it.
+
+    TE's ``DotProductAttention`` enables FlashAttention (the flash-attn package) unless
+    ``NVTE_FLASH_ATTN=0`` and cuDNN fused attention unless ``NVTE_FUSED_ATTN=0``, and prefers cuDNN
+    on Hopper when both are on (TransformerEngine v1.4 ``transformer_engine/pytorch/attention.py``:
+    ``use_flash_attention`` / ``use_fused_attention`` from the two variables; "Select FusedAttention
+    on sm90").  Launch scripts of 2024 turned cuDNN off (NeMo Framework Launcher's
+    ``conf/config.yaml`` ``NVTE_FUSED_ATTN: 0``, 2024-02 to 2024-08; dgxc-benchmarking 24.11's GPT-3,
+    Grok-1 and Nemotron-4 340B scripts), which runs flash-attn 2 (``flash2``) on Hopper.
+    Megatron-Core's ``--attention-backend`` other than ``auto`` sets the variables itself, so it wins."""
+    if backend not in (None, "auto") or recipe.framework.startswith("megatron-deepspeed"):  # no TE attention there
+        return recipe
+    fused, flash = variables.get("NVTE_FUSED_ATTN"), variables.get("NVTE_FLASH_ATTN")
+    if fused is None and flash is None:
+        return recipe
+    fused_on, flash_on = fused != "0", flash != "0"
+    kernel = "flash" if fused_on else "flash2" if flash_on else "unfused"
+    keys = tuple(RecipeKey(key=f"export {n}", value=v, maps_to="plan.attention",
+                           note=f"{kernel}: Transformer Engine's attention backend from the environment")
+                 for n, v in (("NVTE_FUSED_ATTN", fused), ("NVTE_FLASH_ATTN", flash)) if v is not None)
+    return replace(recipe, plan={**recipe.plan, "attention": kernel}, keys=recipe.keys + keys)
 
 
 def _read_pytorchjob(path: str, doc: dict, model: Model | None) -> Recipe:
