@@ -114,3 +114,26 @@ def test_nemo_launcher_2024_runs_flash_attention_2_and_is_nemo_otherwise():
     assert framework_of({**row, "framework": "NeMo 24.05 container (launch.sh FW_VERSION=24.05)"}).id == "nemo-launcher-2024"
     assert framework_of({**row, "framework": "NeMo 24.09 container (NeMo Launcher)"}).id == "nemo"
     assert framework_of({**row, "framework": "NeMo 2 (25.04)"}).id == "nemo"
+
+
+def test_te_2025h1_has_no_fused_attention_beyond_head_dim_128_on_blackwell():
+    """Transformer Engine 2.0-2.5 (NeMo 25.02-25.07): cuDNN fused attention takes head dims <= 128 on
+    sm100; MLA falls back to unfused attention there, equal head dims up to 256 to flash-attn 2;
+    Hopper and head dim 128 keep the fused kernel."""
+    from planner.fitting.reference import framework_of
+    from sim.cost.framework import attention_kernel, get_framework
+    from sim.data.models import load_model
+    fw = get_framework("nemo-2025h1")
+    from sim.data.specs import Model
+    dsv3, llama = load_model("deepseek-v3"), load_model("llama3-70b")
+    nemotron = Model(name="nemotron4-340b-like", num_layers=96, hidden_size=18432, num_attention_heads=96,
+                     ffn_hidden_size=73728, vocab_size=256000, num_kv_heads=8)  # head dim 192
+    assert dsv3.is_mla and max(dsv3.qk_head_dim, dsv3.v_dim_per_head) > 128
+    assert attention_kernel(fw, dsv3, "blackwell") == "unfused"
+    assert attention_kernel(fw, dsv3, "hopper") == "flash"
+    assert nemotron.dim_per_head == 192 and attention_kernel(fw, nemotron, "blackwell") == "flash2"
+    assert attention_kernel(fw, llama, "blackwell") == "flash"
+    assert attention_kernel(get_framework("nemo"), dsv3, "blackwell") == "flash"  # TE 2.6+: lifted
+    row = {"source": "x", "strategy": {}}
+    assert framework_of({**row, "framework": "NeMo 25.04.01 container, NeMo 2.0 scripts"}).id == "nemo-2025h1"
+    assert framework_of({**row, "framework": "NeMo 25.09 container"}).id == "nemo"

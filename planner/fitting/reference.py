@@ -241,7 +241,9 @@ def framework_of(row: dict) -> Framework:
     if "nemo" in text:
         # NeMo 24.03-24.07 containers were launched by NeMo Framework Launcher with cuDNN attention off
         launcher = re.search(r"nemo\s*24\.0([3-7])", text) is not None
-        return get_framework("nemo-launcher-2024" if launcher else "nemo")
+        # NeMo 25.02-25.07 containers carry Transformer Engine 2.0-2.5 (fused attention <= head dim 128 on Blackwell)
+        te2 = re.search(r"nemo\s*25\.0([2-7])", text) is not None
+        return get_framework("nemo-launcher-2024" if launcher else "nemo-2025h1" if te2 else "nemo")
     if "megatron-core" in text or "core_v" in text or "flagscale" in text:
         return get_framework("megatron-core-fa2" if "flash-attn 2" in text else "megatron-core")
     if "megatron" in text:

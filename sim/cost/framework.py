@@ -188,6 +188,30 @@ def _host_syncs(r: Record) -> HostSyncs:
 PIPELINE_SCHEDULE_PER = ("step", "local_batch")
 
 
+def _attention_head_dim_limits(r: Record) -> tuple[tuple[str, int], ...]:
+    if not r.has("fused_attention_max_head_dim"):
+        return ()
+    m = r.mapping("fused_attention_max_head_dim")
+    return tuple((arch, int(m.integer(arch))) for arch in m.rec if arch != "source")
+
+
+def attention_kernel(fw: "Framework", model: object, architecture: str) -> str:
+    """The attention kernel ``fw`` runs for ``model`` on ``architecture``: its profile's, unless the
+    model's head dimension exceeds what the stack's fused (cuDNN) kernels take on that architecture
+    (``fused_attention_max_head_dim``).  Transformer Engine then falls back to FlashAttention-2
+    (``flash2``) for equal Q/K/V head dimensions up to 256, and to its unfused attention for MLA's
+    unequal ones (FlashAttention is off for MLA, FA3 is Hopper-only) or beyond 256
+    (TransformerEngine v2.3 pytorch/attention/dot_product_attention/utils.py get_attention_backend)."""
+    limit = dict(fw.fused_attention_max_head_dim).get(architecture)
+    if limit is None or fw.attention == "unfused":
+        return fw.attention
+    if getattr(model, "is_mla", False):
+        dims = (getattr(model, "qk_head_dim", 0), getattr(model, "v_dim_per_head", 0))
+        return "unfused" if max(dims) > limit else fw.attention
+    d = getattr(model, "dim_per_head", 0)
+    return fw.attention if d <= limit else "flash2" if d <= 256 else "unfused"
+
+
 def _fused_ops(r: Record) -> tuple[str, ...]:
     ops = r.strings("fused_ops")
     for name in ops:
@@ -236,6 +260,9 @@ class Framework:
     # how its data-parallel gradient reduction is bucketed (sim.data.runtime.GRAD_BUCKETS); default by
     # model_states: megatron -> megatron, deepspeed -> deepspeed, torch_amp -> ddp
     grad_buckets: str = "megatron"
+    # the largest head dimension its fused attention kernels take, per GPU architecture (beyond it:
+    # unfused attention, sim.cost.framework.attention_kernel); none: no limit
+    fused_attention_max_head_dim: tuple[tuple[str, int], ...] = ()
     aliases: tuple[str, ...] = ()
     source: str = ""
     notes: str = ""
@@ -246,7 +273,7 @@ _KEYS = ("id", "name", "aliases", "attention", "dp_overlap", "elementwise", "sel
          "fp8_weight_cache", "family", "capabilities", "moe_dispatcher", "optimizer", "dp_impl", "model_states",
          "fp8_saved_inputs", "deepspeed_bf16_optimizer", "zero3_gather", "tp_overlap_kind", "host_syncs", "source",
          "notes", "fused_ops", "pipeline_schedule_per", "allocator", "grad_buckets",
-         "saved_activations")
+         "saved_activations", "fused_attention_max_head_dim")
 _BUCKETS_BY_STATES = {"megatron": "megatron", "deepspeed": "deepspeed", "torch_amp": "ddp"}
 
 
@@ -281,6 +308,7 @@ def _frameworks() -> dict[str, Framework]:
                        pipeline_schedule_per=r.text("pipeline_schedule_per", default="step",
                                                     choices=PIPELINE_SCHEDULE_PER),
                        allocator=r.text("allocator", default="caching", choices=ALLOCATORS),
+                       fused_attention_max_head_dim=_attention_head_dim_limits(r),
                        grad_buckets=r.text("grad_buckets", choices=GRAD_BUCKETS,
                                            default=_BUCKETS_BY_STATES.get(r.text("model_states"), "megatron")),
                        aliases=r.strings("aliases", lower=False),
@@ -303,7 +331,10 @@ def apply_framework(plan_kwargs: dict, fw: Framework) -> dict:
     """Plan keyword arguments for ``fw`` (attention kernel, element-wise fusion, policy,
     optimizer implementation, model-state layout).  What the profile does to a strategy the
     user left silent (``dp_overlap``, the fp8 recipe, ``dp_impl``) is ``sim.engines.run.complete_strategy``."""
-    return {**plan_kwargs, "attention": fw.attention, "eager_elementwise": fw.eager_elementwise,
+    cluster = plan_kwargs.get("cluster")
+    attention = fw.attention if cluster is None else attention_kernel(fw, plan_kwargs.get("model"),
+                                                                        cluster.gpu.architecture)
+    return {**plan_kwargs, "attention": attention, "eager_elementwise": fw.eager_elementwise,
             "eager_activations": fw.eager_activations,
             "selective_policy": fw.selective_recompute, "grad_accumulation": fw.grad_accumulation,
             "fsdp_copies": fw.fsdp_copies, "loss": fw.loss, "fp8_weight_cache": fw.fp8_weight_cache,
