@@ -21,9 +21,9 @@ TOLERANCES = {
     "pytorch/torchtitan": (0.09, 0.36, "torchtitan on 500 W H100 HBM2e (peak unknown, +-8%); context-parallel rows at "
                                        "131k-262k tokens run ~30% slower than FlashAttention-2 plus the ring's per-step "
                                        "cost"),
-    "NVIDIA/dgxc-benchmarking": (0.06, 0.64, "NeMo recipes: DeepSeek-V3 on GB200 (25.05) runs at 10% MFU, 2.5x slower "
-                                             "than modelled (-60/-62% with its recipe's MTP and pipeline split); on "
-                                             "H100 -4/-10% since MTP is priced (was -21/-25%)"),
+    "NVIDIA/dgxc-benchmarking": (0.05, 0.45, "NeMo recipes: DeepSeek-V3 on GB200 (25.05) runs at 10% MFU: -41/-39% with "
+                                             "its recipe's MTP and pipeline split and TE 2.x's unfused MLA attention on "
+                                             "Blackwell (was -62/-60%); on H100 -4/-10% since MTP is priced"),
     "NVIDIA-NeMo/Automodel": (0.16, 0.27, "Automodel: DeepEP sends one copy per destination rank/node and the "
                                           "benchmark's FakeBalancedGate puts a token's experts on 1-2 ranks; the "
                                           "gpt-oss rows run the ep_size of their linked configs; a pipeline flush "
@@ -32,19 +32,23 @@ TOLERANCES = {
                                           "DeepSeek-V3 256 -13%: the fusion exposes a missing cost of the MoE rows"),
     "yanring/Megatron-MoE-ModelZoo": (0.18, 0.23, "Qwen3-235B on GB200/GB300 with CUDA graphs runs 4-18% fast; the "
                                                   "128k-token row's activation offload is not modelled (+21%)"),
-    "NVIDIA/NeMo": (0.32, 0.35, "NeMo 24.03 long-sequence: TFLOPS-only rows (FLOP convention counts the full "
-                                "attention square); 16k-1M tokens run 21-32% slower, already without CP"),
-    "FlagOpen/FlagPerf": (0.09, 0.38, "FlagPerf: Mixtral row's README states EP inconsistently (-36%); "
-                                      "Megatron-DeepSpeed rows -20..-22%; A800 rows on 8 GPUs 5-10% fast"),
+    "NVIDIA/NeMo": (0.10, 0.18, "NeMo 24.03 long-sequence: TFLOPS-only rows (FLOP convention counts the full "
+                                "attention square); NeMo Framework Launcher ran flash-attn 2 (NVTE_FUSED_ATTN=0), "
+                                "-0.3..+15%, the 1M-token row (CP 32) the furthest"),
+    "FlagOpen/FlagPerf": (0.09, 0.35, "FlagPerf: Mixtral row's README states EP inconsistently (-33%); "
+                                      "Megatron-DeepSpeed rows -16/-18% (eager SwiGLU/RoPE priced); A800 rows on 8 GPUs "
+                                      "5-10% fast"),
     "mlcommons/training_results_v4.1": (0.06, 0.12, "MLPerf GPT-3 175B: H100 256-GPU row +8%, B200 -5%"),
     "mlcommons/training_results_v5.0": (0.06, 0.15, "MLPerf Llama 3.1 405B on H100/GB200 (CUDA graphs): H100 within "
                                                     "-1..+5%, GB200 512 -13%"),
-    "mlcommons/training_results_v5.1": (0.16, 0.30, "MLPerf Llama 3.1 8B: small per-GPU work (8-16k tokens per GPU per "
-                                                    "step) on 64-128 H100 runs 14-28% slower than modelled"),
+    "mlcommons/training_results_v5.1": (0.15, 0.28, "MLPerf Llama 3.1 8B: small per-GPU work (8-16k tokens per GPU per "
+                                                    "step) on 64-128 H100 runs 14-27% slower than modelled (the last "
+                                                    "gradient bucket priced)"),
 }
-OVERALL = {"median_abs_step_error": 0.065, "p90_abs_step_error": 0.24}  # p90 0.30 -> 0.22 with DeepEP dedup
+# p90 0.30 -> 0.22 with DeepEP dedup; median 0.061 -> 0.053, p90 0.226 -> 0.176 with issue 23's fourth pass
+OVERALL = {"median_abs_step_error": 0.058, "p90_abs_step_error": 0.19}
 # The lean (issue 23): the median signed error must stay inside this band.
-SIGNED_MEDIAN = (-0.06, 0.02)
+SIGNED_MEDIAN = (-0.055, 0.02)
 MEMORY_MEDIAN = 0.11  # device-level (FlagPerf nvidia-smi) and reserved (torchtitan) memory, all rows; 10.6% with
 # NCCL's NVLS buffers per communicator on NVLink4 NVSwitch (Hopper rows); 12.5% with the FSDP2
 # reduce-scatter stream pool, Megatron's extra communicators and TE's fp8 weight cache (was 14.8%)
