@@ -119,21 +119,28 @@ def test_nemo_launcher_2024_runs_flash_attention_2_and_is_nemo_otherwise():
 def test_te_2025h1_has_no_fused_attention_beyond_head_dim_128_on_blackwell():
     """Transformer Engine 2.0-2.5 (NeMo 25.02-25.07): cuDNN fused attention takes head dims <= 128 on
     sm100; MLA falls back to unfused attention there, equal head dims up to 256 to flash-attn 2;
-    Hopper and head dim 128 keep the fused kernel."""
+    Hopper and head dim 128 keep the fused kernel.  Every path builds its Plan from the profile, and
+    costs read Plan.attention_kernel."""
     from planner.fitting.reference import framework_of
-    from sim.cost.framework import attention_kernel, get_framework
+    from sim.cost.framework import apply_framework, get_framework
+    from sim.cost.plan import Plan, parse_strategy
     from sim.data.models import load_model
-    fw = get_framework("nemo-2025h1")
     from sim.data.specs import Model
+    from tests.conftest import cluster
+
+    def kernel(fw: str, model, gpu: str) -> str:
+        kw = {"model": model, "cluster": cluster(gpu, 8), "strategy": parse_strategy("tp=1,mbs=1,gbs=8", num_gpus=8)}
+        return Plan(**apply_framework(kw, get_framework(fw))).attention_kernel
+
     dsv3, llama = load_model("deepseek-v3"), load_model("llama3-70b")
     nemotron = Model(name="nemotron4-340b-like", num_layers=96, hidden_size=18432, num_attention_heads=96,
                      ffn_hidden_size=73728, vocab_size=256000, num_kv_heads=8)  # head dim 192
     assert dsv3.is_mla and max(dsv3.qk_head_dim, dsv3.v_dim_per_head) > 128
-    assert attention_kernel(fw, dsv3, "blackwell") == "unfused"
-    assert attention_kernel(fw, dsv3, "hopper") == "flash"
-    assert nemotron.dim_per_head == 192 and attention_kernel(fw, nemotron, "blackwell") == "flash2"
-    assert attention_kernel(fw, llama, "blackwell") == "flash"
-    assert attention_kernel(get_framework("nemo"), dsv3, "blackwell") == "flash"  # TE 2.6+: lifted
+    assert kernel("nemo-2025h1", dsv3, "b200-180gb") == "unfused"
+    assert kernel("nemo-2025h1", dsv3, "h100-80gb") == "flash"
+    assert nemotron.dim_per_head == 192 and kernel("nemo-2025h1", nemotron, "b200-180gb") == "flash2"
+    assert kernel("nemo-2025h1", llama, "b200-180gb") == "flash"
+    assert kernel("nemo", dsv3, "b200-180gb") == "flash"  # TE 2.6+: lifted
     row = {"source": "x", "strategy": {}}
     assert framework_of({**row, "framework": "NeMo 25.04.01 container, NeMo 2.0 scripts"}).id == "nemo-2025h1"
     assert framework_of({**row, "framework": "NeMo 25.09 container"}).id == "nemo"

@@ -271,7 +271,7 @@ class FastModel:
         if dense is None:
             ends = end_costs(plan, self.eff)
             dense = self._dense[dkey] = _layer_vector(cost(False)) + [getattr(ends, n) for n in _ENDS]
-        acts = layer_activations(model, s, attention=probe.attention, selective_policy=probe.selective_policy,
+        acts = layer_activations(model, s, attention=probe.attention_kernel, selective_policy=probe.selective_policy,
                                  eager=probe.eager_activations, fp8_saved_inputs=probe.fp8_saved_inputs,
                                  moe_imbalance=probe.moe_imbalance)
         back = max(layer_backward_bytes(model, s, moe=False),

@@ -428,7 +428,7 @@ def plan_layer_ops(plan: Plan, strategy: Strategy, eff: KernelEfficiency, *, moe
     """``sim.layers.ops.layer_ops`` with the plan's framework settings and the fp8 recipe's fitted
     quantization cost."""
     q = eff.fp8_recipe(strategy.fp8_recipe).quantize_bytes_per_element if strategy.precision == "fp8" else 0.0
-    return layer_ops(plan.model, strategy, moe=moe, attention=plan.attention, fp8_quantize_bytes_per_element=q,
+    return layer_ops(plan.model, strategy, moe=moe, attention=plan.attention_kernel, fp8_quantize_bytes_per_element=q,
                      moe_imbalance=plan.moe_imbalance)
 
 
@@ -491,7 +491,7 @@ def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | N
 def _layer_act_bytes(plan: Plan) -> tuple[float, float]:
     """Saved activations of a dense and of an MoE layer per micro-batch, as ``sim.cost.memory``
     counts them."""
-    dense, moe, *_ = layer_activations(plan.model, plan.strategy, attention=plan.attention,
+    dense, moe, *_ = layer_activations(plan.model, plan.strategy, attention=plan.attention_kernel,
                                        selective_policy=plan.selective_policy, eager=plan.eager_activations,
                                        fp8_saved_inputs=plan.fp8_saved_inputs, moe_imbalance=plan.moe_imbalance)
     return dense, moe

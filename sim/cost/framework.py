@@ -195,23 +195,6 @@ def _attention_head_dim_limits(r: Record) -> tuple[tuple[str, int], ...]:
     return tuple((arch, int(m.integer(arch))) for arch in m.rec if arch != "source")
 
 
-def attention_kernel(fw: "Framework", model: object, architecture: str) -> str:
-    """The attention kernel ``fw`` runs for ``model`` on ``architecture``: its profile's, unless the
-    model's head dimension exceeds what the stack's fused (cuDNN) kernels take on that architecture
-    (``fused_attention_max_head_dim``).  Transformer Engine then falls back to FlashAttention-2
-    (``flash2``) for equal Q/K/V head dimensions up to 256, and to its unfused attention for MLA's
-    unequal ones (FlashAttention is off for MLA, FA3 is Hopper-only) or beyond 256
-    (TransformerEngine v2.3 pytorch/attention/dot_product_attention/utils.py get_attention_backend)."""
-    limit = dict(fw.fused_attention_max_head_dim).get(architecture)
-    if limit is None or fw.attention == "unfused":
-        return fw.attention
-    if getattr(model, "is_mla", False):
-        dims = (getattr(model, "qk_head_dim", 0), getattr(model, "v_dim_per_head", 0))
-        return "unfused" if max(dims) > limit else fw.attention
-    d = getattr(model, "dim_per_head", 0)
-    return fw.attention if d <= limit else "flash2" if d <= 256 else "unfused"
-
-
 def _fused_ops(r: Record) -> tuple[str, ...]:
     ops = r.strings("fused_ops")
     for name in ops:
@@ -260,8 +243,8 @@ class Framework:
     # how its data-parallel gradient reduction is bucketed (sim.data.runtime.GRAD_BUCKETS); default by
     # model_states: megatron -> megatron, deepspeed -> deepspeed, torch_amp -> ddp
     grad_buckets: str = "megatron"
-    # the largest head dimension its fused attention kernels take, per GPU architecture (beyond it:
-    # unfused attention, sim.cost.framework.attention_kernel); none: no limit
+    # the largest head dimension its fused attention kernels take, per GPU architecture (beyond it
+    # Transformer Engine falls back: sim.cost.plan.Plan.attention_kernel); none: no limit
     fused_attention_max_head_dim: tuple[tuple[str, int], ...] = ()
     aliases: tuple[str, ...] = ()
     source: str = ""
@@ -331,10 +314,7 @@ def apply_framework(plan_kwargs: dict, fw: Framework) -> dict:
     """Plan keyword arguments for ``fw`` (attention kernel, element-wise fusion, policy,
     optimizer implementation, model-state layout).  What the profile does to a strategy the
     user left silent (``dp_overlap``, the fp8 recipe, ``dp_impl``) is ``sim.engines.run.complete_strategy``."""
-    cluster = plan_kwargs.get("cluster")
-    attention = fw.attention if cluster is None else attention_kernel(fw, plan_kwargs.get("model"),
-                                                                        cluster.gpu.architecture)
-    return {**plan_kwargs, "attention": attention, "eager_elementwise": fw.eager_elementwise,
+    return {**plan_kwargs, "attention": fw.attention, "eager_elementwise": fw.eager_elementwise,
             "eager_activations": fw.eager_activations,
             "selective_policy": fw.selective_recompute, "grad_accumulation": fw.grad_accumulation,
             "fsdp_copies": fw.fsdp_copies, "loss": fw.loss, "fp8_weight_cache": fw.fp8_weight_cache,
@@ -342,7 +322,8 @@ def apply_framework(plan_kwargs: dict, fw: Framework) -> dict:
             "optimizer_impl": fw.optimizer, "state_layout": fw.model_states, "fp8_saved_inputs": fw.fp8_saved_inputs,
             "deepspeed_bf16_optimizer": fw.deepspeed_bf16_optimizer, "zero3_gather": fw.zero3_gather,
             "tp_overlap_kind": fw.tp_overlap_kind, "host_syncs": fw.host_syncs, "fused_ops": fw.fused_ops,
-            "allocator": fw.allocator, "grad_buckets": fw.grad_buckets}
+            "allocator": fw.allocator, "grad_buckets": fw.grad_buckets,
+            "fused_attention_max_head_dim": fw.fused_attention_max_head_dim}
 
 
 def list_frameworks() -> list[Framework]:

@@ -549,7 +549,7 @@ def plan_memory(plan: "Plan") -> MemoryBreakdown:
     """``memory_breakdown`` with everything a ``Plan`` says (attention kernel, selective policy,
     saved-activation accounting, model-state layout, MoE imbalance); both engines report memory
     through this one call."""
-    return memory_breakdown(plan.model, plan.cluster, plan.strategy, attention=plan.attention,
+    return memory_breakdown(plan.model, plan.cluster, plan.strategy, attention=plan.attention_kernel,
                             selective_policy=plan.selective_policy, loss=plan.loss, eager=plan.eager_activations,
                             fp8_saved_inputs=plan.fp8_saved_inputs, layout=state_layout(plan.state_layout),
                             moe_imbalance=plan.moe_imbalance, bf16_optimizer=plan.deepspeed_bf16_optimizer,

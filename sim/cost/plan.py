@@ -130,6 +130,28 @@ class Plan:
     # how the data-parallel gradient reduction is bucketed (GRAD_BUCKETS; catalogs/runtime.yaml
     # grad_buckets): the last bucket is never hidden (sim.cost.step.stage_pieces dp_tail_share)
     grad_buckets: str = "megatron"
+    # (GPU architecture, largest head dimension) the stack's fused attention kernels take there
+    # (a framework's fused_attention_max_head_dim): beyond it the kernel falls back (attention_kernel)
+    fused_attention_max_head_dim: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def attention_kernel(self) -> str:
+        """The attention kernel this plan runs: ``attention``, unless the model's head dimension
+        exceeds what the stack's fused (cuDNN) kernels take on the GPU's architecture
+        (``fused_attention_max_head_dim``).  Transformer Engine then falls back to FlashAttention-2
+        (``flash2``) for equal Q/K/V head dimensions up to 256, and to its unfused attention for
+        MLA's unequal ones (FlashAttention is off for MLA, FA3 is Hopper-only) or beyond 256
+        (TransformerEngine v2.3 pytorch/attention/dot_product_attention/utils.py
+        get_attention_backend).  Costs and memory read this; exports and reports the requested
+        ``attention`` (the launched stack makes the same fallback)."""
+        limit = dict(self.fused_attention_max_head_dim).get(self.cluster.gpu.architecture)
+        if limit is None or self.attention == "unfused":
+            return self.attention
+        m = self.model
+        if m.is_mla:
+            return "unfused" if max(m.qk_head_dim, m.v_dim_per_head) > limit else self.attention
+        d = m.dim_per_head
+        return self.attention if d <= limit else "flash2" if d <= 256 else "unfused"
 
     @property
     def bf16_optimizer_active(self) -> bool:
