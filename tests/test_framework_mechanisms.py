@@ -144,3 +144,26 @@ def test_te_2025h1_has_no_fused_attention_beyond_head_dim_128_on_blackwell():
     row = {"source": "x", "strategy": {}}
     assert framework_of({**row, "framework": "NeMo 25.04.01 container, NeMo 2.0 scripts"}).id == "nemo-2025h1"
     assert framework_of({**row, "framework": "NeMo 25.09 container"}).id == "nemo"
+
+
+@pytest.mark.parametrize("framework", ["megatron-core-fa2", "megatron-lm-2021"])
+def test_megatron_of_its_year_runs_the_loss_eagerly_and_the_rest_fused(framework):
+    """Megatron-LM before core_v0.9 has no fused cross entropy: _VocabParallelCrossEntropy's eager ops
+    on fp32 logits; its norms, activation, bias-dropout-add (and TE's fp8 casts) are fused kernels.
+    Its saved activations are Megatron's."""
+    from dataclasses import replace
+
+    from sim.engines.analytic import simulate_analytic
+    from sim.cost.memory import plan_memory
+    fw = get_framework(framework)
+    assert fw.eager_elementwise and not fw.eager_activations
+    assert "cross_entropy" not in fw.fused_ops and {"norm_attn", "activation", "residual_dropout_mlp"} <= set(fw.fused_ops)
+    prec = "fp8" if framework == "megatron-core-fa2" else "fp16"
+    p = _plan(framework, f"tp=1,pp=1,mbs=1,gbs=8,precision={prec}", model="llama3-8b", gpu="h100-80gb", n=8).checked()
+    fused_loss = replace(p, fused_ops=p.fused_ops + ("cross_entropy",))
+    assert simulate_analytic(p).step_time_s > simulate_analytic(fused_loss).step_time_s
+    assert plan_memory(p).activations_bytes == plan_memory(fused_loss).activations_bytes
+    if prec == "fp8":  # TE's fp8 casts stay fused kernels
+        assert "fp8_cast" in fw.fused_ops
+        eager_casts = replace(p, fused_ops=tuple(o for o in p.fused_ops if o != "fp8_cast"))
+        assert simulate_analytic(eager_casts).step_time_s > simulate_analytic(p).step_time_s

@@ -19,7 +19,7 @@ from typing import Iterable, Mapping
 from sim.data.catalog import catalog_document
 from sim.base.errors import InputError
 from sim.base.records import Record
-from sim.layers.ops import BF16_GEMMS, Op
+from sim.layers.ops import BF16_GEMMS, Op, fusible_name
 from sim.data.specs import Gpu
 from sim.layers.variability import slowest_rank_factor
 
@@ -363,7 +363,7 @@ def op_times(gpu: Gpu, precision: str, ops: tuple[Op, ...], eff: KernelEfficienc
     key = (ops, precision, eager, tuple(fused))
     got = table.get(key)
     if got is None:
-        got = tuple(op_time(gpu, precision, op, eff, eager=eager and op.name not in fused) for op in ops)
+        got = tuple(op_time(gpu, precision, op, eff, eager=eager and fusible_name(op.name) not in fused) for op in ops)
         if all(op.kind != "attention" or op.backward_flops_per_forward is not None for op in ops):
             if len(table) >= _MEMO_MAX:
                 table.clear()

@@ -101,9 +101,15 @@ def _gemm(name: str, m: int, n: int, k: int, *, batch: int = 1, elt_bytes: float
 
 # memory-bound ops a framework may run as one fused kernel while its other element-wise ops run
 # eagerly (``Plan.fused_ops``, a profile's ``fused_ops``): the names ``_mem`` gives them below
+# ("fp8_cast" names every linear layer's fp8 quantization op, fp8_cast_<linear>)
 FUSIBLE_OPS: tuple[str, ...] = ("norm_attn", "norm_mlp", "final_norm", "rope", "router_topk_permute",
                                 "activation", "expert_activation", "shared_activation", "softmax_dropout",
-                                "residual_dropout_attn", "residual_dropout_mlp", "cross_entropy")
+                                "residual_dropout_attn", "residual_dropout_mlp", "cross_entropy", "fp8_cast")
+
+
+def fusible_name(name: str) -> str:
+    """The ``FUSIBLE_OPS`` name an op answers to (its own, or ``fp8_cast`` for a linear's cast)."""
+    return "fp8_cast" if name.startswith("fp8_cast_") else name
 
 
 def _mem(name: str, hbm_bytes: float, **kw: object) -> Op:
