@@ -107,13 +107,20 @@ def test_nemo_launcher_2024_runs_flash_attention_2_and_is_nemo_otherwise():
     from sim.cost.framework import get_framework
     era, now = get_framework("nemo-launcher-2024"), get_framework("nemo")
     assert era.attention == "flash2" and now.attention == "flash"
-    same = {f.name for f in fields(era)} - {"id", "name", "aliases", "attention", "source", "notes"}
+    same = {f.name for f in fields(era)} - {"id", "name", "aliases", "attention", "source", "notes",
+                                            "eager_elementwise", "eager_activations", "fused_ops"}
     assert all(getattr(era, k) == getattr(now, k) for k in same)
     row = {"source": "x", "strategy": {}}
     assert framework_of({**row, "framework": "NeMo 24.03.01 framework container"}).id == "nemo-launcher-2024"
     assert framework_of({**row, "framework": "NeMo 24.05 container (launch.sh FW_VERSION=24.05)"}).id == "nemo-launcher-2024"
-    assert framework_of({**row, "framework": "NeMo 24.09 container (NeMo Launcher)"}).id == "nemo"
-    assert framework_of({**row, "framework": "NeMo 2 (25.04)"}).id == "nemo"
+    assert framework_of({**row, "framework": "NeMo 24.09 container (NeMo Launcher)"}).id == "nemo-launcher-2024h2"
+    assert framework_of({**row, "framework": "NVIDIA NeMo Framework 24.09"}).id == "nemo"  # not said to be NeMo 1
+    assert framework_of({**row, "framework": "NeMo 2 (25.10)"}).id == "nemo"
+    # NeMo 1 (the launcher's scripts): the loss and MoE permutation eager, the rest fused
+    h2 = get_framework("nemo-launcher-2024h2")
+    assert h2.attention == "flash" and h2.eager_elementwise and not h2.eager_activations
+    assert "cross_entropy" not in h2.fused_ops and "router_topk_permute" not in h2.fused_ops
+    assert era.fused_ops == h2.fused_ops
 
 
 def test_te_2025h1_has_no_fused_attention_beyond_head_dim_128_on_blackwell():

@@ -45,10 +45,10 @@ TOLERANCES = {
                                                     "step) on 64-128 H100 runs 14-27% slower than modelled (the last "
                                                     "gradient bucket priced)"),
 }
-# p90 0.30 -> 0.22 with DeepEP dedup; median 0.061 -> 0.048, p90 0.226 -> 0.176 with issue 23's fourth pass
-OVERALL = {"median_abs_step_error": 0.053, "p90_abs_step_error": 0.19}
+# p90 0.30 -> 0.22 with DeepEP dedup; median 0.061 -> 0.047, p90 0.226 -> 0.176 with issue 23's fourth pass
+OVERALL = {"median_abs_step_error": 0.052, "p90_abs_step_error": 0.19}
 # The lean (issue 23): the median signed error must stay inside this band.
-SIGNED_MEDIAN = (-0.05, 0.02)
+SIGNED_MEDIAN = (-0.045, 0.02)
 MEMORY_MEDIAN = 0.11  # device-level (FlagPerf nvidia-smi) and reserved (torchtitan) memory, all rows; 10.6% with
 # NCCL's NVLS buffers per communicator on NVLink4 NVSwitch (Hopper rows); 12.5% with the FSDP2
 # reduce-scatter stream pool, Megatron's extra communicators and TE's fp8 weight cache (was 14.8%)

@@ -240,10 +240,16 @@ def framework_of(row: dict) -> Framework:
         return get_framework("megatron-deepspeed-fa2" if "flash-attn" in text else "megatron-deepspeed")
     if "nemo" in text:
         # NeMo 24.03-24.07 containers were launched by NeMo Framework Launcher with cuDNN attention off
-        launcher = re.search(r"nemo\s*24\.0([3-7])", text) is not None
-        # NeMo 25.02-25.07 containers carry Transformer Engine 2.0-2.5 (fused attention <= head dim 128 on Blackwell)
-        te2 = re.search(r"nemo\s*25\.0([2-7])", text) is not None
-        return get_framework("nemo-launcher-2024" if launcher else "nemo-2025h1" if te2 else "nemo")
+        version = re.search(r"(?:nemo(?:\s+framework)?|fw_version)\s*(2[45])\.(\d\d)", text)
+        yy, mm = (int(version.group(1)), int(version.group(2))) if version else (0, 0)
+        nemo1 = "launcher" in text or "launch.sh" in text  # NeMo Framework Launcher / NeMo 1 scripts
+        if yy == 24 and 3 <= mm <= 7:  # NeMo Framework Launcher with cuDNN attention off
+            return get_framework("nemo-launcher-2024")
+        if yy == 24 and mm >= 9 and nemo1:  # NeMo 1 scripts: eager loss and MoE permutation
+            return get_framework("nemo-launcher-2024h2")
+        if yy == 25 and 2 <= mm <= 7:  # Transformer Engine 2.0-2.5: fused attention <= head dim 128 on Blackwell
+            return get_framework("nemo-2025h1")
+        return get_framework("nemo")
     if "megatron-core" in text or "core_v" in text or "flagscale" in text:
         return get_framework("megatron-core-fa2" if "flash-attn 2" in text else "megatron-core")
     if "megatron" in text:
