@@ -155,7 +155,7 @@ def test_te_2025h1_has_no_fused_attention_beyond_head_dim_128_on_blackwell():
 
 @pytest.mark.parametrize("framework", ["megatron-core-fa2", "megatron-lm-2021"])
 def test_megatron_of_its_year_runs_the_loss_eagerly_and_the_rest_fused(framework):
-    """Megatron-LM before core_v0.9 has no fused cross entropy: _VocabParallelCrossEntropy's eager ops
+    """Megatron-LM before core_v0.8 has no fused cross entropy: _VocabParallelCrossEntropy's eager ops
     on fp32 logits; its norms, activation, bias-dropout-add (and TE's fp8 casts) are fused kernels.
     Its saved activations are Megatron's."""
     from dataclasses import replace
