@@ -174,3 +174,18 @@ def test_megatron_of_its_year_runs_the_loss_eagerly_and_the_rest_fused(framework
         assert "fp8_cast" in fw.fused_ops
         eager_casts = replace(p, fused_ops=tuple(o for o in p.fused_ops if o != "fp8_cast"))
         assert simulate_analytic(eager_casts).step_time_s > simulate_analytic(p).step_time_s
+
+
+def test_torchtitan_compile_fuses_the_blocks_and_runs_norm_head_and_loss_eagerly():
+    """torchtitan (9dec370) compiles each TransformerBlock; the final norm and the loss on fp32 logits
+    stay eager; the blocks' saved activations are counted fused."""
+    from dataclasses import replace
+
+    from sim.engines.analytic import simulate_analytic
+    fw = get_framework("torchtitan-compile")
+    assert fw.eager_elementwise and not fw.eager_activations
+    assert {"final_norm", "cross_entropy"}.isdisjoint(fw.fused_ops)
+    assert {"norm_attn", "norm_mlp", "rope", "activation", "fp8_cast"} <= set(fw.fused_ops)
+    p = _plan("torchtitan-compile", "tp=1,pp=1,mbs=1,gbs=8,zero=3", model="llama3-8b", gpu="h100-80gb", n=8).checked()
+    fused_head = replace(p, fused_ops=p.fused_ops + ("final_norm", "cross_entropy"))
+    assert simulate_analytic(p).step_time_s > simulate_analytic(fused_head).step_time_s
