@@ -239,7 +239,7 @@ def framework_of(row: dict) -> Framework:
     if "megatron-deepspeed" in text:
         return get_framework("megatron-deepspeed-fa2" if "flash-attn" in text else "megatron-deepspeed")
     if "nemo" in text:
-        # NeMo 24.03-24.07 containers were launched by NeMo Framework Launcher with cuDNN attention off
+        # the container version decides the era profile (catalogs/frameworks.yaml, each with its source)
         version = re.search(r"(?:nemo(?:\s+framework)?|fw_version)\s*(2[45])\.(\d\d)", text)
         yy, mm = (int(version.group(1)), int(version.group(2))) if version else (0, 0)
         nemo1 = "launcher" in text or "launch.sh" in text  # NeMo Framework Launcher / NeMo 1 scripts
