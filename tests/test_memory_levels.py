@@ -320,7 +320,40 @@ def test_event_engine_prices_fsdp_with_pipelining_once_per_step_like_the_analyti
     eng.run()
     log = eng.log + eng.comm_log()
     assert not [e for e in log if "all-gather" in e.name or "reduce-scatter F" in e.name]
-    assert sum("once per step" in e.name for e in log) == len(eng.sc.units)
+    assert sum("after the last schedule" in e.name for e in log) == len(eng.sc.units)
+    assert not [e for e in log if "between schedules" in e.name]
+
+
+def test_fsdp_with_pipelining_syncs_once_per_schedule_in_both_engines():
+    """NeMo Automodel runs one pipeline schedule per local batch (Plan.pipeline_flushes); each
+    schedule.step ends with PipelineStage.perform_reduce_grad (FSDP post-backward: reduce-scatter
+    and reshard), so a step of k schedules pays k exposed syncs: the analytic engine adds stage
+    0's (k - 1) between schedules, the event engine logs one per stage between schedules."""
+    from dataclasses import replace
+
+    from sim.layers.compute import default_efficiency
+    from sim.cost.costs import default_network, step_costs
+    from sim.engines.event.engine import Engine
+    from sim.engines.event.resources import LinkTable
+    from sim.engines.event.scenario import Scenario
+    from sim.engines.simulate import simulate
+
+    one = _plan("llama3-8b", 16, "pp=2,dp=8,mbs=1,gbs=64,seq=8192,zero=3,recompute=full", "automodel")
+    two = replace(one, pipeline_flushes=2)
+    net, eff = default_network(one.cluster), default_efficiency()
+    costs = step_costs(two, net, eff)
+    sync0 = costs.stages[0].pieces.fsdp_step_sync_s
+    assert sync0 > 0
+    # two schedules: each adds its fill and drain, and the first ends with stage 0's sync
+    assert simulate(two, engine="analytic").step_time_s > simulate(one, engine="analytic").step_time_s + sync0
+    eng = Engine(Scenario(two, costs, net), LinkTable(net), overlap_slowdown=eff.overlap_compute_slowdown)
+    eng.run()
+    between = [e for e in eng.log if "between schedules" in e.name]
+    assert len(between) == len(eng.sc.units)  # k - 1 = 1 per stage
+    assert all(e.end - e.start == pytest.approx(costs.stages[eng.sc.units[e.unit].stage].pieces.fsdp_step_sync_s)
+               for e in between)
+    an, ev = simulate(two, engine="analytic"), simulate(two, engine="event")
+    assert ev.step_time_s == pytest.approx(an.step_time_s, rel=0.03)
 
 
 def test_reserved_slack_follows_the_allocator_and_the_recomputation_mode():

@@ -301,6 +301,12 @@ def fp8_params_of(row: dict) -> bool:
     return "fp8_param" in t or "fp8 param" in t
 
 
+def recompute_unstated(row: dict) -> bool:
+    """Whether the row says nothing about recomputation (``planner.fitting.published`` then reads
+    none, unless the plan cannot fit without it)."""
+    return not _text(row["strategy"].get("recompute"))
+
+
 def recompute_of(row: dict, fw: Framework) -> tuple[str, str | None]:
     """(recompute, selective policy or None for the framework's) from the ``recompute`` text."""
     t = _text(row["strategy"].get("recompute"))

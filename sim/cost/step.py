@@ -93,7 +93,7 @@ class StageTimes:
     dp_tail_share: Num = 0.0
     offload_grad_s: Num = 0.0  # per step: gradient shard to the host behind the reduction (ZeRO-1/2)
     offload_param_s: Num = 0.0  # per step: updated weights back from the host, after the optimizer
-    fsdp_step_sync_s: Num = 0.0  # per step, exposed: FSDP with pipelining gathers and reduces once
+    fsdp_step_sync_s: Num = 0.0  # per pipeline schedule, exposed: FSDP with pipelining gathers and reduces once
     host_sync_fwd_s: Num = 0.0  # per micro-batch and chunk pass: host synchronisations (Plan.host_syncs)
     host_sync_bwd_s: Num = 0.0
     count: int = 1
@@ -378,8 +378,9 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
     * FSDP with pipelining (``pipelined_fsdp``: torchtitan / FSDP2 with pp, ZeRO-3): parameters
       are not resharded after forward and gradients are reduced after the last micro-batch
       (torch.distributed.pipelining stage.py set_requires_gradient_sync / set_reshard_after_backward),
-      so the stage gathers once and reduce-scatters once per step, exposed
-      (``fsdp_step_sync_s``), and nothing per micro-batch.
+      so the stage gathers once and reduce-scatters once per pipeline schedule, exposed
+      (``fsdp_step_sync_s``; ``compose`` charges it once per schedule, ``Plan.pipeline_flushes``),
+      and nothing per micro-batch.
     """
     st = settings
     dp_overlap, hbm_bytes_per_s, rt, eff = st.dp_overlap, st.hbm_bytes_per_s, st.rt, st.eff
@@ -562,19 +563,27 @@ def compose(stages: Sequence[StageTimes], *, m: Num, vp: Num, zero_bubble: Num, 
     benchmark and training loops call ``schedule.step`` once per gradient-accumulation step).
     The next schedule's first forward on stage 0 waits for stage 0's last backward of the one
     before, which ends the schedule, so the pipeline takes ``flushes`` times one schedule's
-    time; with ``pp == 1`` there is no fill or drain and nothing changes."""
+    time, plus, under FSDP with pipelining, stage 0's exposed gather and reduce-scatter
+    (``fsdp_step_sync_s``) between consecutive schedules (torch.distributed.pipelining
+    ``PipelineStage.perform_reduce_grad``, called at the end of every ``schedule.step``: FSDP's
+    post-backward, reduce-scatter and reshard, for every parameter group, in torch 2.4-2.13); with
+    ``pp == 1`` there is no fill or drain and nothing changes."""
     fb = [st.critical_path(vp, pp_overlap) for st in stages]
     chunked = pp > 1 and stages[0].chunk_fwd_s is not None and len(stages[0].chunk_fwd_s) > 1 \
         and not np.any(zero_bubble)
     k = flushes if pp > 1 else 1
     m_one = np.asarray(m) / k if k > 1 else m
+    # FSDP with pipelining reduce-scatters and reshards at the end of every schedule; the next one
+    # starts on stage 0 once stage 0's sync is done (the other stages' syncs run while stage 0
+    # drains, and while the new schedule fills up to them)
+    between = (k - 1) * stages[0].fsdp_step_sync_s
     if chunked:  # a pipeline layout with interleaving: the schedule evaluated chunk by chunk
         t_pipe, stage_end = chunked_pipeline(stages, m_one, vp, pp, pp_overlap)
         if k > 1:
-            stage_end = [e + (k - 1) * t_pipe for e in stage_end]
-            t_pipe = k * t_pipe
+            stage_end = [e + (k - 1) * t_pipe + between for e in stage_end]
+            t_pipe = k * t_pipe + between
     else:
-        t_pipe = k * pipeline_time_s(stages, fb, m_one, vp, zero_bubble, pp)
+        t_pipe = k * pipeline_time_s(stages, fb, m_one, vp, zero_bubble, pp) + between
     sigma = overlap_slowdown
     z3 = np.asarray(zero) >= 3
     ends, exposed, slows, opts, offs = [], [], [], [], []

@@ -145,8 +145,11 @@ class Engine:
         p, i = sc.p, u.stage
         order = sc.orders[i]
         state = {"grad": None, "buffer": [], "ag": {}, "rs": None}
+        # FSDP with pipelining, one schedule per flush: each schedule but the last ends with this
+        # stage's exposed gather + reduce-scatter before its next forward (_flush_sync)
+        per_flush = len(order) // sc.flushes
         if not sc.zb:
-            for ph, mb, c in order:
+            for idx, (ph, mb, c) in enumerate(order):
                 k = c * p + i
                 dep = self._dep(u, ph, mb, k)
                 if dep is not None:
@@ -155,6 +158,7 @@ class Engine:
                         yield ev
                     del self._ready[dep]
                 yield from self._pass(u, ph, mb, c, state)
+                yield from self._flush_sync(u, idx, per_flush)
         else:
             pending: deque[tuple[int, int]] = deque()
             limit = w_limit(p, i, sc.v)
@@ -174,6 +178,7 @@ class Engine:
                             yield ev
                         del self._ready[dep]  # type: ignore[arg-type]
                     yield from self._pass(u, ph, mb, c, state)
+                    yield from self._flush_sync(u, idx, per_flush)
                     idx += 1
                     if ph == "B":
                         pending.append((mb, c))
@@ -181,6 +186,18 @@ class Engine:
                     wmb, wc = pending.popleft()
                     yield from self._pass(u, "W", wmb, wc, state)
         yield from self._finish(u, state)
+
+    def _flush_sync(self, u: Unit, idx: int, per_flush: int) -> Generator:
+        """After the last pass of a pipeline schedule that is not the step's last (``Plan.pipeline_flushes``),
+        FSDP with pipelining reduce-scatters the stage's gradients and reshards, and gathers again for the
+        next schedule: ``fsdp_step_sync_s``, exposed (``sim.cost.step.compose``)."""
+        sc = self.sc
+        sync = sc.costs.stages[u.stage].pieces.fsdp_step_sync_s
+        if sync > 0 and sc.flushes > 1 and (idx + 1) % per_flush == 0 and idx + 1 < per_flush * sc.flushes:
+            t = self.env.now
+            yield self.env.timeout(sync)
+            self.log.append(Entry(u.index, "compute", "FSDP reduce-scatter + gather between schedules", "dp",
+                                  t, self.env.now, True))
 
     def _pass(self, u: Unit, ph: str, mb: int, c: int, state: dict) -> Generator:
         sc, env, log = self.sc, self.env, self.log
@@ -374,10 +391,10 @@ class Engine:
             t = env.now
             yield env.timeout(st.pieces.offload_param_s)
             log.append(Entry(u.index, "host", "weights to GPU", "offload", t, env.now, True))
-        if st.pieces.fsdp_step_sync_s > 0:  # FSDP with pipelining: one gather + reduce-scatter per step, exposed
+        if st.pieces.fsdp_step_sync_s > 0:  # FSDP with pipelining: gather + reduce-scatter after the last schedule, exposed
             t = env.now
             yield env.timeout(st.pieces.fsdp_step_sync_s)
-            log.append(Entry(u.index, "compute", "FSDP gather + reduce-scatter once per step", "dp", t, env.now, True))
+            log.append(Entry(u.index, "compute", "FSDP gather + reduce-scatter after the last schedule", "dp", t, env.now, True))
         end = env.now
         dp = sc.dp[i]
         if sc.param_gather and self._dp[i] is not None and dp.gather_bytes + dp.gather_fixed_s > 0:

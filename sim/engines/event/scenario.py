@@ -137,6 +137,7 @@ class Scenario:
         self.explicit = explicit
         # one schedule per pipeline flush (Plan.pipeline_flushes), run back to back, micro-batches numbered on
         self.orders: list[list[Op]] = flushed_orders(s.schedule, self.p, self.m, self.v, plan.pipeline_flushes)
+        self.flushes = plan.pipeline_flushes if self.p > 1 else 1
         self.stage_size = s.tp * s.cp * s.dp
         moe = plan.model.moe is not None and s.ep > 1
         self.group_dp = (_replicas_per_expert_group(s) if moe else 1) if explicit else s.dp  # dp replicas per unit
