@@ -446,3 +446,34 @@ def test_zero_engine_step_keeps_a_segment_for_the_fp32_gradient_copy():
                                                + 4.0 * 1e9, rel=1e-9)  # capped at sub_group_size
     meg = plan_memory(_plan("llama3-8b", 8, "tp=2,dp=4,mbs=1,gbs=8,seq=4096,zero=1,recompute=none"))
     assert meg.reserved_bytes == pytest.approx(meg.allocated_bytes * (1 + frag) + rt.workspace_bytes, rel=1e-9)
+
+
+def test_nemo_performance_scripts_keep_bf16_gradients_for_fp8_runs():
+    """NeMo's scripts/performance (nemo-2025h1) set grad_reduce_in_fp32=False for fp8 runs: a bf16
+    main_grad buffer and an fp32 copy of the gradient shard in the distributed optimizer,
+    Megatron-LM's 'float16 parameters, float16 gradients: 4 + 16/d' bytes per parameter, and a
+    reduce-scatter of half the bytes; bf16 runs of the same profile keep fp32 gradients (6 + 12/d).
+    fp8 parameters gather 1 byte per parameter."""
+    from dataclasses import replace
+
+    from sim.cost.costs import plan_comm_runtime
+    from sim.cost.memory import model_state_bytes
+    from sim.data.runtime import state_layout
+    from sim.data.specs import Strategy
+
+    fp8 = _plan("llama3-8b", 16, "tp=2,dp=8,mbs=1,gbs=64,seq=8192,zero=1,sp=1,precision=fp8", "nemo-2025h1")
+    bf16 = _plan("llama3-8b", 16, "tp=2,dp=8,mbs=1,gbs=64,seq=8192,zero=1,sp=1", "nemo-2025h1")
+    assert fp8.model_states_layout == "megatron_bf16_grads" and bf16.model_states_layout == "megatron"
+    assert _plan("llama3-8b", 16, "tp=2,dp=8,mbs=1,gbs=64,seq=8192,zero=1,sp=1,precision=fp8",
+                 "nemo").model_states_layout == "megatron"
+    p = StageParams(1e9, 0.0)
+    for d in (1, 8):
+        s = Strategy(dp=d, gbs=d, zero=1 if d > 1 else 0)
+        w, g, o = model_state_bytes(p, s, state_layout("megatron_bf16_grads"))
+        assert w + g + o == pytest.approx((4 + 16 / d) * 1e9 if d > 1 else 20e9)
+    assert plan_comm_runtime(fp8).grad_reduce_bytes_per_param == 2
+    assert plan_comm_runtime(bf16).grad_reduce_bytes_per_param == 4
+    assert plan_comm_runtime(fp8).param_gather_bytes_per_param == 2
+    with_params = replace(fp8, strategy=replace(fp8.strategy, fp8_params=True))
+    assert plan_comm_runtime(with_params).param_gather_bytes_per_param == 1
+    assert plan_memory(fp8).gradients_bytes == pytest.approx(plan_memory(bf16).gradients_bytes / 2)

@@ -362,6 +362,9 @@ def strategy_of(row: dict, fw: Framework, *, unstated_vp_searched: bool) -> Mapp
         values["fp8_recipe"] = recipe
         if fp8_params_of(row) and fw.capabilities.fp8_params:
             values["fp8_params"] = True
+        elif recipe in fw.fp8_params_recipes and fw.capabilities.fp8_params:
+            values["fp8_params"] = True
+            notes.append(f"fp8 parameters (the framework's {recipe} fp8 recipe default)")
     if s.get("etp"):
         values["etp"] = int(s["etp"])
     sp = s.get("sequence_parallel")

@@ -341,9 +341,9 @@ class FastModel:
         tokens = np.array([mbs * self.seq_len // layout.cp for mbs in grid.mbs], dtype=float).reshape(M, 1, 1, 1, 1)
         dense_act, moe_act, dense_full, moe_full, recomputed, back, head_act = (msr(n) for n in _ACTS)
         oc, hs, _ = self._host() if any_offload else (None, None, None)
-        lay = state_layout(probe.state_layout)
+        lay = state_layout(probe.model_states_layout)
         stage_list = stage_index_shapes(model, self.representative(layout))
-        extra = device_extra_bytes(self.representative(layout), model, megatron_groups=lay.name == "megatron",
+        extra = device_extra_bytes(self.representative(layout), model, megatron_groups=lay.name.startswith("megatron"),
                                    nvls=nvls_buffers(cl.gpu.architecture, multicast=bool(nvls_gain(cl.gpu.nvlink_generation))),
                                    domain_gpus=cl.nvlink_domain)
         norm_tok = np.array([[mbs * self.seq_len // layout.cp / (layout.tp if sp else 1) for sp in grid.sp]

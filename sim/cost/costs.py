@@ -24,7 +24,7 @@ from sim.net.placement import group_shape
 from sim.cost.offload import offload_bytes, strategy_rates
 from sim.layers.ops import LayerOps, embedding_ops, head_ops, layer_ops
 from sim.cost.plan import HostSyncs, Plan
-from sim.data.runtime import CommRuntime, default_comm_runtime
+from sim.data.runtime import CommRuntime, default_comm_runtime, default_runtime, state_layout
 from sim.data.specs import Cluster, Model, Strategy
 from sim.layers.stages import (StageParams, chunk_signature, layer_params, model_chunks, stage_layers,
                         stage_embedding_params, stage_parameter_tensors, stage_shapes)
@@ -355,12 +355,26 @@ def pieces_hbm_bytes_per_s(cluster: Cluster, eff: KernelEfficiency) -> float:
     return g.hbm_bytes_per_s * g.hbm_efficiency / eff.slowest_rank_factor(cluster.num_gpus)
 
 
+def plan_comm_runtime(plan: Plan) -> CommRuntime:
+    """The data-parallel byte counts of ``plan``: the gradients reduced in its model-state layout's
+    gradient dtype where the layout fixes one (``megatron_bf16_grads``: bf16), the parameters
+    gathered in fp8 under ``Strategy.fp8_params`` (Megatron-Core fp8_param_gather), else
+    ``catalogs/runtime.yaml`` ``communication``."""
+    rt = default_comm_runtime()
+    lay = state_layout(plan.model_states_layout)
+    g = lay.grad_reduce_bytes_per_param or rt.grad_reduce_bytes_per_param
+    pg = default_runtime().fp8_param_bytes_per_param if plan.strategy.fp8_params else rt.param_gather_bytes_per_param
+    if (g, pg) == (rt.grad_reduce_bytes_per_param, rt.param_gather_bytes_per_param):
+        return rt
+    return replace(rt, grad_reduce_bytes_per_param=g, param_gather_bytes_per_param=pg)
+
+
 def piece_settings(plan: Plan, eff: KernelEfficiency, *, precision: str, pp: int, num_microbatches: Num,
                    dp_overlap: bool, fp8_recipe: str, dp_size: int) -> PieceSettings:
     """The plan's inputs of ``sim.cost.step.stage_pieces`` (``PieceSettings``): ``simulate`` passes
     its strategy's values (floats), the search a layout's and an array of micro-batch counts;
     ``dp_size``: the data(-and-context)-parallel group the gradients are reduced over."""
-    rt = default_comm_runtime()
+    rt = plan_comm_runtime(plan)
     return PieceSettings(
         grad_bucket_params=rt.grad_bucket_params(plan.grad_buckets, dp_size),
         dp_overlap=dp_overlap, hbm_bytes_per_s=pieces_hbm_bytes_per_s(plan.cluster, eff), rt=rt, eff=eff,

@@ -228,6 +228,11 @@ class Framework:
     optimizer: str = "fused"  # fused (multi-tensor Adam) | keras (unfused ops; runtime.yaml)
     dp_impl: str = "ddp"  # how it runs data parallelism: ddp (all-reduce) | parameter-server (async)
     model_states: str = "deepspeed"  # runtime.yaml model_states layout (Plan.state_layout)
+    # the layout of its fp8 runs when they differ ("": model_states), Plan.fp8_state_layout
+    fp8_model_states: str = ""
+    # its fp8 recipes that keep fp8 parameters unless told otherwise (NeMo's bf16_with_fp8_mixed:
+    # fp8_param_gather=True); read by planner.fitting.reference for rows that do not say
+    fp8_params_recipes: tuple[str, ...] = ()
     fp8_saved_inputs: bool = False  # fp8 GEMM inputs saved in 1-byte form (Transformer Engine)
     deepspeed_bf16_optimizer: bool = False  # DeepSpeed engine: BF16_Optimizer for bf16 without ZeRO
     zero3_gather: str = "bucketed"  # bucketed | per_tensor_sync (DeepSpeed ZeRO-3 of 2021)
@@ -256,7 +261,7 @@ _KEYS = ("id", "name", "aliases", "attention", "dp_overlap", "elementwise", "sel
          "fp8_weight_cache", "family", "capabilities", "moe_dispatcher", "optimizer", "dp_impl", "model_states",
          "fp8_saved_inputs", "deepspeed_bf16_optimizer", "zero3_gather", "tp_overlap_kind", "host_syncs", "source",
          "notes", "fused_ops", "pipeline_schedule_per", "allocator", "grad_buckets",
-         "saved_activations", "fused_attention_max_head_dim")
+         "saved_activations", "fused_attention_max_head_dim", "fp8_model_states", "fp8_params_recipes")
 _BUCKETS_BY_STATES = {"megatron": "megatron", "deepspeed": "deepspeed", "torch_amp": "ddp"}
 
 
@@ -283,6 +288,8 @@ def _frameworks() -> dict[str, Framework]:
                        optimizer=r.text("optimizer", default="fused", choices=OPTIMIZER_IMPLS),
                        dp_impl=r.text("dp_impl", default="ddp", choices=DP_IMPLS),
                        model_states=r.text("model_states", choices=STATE_LAYOUTS),
+                       fp8_model_states=r.text("fp8_model_states", default="", choices=STATE_LAYOUTS + ("",)),
+                       fp8_params_recipes=_fp8_params_recipes(r),
                        fp8_saved_inputs=r.flag("fp8_saved_inputs"),
                        deepspeed_bf16_optimizer=r.flag("deepspeed_bf16_optimizer"),
                        zero3_gather=r.text("zero3_gather", default="bucketed", choices=ZERO3_GATHERS),
@@ -299,6 +306,14 @@ def _frameworks() -> dict[str, Framework]:
         for key in (fw.id, *fw.aliases):
             out[key.lower()] = fw
     return out
+
+
+def _fp8_params_recipes(r: Record) -> tuple[str, ...]:
+    recipes = r.strings("fp8_params_recipes")
+    for name in recipes:
+        if name not in FP8_RECIPES:
+            raise r.fail("fp8_params_recipes", f"{name!r} is not an fp8 recipe; known: {', '.join(FP8_RECIPES)}")
+    return recipes
 
 
 def get_framework(name: str) -> Framework:
@@ -319,7 +334,8 @@ def apply_framework(plan_kwargs: dict, fw: Framework) -> dict:
             "selective_policy": fw.selective_recompute, "grad_accumulation": fw.grad_accumulation,
             "fsdp_copies": fw.fsdp_copies, "loss": fw.loss, "fp8_weight_cache": fw.fp8_weight_cache,
             "uneven_vp": fw.capabilities.uneven_vp, "moe_dispatcher": fw.moe_dispatcher,
-            "optimizer_impl": fw.optimizer, "state_layout": fw.model_states, "fp8_saved_inputs": fw.fp8_saved_inputs,
+            "optimizer_impl": fw.optimizer, "state_layout": fw.model_states, "fp8_state_layout": fw.fp8_model_states,
+            "fp8_saved_inputs": fw.fp8_saved_inputs,
             "deepspeed_bf16_optimizer": fw.deepspeed_bf16_optimizer, "zero3_gather": fw.zero3_gather,
             "tp_overlap_kind": fw.tp_overlap_kind, "host_syncs": fw.host_syncs, "fused_ops": fw.fused_ops,
             "allocator": fw.allocator, "grad_buckets": fw.grad_buckets,

@@ -551,7 +551,7 @@ def plan_memory(plan: "Plan") -> MemoryBreakdown:
     through this one call."""
     return memory_breakdown(plan.model, plan.cluster, plan.strategy, attention=plan.attention_kernel,
                             selective_policy=plan.selective_policy, loss=plan.loss, eager=plan.eager_activations,
-                            fp8_saved_inputs=plan.fp8_saved_inputs, layout=state_layout(plan.state_layout),
+                            fp8_saved_inputs=plan.fp8_saved_inputs, layout=state_layout(plan.model_states_layout),
                             moe_imbalance=plan.moe_imbalance, bf16_optimizer=plan.deepspeed_bf16_optimizer,
                             fp8_weight_cache=fp8_weight_cache_of(plan.strategy.precision, plan.fp8_weight_cache),
                             allocator=plan.allocator)
@@ -593,7 +593,7 @@ def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
         fp8_saved_inputs=fp8_saved_inputs, moe_imbalance=moe_imbalance)
     back = max(layer_backward_bytes(model, s, moe=False),
                layer_backward_bytes(model, s, moe=True, moe_imbalance=moe_imbalance) if model.moe is not None else 0.0)
-    extra = device_extra_bytes(s, model, megatron_groups=lay.name == "megatron",
+    extra = device_extra_bytes(s, model, megatron_groups=lay.name.startswith("megatron"),
                                nvls=nvls_buffers(cluster.gpu.architecture,
                                                  multicast=bool(nvls_gain(cluster.gpu.nvlink_generation))),
                                domain_gpus=cluster.nvlink_domain)

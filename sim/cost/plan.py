@@ -108,6 +108,9 @@ class Plan:
     # torch_amp | deepspeed) and whether fp8 GEMM inputs are saved in their 1-byte form
     # (Transformer Engine) for the weight gradient
     state_layout: str = "megatron"
+    # the layout an fp8 plan keeps instead ("" = state_layout): NeMo's performance scripts reduce
+    # fp8 runs' gradients in bf16 (model_states_layout)
+    fp8_state_layout: str = ""
     fp8_saved_inputs: bool = True
     # DeepSpeed's engine wraps a bf16 run without ZeRO in its BF16_Optimizer (unsharded fp32
     # gradient buffer accumulated every micro-batch, fp32 all-reduce, its own ZeRO-1 sharding of
@@ -154,6 +157,14 @@ class Plan:
         return self.attention if d <= limit else "flash2" if d <= 256 else "unfused"
 
     @property
+    def model_states_layout(self) -> str:
+        """The ``catalogs/runtime.yaml`` model-state layout this plan keeps: ``fp8_state_layout``
+        for an fp8 plan when the framework sets one, else ``state_layout``."""
+        if self.fp8_state_layout and self.strategy.precision == "fp8":
+            return self.fp8_state_layout
+        return self.state_layout
+
+    @property
     def bf16_optimizer_active(self) -> bool:
         """Whether DeepSpeed's BF16_Optimizer runs this plan (bf16 without ZeRO)."""
         return self.deepspeed_bf16_optimizer and self.strategy.precision == "bf16" and self.strategy.zero == 0
@@ -173,6 +184,8 @@ class Plan:
             raise InputError("optimizer_impl", self.optimizer_impl, f"must be one of {', '.join(OPTIMIZER_IMPLS)}")
         if self.state_layout not in STATE_LAYOUTS:
             raise InputError("state_layout", self.state_layout, f"must be one of {', '.join(STATE_LAYOUTS)}")
+        if self.fp8_state_layout and self.fp8_state_layout not in STATE_LAYOUTS:
+            raise InputError("fp8_state_layout", self.fp8_state_layout, f"must be one of {', '.join(STATE_LAYOUTS)}")
         if self.allocator not in ALLOCATORS:
             raise InputError("allocator", self.allocator, f"must be one of {', '.join(ALLOCATORS)}")
         if self.grad_buckets not in GRAD_BUCKETS:

@@ -120,9 +120,12 @@ class StateLayout:
     step_flat_bytes_per_param: float = 0.0
     step_fp32_grad_bytes_per_param: float = 0.0
     step_sub_group_params: float = math.inf
+    # bytes per parameter of the data-parallel gradient reduction when the layout fixes them
+    # (its gradient buffer's dtype); 0: communication.grad_reduce_bytes_per_param
+    grad_reduce_bytes_per_param: float = 0.0
 
 
-STATE_LAYOUTS: tuple[str, ...] = ("megatron", "torch_amp", "deepspeed")
+STATE_LAYOUTS: tuple[str, ...] = ("megatron", "megatron_bf16_grads", "torch_amp", "deepspeed")
 
 
 @functools.cache
@@ -137,7 +140,9 @@ def state_layout(name: str) -> StateLayout:
                        step_flat_bytes_per_param=r.number("step_flat_bytes_per_param", optional=True, default=0.0),
                        step_fp32_grad_bytes_per_param=r.number("step_fp32_grad_bytes_per_param", optional=True,
                                                                default=0.0),
-                       step_sub_group_params=r.number("step_sub_group_params", optional=True, default=math.inf))
+                       step_sub_group_params=r.number("step_sub_group_params", optional=True, default=math.inf),
+                       grad_reduce_bytes_per_param=r.number("grad_reduce_bytes_per_param", optional=True,
+                                                            default=0.0))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -27,13 +27,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.net.network import Network
-from sim.cost.costs import LayerCost, StageCost, StepCosts
+from sim.cost.costs import LayerCost, StageCost, StepCosts, plan_comm_runtime
 from sim.base.errors import InputError
 from sim.engines.event.schedules import Op, flushed_orders
 from sim.engines.event.whatif import WhatIf, apply_layers_per_stage
 from sim.net.placement import stage_block
 from sim.cost.plan import Plan
-from sim.data.runtime import default_comm_runtime
 
 COMM_DIMS: tuple[str, ...] = ("tp", "cp", "ep")
 
@@ -246,7 +245,7 @@ class Scenario:
             link = net.dim_link(s, "pp", pattern="p2p")
             self.ref_rate["pp"], self.ref_latency["pp"] = link.bytes_per_s, link.latency_s
         n = s.dp * s.cp
-        rt = default_comm_runtime()
+        rt = plan_comm_runtime(self.plan)
         self.dp: list[DpSpec] = []
         for st in self.costs.stages:
             if n < 2 or "dp_cp" not in self.ref_rate:
