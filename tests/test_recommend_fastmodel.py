@@ -189,3 +189,24 @@ def test_space_validates_its_values():
                 {"precision": ("fp4",)}, {"max_mbs": 0}, {"mbs": ()}):
         with pytest.raises(InputError):
             SearchSpace(**bad)
+
+
+def test_fast_model_prices_a_profiles_fp8_states_layout_like_simulate():
+    """nemo-2025h1 keeps fp8 plans' gradients in bf16 (Plan.states_layout_for): the search's memory
+    and data-parallel bytes follow each candidate's precision exactly as simulate does."""
+    model, cl = get_model("llama3-8b"), cluster("h100-80gb", 32)
+    st = Settings.from_framework("nemo-2025h1")
+    r = search(model, cl, gbs=64, seq_len=8192, space=SearchSpace(max_mbs=2, precision=("bf16", "fp8")),
+               plan_kwargs=st.kwargs, dp_overlap=st.dp_overlap)
+    seen = set()
+    for i in range(r.evaluated):
+        s = r.strategy(i)
+        if s.precision in seen or s.dp < 2:
+            continue
+        seen.add(s.precision)
+        plan = r.fastmodel.plan(s)
+        res = simulate_analytic(plan, net=r.fastmodel.net)
+        assert plan.model_states_layout == ("megatron_bf16_grads" if s.precision == "fp8" else "megatron")
+        assert r.candidates.step_time_s[i] == pytest.approx(res.step_time_s, rel=REL), s.to_string()
+        assert r.candidates.memory_device_bytes[i] == pytest.approx(res.memory_device_bytes, rel=REL), s.to_string()
+    assert seen == {"bf16", "fp8"}

@@ -35,7 +35,7 @@ import numpy as np
 from sim.layers.compute import KernelEfficiency, default_efficiency
 from sim.net.netefficiency import nvls_gain
 from sim.cost.costs import (LayerCost, default_network, dp_collectives, end_costs, plan_layer_ops, layer_cost, p2p_bytes,
-                       p2p_time_s, piece_settings)
+                       p2p_time_s, piece_settings, plan_comm_runtime)
 from sim.cost.memory import (head_activation_bytes, inflight, layer_activations, layer_backward_bytes,
                         recompute_time_fraction, split_of, offloaded_activation_bytes, stage_memory,
                         fp8_weight_cache_of, gpus_sharing_a_host, within_host)
@@ -43,7 +43,7 @@ from sim.net.network import Network
 from sim.layers.ops import LayerOps
 from sim.cost.offload import OffloadRates, host_spec, offload_constants, offload_rates
 from sim.cost.plan import Plan
-from sim.data.runtime import default_comm_runtime, default_runtime, device_extra_bytes, nvls_buffers, state_layout
+from sim.data.runtime import default_runtime, device_extra_bytes, nvls_buffers, state_layout
 from sim.data.specs import Cluster, Model, Strategy, expert_dp_size, offload_flags
 from sim.layers.stages import (StageShape, layer_params, stage_embedding_params, stage_index_shapes,
                                stage_parameter_tensors, stage_shapes)
@@ -185,7 +185,6 @@ class FastModel:
                           **self.plan_kwargs)
         self._net = net  # built on first use: routing tables of a huge cluster cost seconds
         self.eff = eff or default_efficiency()
-        self.comm = default_comm_runtime()
         self.mem_rt = default_runtime()
         self._micro: dict[tuple, np.ndarray] = {}
         self._coll: dict[tuple, DpCollectives] = {}
@@ -288,7 +287,8 @@ class FastModel:
         got = self._coll.get(key)
         if got is None:
             s = self.representative(layout)
-            got = dp_collectives(self.net, s, shape.params, self.comm, self.eff)
+            got = dp_collectives(self.net, s, shape.params, plan_comm_runtime(self.probe, s.precision, s.fp8_params),
+                                 self.eff)
             self._coll[key] = got
         return got
 
@@ -341,7 +341,7 @@ class FastModel:
         tokens = np.array([mbs * self.seq_len // layout.cp for mbs in grid.mbs], dtype=float).reshape(M, 1, 1, 1, 1)
         dense_act, moe_act, dense_full, moe_full, recomputed, back, head_act = (msr(n) for n in _ACTS)
         oc, hs, _ = self._host() if any_offload else (None, None, None)
-        lay = state_layout(probe.model_states_layout)
+        lay = state_layout(probe.states_layout_for(layout.precision))
         stage_list = stage_index_shapes(model, self.representative(layout))
         extra = device_extra_bytes(self.representative(layout), model, megatron_groups=lay.name.startswith("megatron"),
                                    nvls=nvls_buffers(cl.gpu.architecture, multicast=bool(nvls_gain(cl.gpu.nvlink_generation))),

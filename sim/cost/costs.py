@@ -355,15 +355,18 @@ def pieces_hbm_bytes_per_s(cluster: Cluster, eff: KernelEfficiency) -> float:
     return g.hbm_bytes_per_s * g.hbm_efficiency / eff.slowest_rank_factor(cluster.num_gpus)
 
 
-def plan_comm_runtime(plan: Plan) -> CommRuntime:
-    """The data-parallel byte counts of ``plan``: the gradients reduced in its model-state layout's
-    gradient dtype where the layout fixes one (``megatron_bf16_grads``: bf16), the parameters
-    gathered in fp8 under ``Strategy.fp8_params`` (Megatron-Core fp8_param_gather), else
-    ``catalogs/runtime.yaml`` ``communication``."""
+def plan_comm_runtime(plan: Plan, precision: str | None = None, fp8_params: bool | None = None) -> CommRuntime:
+    """The data-parallel byte counts of ``plan`` (of a candidate of its search at ``precision``
+    with ``fp8_params``): the gradients reduced in its model-state layout's gradient dtype where
+    the layout fixes one (``megatron_bf16_grads``: bf16), the parameters gathered in fp8 under
+    ``Strategy.fp8_params`` (Megatron-Core fp8_param_gather), else ``catalogs/runtime.yaml``
+    ``communication``."""
+    precision = plan.strategy.precision if precision is None else precision
+    fp8_params = plan.strategy.fp8_params if fp8_params is None else fp8_params
     rt = default_comm_runtime()
-    lay = state_layout(plan.model_states_layout)
+    lay = state_layout(plan.states_layout_for(precision))
     g = lay.grad_reduce_bytes_per_param or rt.grad_reduce_bytes_per_param
-    pg = default_runtime().fp8_param_bytes_per_param if plan.strategy.fp8_params else rt.param_gather_bytes_per_param
+    pg = default_runtime().fp8_param_bytes_per_param if fp8_params else rt.param_gather_bytes_per_param
     if (g, pg) == (rt.grad_reduce_bytes_per_param, rt.param_gather_bytes_per_param):
         return rt
     return replace(rt, grad_reduce_bytes_per_param=g, param_gather_bytes_per_param=pg)
@@ -374,7 +377,7 @@ def piece_settings(plan: Plan, eff: KernelEfficiency, *, precision: str, pp: int
     """The plan's inputs of ``sim.cost.step.stage_pieces`` (``PieceSettings``): ``simulate`` passes
     its strategy's values (floats), the search a layout's and an array of micro-batch counts;
     ``dp_size``: the data(-and-context)-parallel group the gradients are reduced over."""
-    rt = plan_comm_runtime(plan)
+    rt = plan_comm_runtime(plan, precision)
     return PieceSettings(
         grad_bucket_params=rt.grad_bucket_params(plan.grad_buckets, dp_size),
         dp_overlap=dp_overlap, hbm_bytes_per_s=pieces_hbm_bytes_per_s(plan.cluster, eff), rt=rt, eff=eff,

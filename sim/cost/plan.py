@@ -158,9 +158,15 @@ class Plan:
 
     @property
     def model_states_layout(self) -> str:
-        """The ``catalogs/runtime.yaml`` model-state layout this plan keeps: ``fp8_state_layout``
-        for an fp8 plan when the framework sets one, else ``state_layout``."""
-        if self.fp8_state_layout and self.strategy.precision == "fp8":
+        """The ``catalogs/runtime.yaml`` model-state layout this plan keeps (``states_layout_for``
+        its precision)."""
+        return self.states_layout_for(self.strategy.precision)
+
+    def states_layout_for(self, precision: str) -> str:
+        """The model-state layout of this plan's framework at ``precision``: ``fp8_state_layout``
+        for fp8 when the framework sets one, else ``state_layout`` (the search asks per candidate
+        precision)."""
+        if self.fp8_state_layout and precision == "fp8":
             return self.fp8_state_layout
         return self.state_layout
 
