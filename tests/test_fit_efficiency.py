@@ -96,6 +96,26 @@ def test_attention_curves_rise_with_sequence_and_match_kernels(fresh_fit):
             assert k["fwd_rms_rel_error"] < 0.2 and k["bwd_rms_rel_error"] < 0.2
 
 
+def test_older_attention_library_is_fitted_on_its_own_measurements_and_priced_for_its_profiles(fresh_fit):
+    """cuDNN <= 9.13 on Blackwell (B200, 9.10 and 9.13) runs attention slower at training lengths
+    than the current curve (9.17/9.22 GB200 runs included); nemo-2025h1 prices attention with it,
+    other profiles with the current one, and Hopper is unchanged."""
+    from sim.layers.compute import SaturatingCurve, kernel_efficiency
+
+    old = fresh_fit["attention_curves_by_library"]["cudnn-9.13"]["blackwell"]["flash"]
+    now = fresh_fit["attention_curves"]["blackwell"]["flash"]
+    for p in ("fwd", "bwd"):
+        assert SaturatingCurve(*old[p]).at(8192) < 0.92 * SaturatingCurve(*now[p]).at(8192)
+    eff = kernel_efficiency(fresh_fit)
+    lib = eff.with_attention_library("cudnn-9.13")
+    assert lib.attention_fraction("blackwell", "flash", 8192, 0.7) < eff.attention_fraction("blackwell", "flash", 8192, 0.7)
+    assert lib.attention_fraction("hopper", "flash", 8192, 0.7) == eff.attention_fraction("hopper", "flash", 8192, 0.7)
+    assert eff.with_attention_library("") is eff
+    from sim.cost.framework import get_framework
+    assert get_framework("nemo-2025h1").attention_library == "cudnn-9.13"
+    assert get_framework("nemo").attention_library == ""
+
+
 def test_saturating_fit_recovers_known_curve():
     from sim.base.fitting import fit_saturating
 

@@ -37,7 +37,7 @@ from sim.net.netefficiency import network_kwargs
 from sim.base.fitting import fit_ring_all_reduce, fit_scalar, parse_size
 from sim.net.network import Network, SizeCurve
 
-from planner.fitting.fit_kernels import (fit_attention_curves, fit_deepep_dispatch, fit_fp8_recipes, fit_gemm_per_architecture,
+from planner.fitting.fit_kernels import (fit_attention_curves, fit_attention_curves_by_library, fit_deepep_dispatch, fit_fp8_recipes, fit_gemm_per_architecture,
                                  fit_ring_attention, fit_sustained_clock)
 from planner.fitting.vtrain import load_vtrain
 
@@ -288,6 +288,7 @@ def fit_all(exclude: frozenset[str] | set[str] = frozenset()) -> dict:
     out["size_curves"] = fit_size_curves(mb, out)
     out["fp8_recipes"] = fit_fp8_recipes()
     out["attention_curves"] = fit_attention_curves()
+    out["attention_curves_by_library"] = fit_attention_curves_by_library()
     out["deepep_dispatch"] = fit_deepep_dispatch()
     out["ring_attention"] = fit_ring_attention()
     out["sustained_clock"] = fit_sustained_clock()

@@ -29,6 +29,10 @@ Three fits, each from kernel-level data only (no training run), stored by
   are launch-bound microseconds (B200 cuDNN at 512 tokens: 3% of peak), not what a training
   step's kernels see.  Known error: head dims other than 128 (64: ~10-25% slower) and
   sequence lengths beyond 64k (cuDNN drops 5-10% from its peak there) are not modelled.
+  The default curves take every measurement (the current libraries); an older library a
+  framework profile ships (``ATTENTION_LIBRARY_DATA``: cuDNN <= 9.13 on Blackwell, 14-27% slower
+  at 8k tokens than 9.17 on the same GB300) is fitted on its own measurements
+  (``fit_attention_curves_by_library``, ``Plan.attention_library``).
 """
 
 from __future__ import annotations
@@ -191,11 +195,31 @@ def _attention_points(entry: Mapping[str, Any], selector: str) -> Iterable[tuple
 MIN_ATTENTION_SEQ = 2048
 
 
-def fit_attention_curves() -> dict[str, dict[str, dict[str, list[float]]]]:
-    """``{architecture: {kernel: {"fwd": [f_max, s_half], "bwd": [...], "rms_rel_error": ...}}}``."""
+# Attention kernels of an older library release, for the framework profiles that shipped it
+# (frameworks.yaml attention_library, Plan.attention_library): the measurements taken with it.
+# cuDNN <= 9.13 on Blackwell: on the same GB300, cuDNN 9.17 runs causal bf16 hdim-128 attention
+# 27% faster forward and 14% faster backward at 8k tokens than 9.13.1 (attention.yaml
+# cudnn-frontend-gb300-cudnn9.13-bf16 vs -cudnn9.17-bf16); the B200 runs of cuDNN 9.10 and 9.13
+# agree with each other, so they stand for the 2025 containers (NGC PyTorch 25.09: cuDNN 9.13.1).
+ATTENTION_LIBRARY_DATA: dict[str, dict[tuple[str, str], tuple[tuple[str, str], ...]]] = {
+    "cudnn-9.13": {("blackwell", "flash"): (("cudnn-frontend-b200-cudnn9.10", "backend:pyt_cudnn"),
+                                            ("cudnn-frontend-b200-cudnn9.13-bf16", "backend:pyt_cudnn"))},
+}
+
+
+def fit_attention_curves_by_library() -> dict[str, dict[str, dict[str, dict[str, Any]]]]:
+    """``{library: {architecture: {kernel: curve}}}`` (``fit_attention_curves`` over each
+    library's measurements, ``ATTENTION_LIBRARY_DATA``)."""
+    return {lib: fit_attention_curves(data) for lib, data in ATTENTION_LIBRARY_DATA.items()}
+
+
+def fit_attention_curves(data: Mapping[tuple[str, str], tuple[tuple[str, str], ...]] | None = None
+                         ) -> dict[str, dict[str, dict[str, list[float]]]]:
+    """``{architecture: {kernel: {"fwd": [f_max, s_half], "bwd": [...], "rms_rel_error": ...}}}``
+    from ``data`` (default ``ATTENTION_DATA``: every measurement, the current libraries)."""
     mb = _entries("attention")
     out: dict[str, dict[str, dict[str, Any]]] = {}
-    for (arch, kernel), datasets in ATTENTION_DATA.items():
+    for (arch, kernel), datasets in (ATTENTION_DATA if data is None else data).items():
         pts: dict[str, list[tuple[float, float]]] = {"fwd": [], "bwd": []}
         for entry_id, selector in datasets:
             e = mb[entry_id]

@@ -182,8 +182,25 @@ def _graphed(eff: KernelEfficiency) -> KernelEfficiency:
     return got[1]
 
 
+_LIBRARY: dict[tuple[int, str], tuple[KernelEfficiency, KernelEfficiency]] = {}  # (id(eff), library): (eff, derived)
+
+
+def _with_library(eff: KernelEfficiency, library: str) -> KernelEfficiency:
+    """``eff`` with ``library``'s attention curves (``KernelEfficiency.with_attention_library``), one
+    object per (``eff``, library) so that ``op_times`` memoises its ops."""
+    if not library:
+        return eff
+    got = _LIBRARY.get((id(eff), library))
+    if got is None or got[0] is not eff:
+        if len(_LIBRARY) >= 16:
+            _LIBRARY.clear()
+        got = _LIBRARY[(id(eff), library)] = (eff, eff.with_attention_library(library))
+    return got[1]
+
+
 def layer_cost(plan: Plan, net: Network, lops: LayerOps, eff: KernelEfficiency, layer_params: float) -> LayerCost:
     s, gpu = plan.strategy, plan.cluster.gpu
+    eff = _with_library(eff, plan.attention_library)  # the framework's attention-kernel release
     if s.cuda_graphs:
         # the layers' kernels replay from a captured CUDA graph (Megatron-Core / TE
         # make_graphed_callables): no per-op host dispatch, only the GPU-side launch cost

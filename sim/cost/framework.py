@@ -12,7 +12,7 @@ import functools
 from dataclasses import dataclass
 
 from sim.data.catalog import catalog_document
-from sim.layers.compute import default_efficiency
+from sim.layers.compute import ATTENTION_LIBRARIES, default_efficiency
 from sim.base.errors import InfeasibleError, InputError
 from sim.cost.plan import (ATTENTION_IMPLS, GRAD_ACCUMULATION, LOSS_IMPLS, MOE_DISPATCHERS, OPTIMIZER_IMPLS,
                       SELECTIVE_POLICIES, TP_OVERLAP_KINDS, ZERO3_GATHERS, HostSyncs)
@@ -251,6 +251,9 @@ class Framework:
     # the largest head dimension its fused attention kernels take, per GPU architecture (beyond it
     # Transformer Engine falls back: sim.cost.plan.Plan.attention_kernel); none: no limit
     fused_attention_max_head_dim: tuple[tuple[str, int], ...] = ()
+    # the attention-kernel library release its containers ship when older than the current one
+    # (sim.layers.compute.ATTENTION_LIBRARIES; "" = current), Plan.attention_library
+    attention_library: str = ""
     aliases: tuple[str, ...] = ()
     source: str = ""
     notes: str = ""
@@ -261,7 +264,8 @@ _KEYS = ("id", "name", "aliases", "attention", "dp_overlap", "elementwise", "sel
          "fp8_weight_cache", "family", "capabilities", "moe_dispatcher", "optimizer", "dp_impl", "model_states",
          "fp8_saved_inputs", "deepspeed_bf16_optimizer", "zero3_gather", "tp_overlap_kind", "host_syncs", "source",
          "notes", "fused_ops", "pipeline_schedule_per", "allocator", "grad_buckets",
-         "saved_activations", "fused_attention_max_head_dim", "fp8_model_states", "fp8_params_recipes")
+         "saved_activations", "fused_attention_max_head_dim", "fp8_model_states", "fp8_params_recipes",
+         "attention_library")
 _BUCKETS_BY_STATES = {"megatron": "megatron", "deepspeed": "deepspeed", "torch_amp": "ddp"}
 
 
@@ -290,6 +294,7 @@ def _frameworks() -> dict[str, Framework]:
                        model_states=r.text("model_states", choices=STATE_LAYOUTS),
                        fp8_model_states=r.text("fp8_model_states", default="", choices=STATE_LAYOUTS + ("",)),
                        fp8_params_recipes=_fp8_params_recipes(r),
+                       attention_library=r.text("attention_library", default="", choices=ATTENTION_LIBRARIES + ("",)),
                        fp8_saved_inputs=r.flag("fp8_saved_inputs"),
                        deepspeed_bf16_optimizer=r.flag("deepspeed_bf16_optimizer"),
                        zero3_gather=r.text("zero3_gather", default="bucketed", choices=ZERO3_GATHERS),
@@ -339,7 +344,7 @@ def apply_framework(plan_kwargs: dict, fw: Framework) -> dict:
             "deepspeed_bf16_optimizer": fw.deepspeed_bf16_optimizer, "zero3_gather": fw.zero3_gather,
             "tp_overlap_kind": fw.tp_overlap_kind, "host_syncs": fw.host_syncs, "fused_ops": fw.fused_ops,
             "allocator": fw.allocator, "grad_buckets": fw.grad_buckets,
-            "fused_attention_max_head_dim": fw.fused_attention_max_head_dim}
+            "fused_attention_max_head_dim": fw.fused_attention_max_head_dim, "attention_library": fw.attention_library}
 
 
 def list_frameworks() -> list[Framework]:

@@ -136,6 +136,10 @@ class Plan:
     # (GPU architecture, largest head dimension) the stack's fused attention kernels take there
     # (a framework's fused_attention_max_head_dim): beyond it the kernel falls back (attention_kernel)
     fused_attention_max_head_dim: tuple[tuple[str, int], ...] = ()
+    # the attention-kernel library release the framework's containers ship when it is older than
+    # the current one (sim.layers.compute.ATTENTION_LIBRARIES; "" = current): its measured curves
+    # price attention (sim.cost.costs.layer_cost)
+    attention_library: str = ""
 
     @property
     def attention_kernel(self) -> str:

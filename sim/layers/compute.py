@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping
 
 from sim.data.catalog import catalog_document
@@ -22,6 +22,11 @@ from sim.base.records import Record
 from sim.layers.ops import BF16_GEMMS, Op, fusible_name
 from sim.data.specs import Gpu
 from sim.layers.variability import slowest_rank_factor
+
+
+# Older attention-kernel libraries a framework profile may name (frameworks.yaml attention_library):
+# cudnn-9.13: cuDNN up to 9.13 (NGC containers through 25.09), before 9.14-9.17's Blackwell speed-ups.
+ATTENTION_LIBRARIES: tuple[str, ...] = ("cudnn-9.13",)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -90,6 +95,10 @@ class KernelEfficiency:
     # attention microbenchmarks; preferred over ``attention_fractions`` where present.
     attention_curves: Mapping[str, Mapping[str, tuple[SaturatingCurve, SaturatingCurve]]] = field(
         default_factory=dict)
+    # an older kernel library's curves (ATTENTION_LIBRARIES) -> architecture -> kernel -> curves,
+    # fitted from the measurements taken with it (planner.fitting.fit_kernels.ATTENTION_LIBRARY_DATA)
+    attention_curves_by_library: Mapping[str, Mapping[str, Mapping[str, tuple[SaturatingCurve, SaturatingCurve]]]] = \
+        field(default_factory=dict)
     fp8_recipes: Mapping[str, Fp8Recipe] = field(default_factory=dict)
     # Ring (context-parallel) attention: architecture -> (fwd, bwd) relative overhead of each
     # ring step after the first, at ``ring_reference_tokens`` local tokens, scaling as 1/tokens
@@ -146,6 +155,18 @@ class KernelEfficiency:
             raise InputError("fp8_recipe", name, f"no such recipe in efficiency.yaml fp8_recipes "
                              f"({', '.join(self.fp8_recipes) or 'none'})")
         return r
+
+    def with_attention_library(self, library: str) -> "KernelEfficiency":
+        """These efficiencies with the attention curves of an older kernel ``library``
+        (``ATTENTION_LIBRARIES``) where it was measured; ``""``: the current ones (unchanged)."""
+        if not library:
+            return self
+        if library not in ATTENTION_LIBRARIES:
+            raise InputError("attention_library", library, f"must be one of {', '.join(ATTENTION_LIBRARIES)} or empty")
+        older = self.attention_curves_by_library.get(library, {})
+        curves = {arch: {**self.attention_curves.get(arch, {}), **older.get(arch, {})}
+                  for arch in {*self.attention_curves, *older}}
+        return replace(self, attention_curves=curves)
 
     def attention_fraction(self, architecture: str, kernel: str, seq_len: float,
                            matmul_fraction: float) -> tuple[float, float]:
@@ -213,6 +234,14 @@ def kernel_efficiency(fitted: Mapping | None) -> KernelEfficiency:
                 arch: {k: tuple(SaturatingCurve(*ac.mapping(arch).mapping(k).rec[p]) for p in ("fwd", "bwd"))
                        for k in ac.rec[arch]}
                 for arch in ac.rec}
+        if f.has("attention_curves_by_library"):
+            lib = f.mapping("attention_curves_by_library")
+            d["attention_curves_by_library"] = {
+                name: {arch: {k: tuple(SaturatingCurve(*lib.mapping(name).mapping(arch).mapping(k).rec[p])
+                                       for p in ("fwd", "bwd"))
+                              for k in lib.mapping(name).rec[arch]}
+                       for arch in lib.mapping(name).rec}
+                for name in lib.rec}
         if f.has("fp8_recipes"):
             fitted_recipes = f.rec["fp8_recipes"]
         if f.has("sustained_clock"):
