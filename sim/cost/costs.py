@@ -168,34 +168,28 @@ SELECTIVE_OPS: dict[str, frozenset[str]] = {
 }
 
 
-_GRAPHED: dict[int, tuple[KernelEfficiency, KernelEfficiency]] = {}  # id(eff): (eff, eff without the host floor)
+# derived efficiency objects, one per (source object, variant), so that sim.layers.compute.op_times
+# (memoised per efficiency object) reuses its ops: (id(eff), variant) -> (eff, derived)
+_DERIVED: dict[tuple[int, str], tuple[KernelEfficiency, KernelEfficiency]] = {}
+
+
+def _derived(eff: KernelEfficiency, variant: str, make) -> KernelEfficiency:
+    got = _DERIVED.get((id(eff), variant))
+    if got is None or got[0] is not eff:
+        if len(_DERIVED) >= 32:
+            _DERIVED.clear()
+        got = _DERIVED[(id(eff), variant)] = (eff, make(eff))
+    return got[1]
 
 
 def _graphed(eff: KernelEfficiency) -> KernelEfficiency:
-    """``eff`` without the host-side floor of an op (CUDA graphs), one object per ``eff`` (so
-    that ``sim.layers.compute.op_times`` memoises its ops)."""
-    got = _GRAPHED.get(id(eff))
-    if got is None or got[0] is not eff:
-        if len(_GRAPHED) >= 16:
-            _GRAPHED.clear()
-        got = _GRAPHED[id(eff)] = (eff, replace(eff, host_op_floor_s=0.0))
-    return got[1]
-
-
-_LIBRARY: dict[tuple[int, str], tuple[KernelEfficiency, KernelEfficiency]] = {}  # (id(eff), library): (eff, derived)
+    """``eff`` without the host-side floor of an op (CUDA graphs)."""
+    return _derived(eff, "graphed", lambda e: replace(e, host_op_floor_s=0.0))
 
 
 def _with_library(eff: KernelEfficiency, library: str) -> KernelEfficiency:
-    """``eff`` with ``library``'s attention curves (``KernelEfficiency.with_attention_library``), one
-    object per (``eff``, library) so that ``op_times`` memoises its ops."""
-    if not library:
-        return eff
-    got = _LIBRARY.get((id(eff), library))
-    if got is None or got[0] is not eff:
-        if len(_LIBRARY) >= 16:
-            _LIBRARY.clear()
-        got = _LIBRARY[(id(eff), library)] = (eff, eff.with_attention_library(library))
-    return got[1]
+    """``eff`` with ``library``'s attention curves (``KernelEfficiency.with_attention_library``)."""
+    return _derived(eff, f"library:{library}", lambda e: e.with_attention_library(library)) if library else eff
 
 
 def layer_cost(plan: Plan, net: Network, lops: LayerOps, eff: KernelEfficiency, layer_params: float) -> LayerCost:

@@ -195,12 +195,17 @@ def _attention_head_dim_limits(r: Record) -> tuple[tuple[str, int], ...]:
     return tuple((arch, int(m.integer(arch))) for arch in m.rec if arch != "source")
 
 
+def _names_in(r: Record, key: str, known: tuple[str, ...], what: str) -> tuple[str, ...]:
+    """The list of names ``key`` holds, each one of ``known`` (else the record's error)."""
+    names = r.strings(key)
+    for name in names:
+        if name not in known:
+            raise r.fail(key, f"{name!r} is not {what}; known: {', '.join(known)}")
+    return names
+
+
 def _fused_ops(r: Record) -> tuple[str, ...]:
-    ops = r.strings("fused_ops")
-    for name in ops:
-        if name not in FUSIBLE_OPS:
-            raise r.fail("fused_ops", f"{name!r} is not a memory-bound op; known: {', '.join(FUSIBLE_OPS)}")
-    return ops
+    return _names_in(r, "fused_ops", FUSIBLE_OPS, "a memory-bound op")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -293,7 +298,7 @@ def _frameworks() -> dict[str, Framework]:
                        dp_impl=r.text("dp_impl", default="ddp", choices=DP_IMPLS),
                        model_states=r.text("model_states", choices=STATE_LAYOUTS),
                        fp8_model_states=r.text("fp8_model_states", default="", choices=STATE_LAYOUTS + ("",)),
-                       fp8_params_recipes=_fp8_params_recipes(r),
+                       fp8_params_recipes=_names_in(r, "fp8_params_recipes", FP8_RECIPES, "an fp8 recipe"),
                        attention_library=r.text("attention_library", default="", choices=ATTENTION_LIBRARIES + ("",)),
                        fp8_saved_inputs=r.flag("fp8_saved_inputs"),
                        deepspeed_bf16_optimizer=r.flag("deepspeed_bf16_optimizer"),
@@ -311,14 +316,6 @@ def _frameworks() -> dict[str, Framework]:
         for key in (fw.id, *fw.aliases):
             out[key.lower()] = fw
     return out
-
-
-def _fp8_params_recipes(r: Record) -> tuple[str, ...]:
-    recipes = r.strings("fp8_params_recipes")
-    for name in recipes:
-        if name not in FP8_RECIPES:
-            raise r.fail("fp8_params_recipes", f"{name!r} is not an fp8 recipe; known: {', '.join(FP8_RECIPES)}")
-    return recipes
 
 
 def get_framework(name: str) -> Framework:
