@@ -24,12 +24,13 @@ TOLERANCES = {
     "NVIDIA/dgxc-benchmarking": (0.05, 0.45, "NeMo recipes: DeepSeek-V3 on GB200 (25.05) runs at 10% MFU: -41/-39% with "
                                              "its recipe's MTP and pipeline split and TE 2.x's unfused MLA attention on "
                                              "Blackwell (was -62/-60%); on H100 -4/-10% since MTP is priced"),
-    "NVIDIA-NeMo/Automodel": (0.16, 0.27, "Automodel: DeepEP sends one copy per destination rank/node and the "
+    "NVIDIA-NeMo/Automodel": (0.15, 0.27, "Automodel: DeepEP sends one copy per destination rank/node and the "
                                           "benchmark's FakeBalancedGate puts a token's experts on 1-2 ranks; the "
                                           "gpt-oss rows run the ep_size of their linked configs; a pipeline flush "
-                                          "per accumulation step and TE-fused norms/RoPE/permute (Qwen3-30B -1%, "
-                                          "gpt-oss-20b +1%); gpt-oss-120b -26%, DeepSeek-V3 1024 -25%, Kimi-K2 -18%, "
-                                          "DeepSeek-V3 256 -13%: the fusion exposes a missing cost of the MoE rows"),
+                                          "per accumulation step with FSDP's reduce-scatter after each, TE-fused "
+                                          "norms/RoPE/permute (Qwen3-30B -1%, gpt-oss-20b +1%); the 70B row read with "
+                                          "its config's full recomputation (+9%); gpt-oss-120b -26%, DeepSeek-V3 1024 "
+                                          "-23%, Kimi-K2 -18%, DeepSeek-V3 256 -13%: a cost of multi-node MoE missing"),
     "yanring/Megatron-MoE-ModelZoo": (0.18, 0.23, "Qwen3-235B on GB200/GB300 with CUDA graphs runs 4-18% fast; the "
                                                   "128k-token row's activation offload is not modelled (+21%)"),
     "NVIDIA/NeMo": (0.10, 0.18, "NeMo 24.03 long-sequence: TFLOPS-only rows (FLOP convention counts the full "
@@ -39,16 +40,19 @@ TOLERANCES = {
                                       "Megatron-DeepSpeed rows -16/-18% (eager SwiGLU/RoPE priced); Megatron-Core A800 "
                                       "rows on 8 GPUs 0-6% fast with core_v0.6's eager loss priced"),
     "mlcommons/training_results_v4.1": (0.06, 0.12, "MLPerf GPT-3 175B: H100 256-GPU row +8%, B200 -5%"),
-    "mlcommons/training_results_v5.0": (0.06, 0.15, "MLPerf Llama 3.1 405B on H100/GB200 (CUDA graphs): H100 within "
-                                                    "-1..+5%, GB200 512 -13%"),
-    "mlcommons/training_results_v5.1": (0.15, 0.28, "MLPerf Llama 3.1 8B: small per-GPU work (8-16k tokens per GPU per "
-                                                    "step) on 64-128 H100 runs 14-27% slower than modelled (the last "
-                                                    "gradient bucket priced)"),
+    "mlcommons/training_results_v5.0": (0.06, 0.13, "MLPerf Llama 3.1 405B on H100/GB200 (CUDA graphs): H100 within "
+                                                    "-1..+5%, GB200 512/2496 -10/-9% with the cuDNN <= 9.13 "
+                                                    "attention of their containers"),
+    "mlcommons/training_results_v5.1": (0.12, 0.28, "MLPerf Llama 3.1 8B: small per-GPU work (8-16k tokens per GPU per "
+                                                    "step) on 64-128 H100 runs 15-28% slower than modelled (the last "
+                                                    "gradient bucket priced; no CUDA graphs); MI350X -10% with its "
+                                                    "measured GEMM rate"),
 }
-# p90 0.30 -> 0.22 with DeepEP dedup; median 0.061 -> 0.048, p90 0.226 -> 0.176 with issue 23's fourth pass
+# p90 0.30 -> 0.22 with DeepEP dedup; median 0.061 -> 0.048, p90 0.226 -> 0.176 with issue 23's fourth pass;
+# fifth pass: 0.048 / 0.176, signed -0.039 -> -0.037
 OVERALL = {"median_abs_step_error": 0.052, "p90_abs_step_error": 0.19}
 # The lean (issue 23): the median signed error must stay inside this band.
-SIGNED_MEDIAN = (-0.045, 0.02)
+SIGNED_MEDIAN = (-0.042, 0.02)
 MEMORY_MEDIAN = 0.11  # device-level (FlagPerf nvidia-smi) and reserved (torchtitan) memory, all rows; 10.6% with
 # NCCL's NVLS buffers per communicator on NVLink4 NVSwitch (Hopper rows); 12.5% with the FSDP2
 # reduce-scatter stream pool, Megatron's extra communicators and TE's fp8 weight cache (was 14.8%)
