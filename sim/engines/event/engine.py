@@ -148,6 +148,8 @@ class Engine:
         # FSDP with pipelining, one schedule per flush: each schedule but the last ends with this
         # stage's exposed gather + reduce-scatter before its next forward (_flush_sync)
         per_flush = len(order) // sc.flushes
+        flush_ends = (frozenset(range(per_flush - 1, per_flush * (sc.flushes - 1), per_flush))
+                      if sc.flushes > 1 and sc.costs.stages[i].pieces.fsdp_step_sync_s > 0 else frozenset())
         if not sc.zb:
             for idx, (ph, mb, c) in enumerate(order):
                 k = c * p + i
@@ -158,7 +160,8 @@ class Engine:
                         yield ev
                     del self._ready[dep]
                 yield from self._pass(u, ph, mb, c, state)
-                yield from self._flush_sync(u, idx, per_flush)
+                if idx in flush_ends:
+                    yield from self._flush_sync(u)
         else:
             pending: deque[tuple[int, int]] = deque()
             limit = w_limit(p, i, sc.v)
@@ -178,7 +181,8 @@ class Engine:
                             yield ev
                         del self._ready[dep]  # type: ignore[arg-type]
                     yield from self._pass(u, ph, mb, c, state)
-                    yield from self._flush_sync(u, idx, per_flush)
+                    if idx in flush_ends:
+                        yield from self._flush_sync(u)
                     idx += 1
                     if ph == "B":
                         pending.append((mb, c))
@@ -187,17 +191,14 @@ class Engine:
                     yield from self._pass(u, "W", wmb, wc, state)
         yield from self._finish(u, state)
 
-    def _flush_sync(self, u: Unit, idx: int, per_flush: int) -> Generator:
+    def _flush_sync(self, u: Unit) -> Generator:
         """After the last pass of a pipeline schedule that is not the step's last (``Plan.pipeline_flushes``),
         FSDP with pipelining reduce-scatters the stage's gradients and reshards, and gathers again for the
         next schedule: ``fsdp_step_sync_s``, exposed (``sim.cost.step.compose``)."""
-        sc = self.sc
-        sync = sc.costs.stages[u.stage].pieces.fsdp_step_sync_s
-        if sync > 0 and sc.flushes > 1 and (idx + 1) % per_flush == 0 and idx + 1 < per_flush * sc.flushes:
-            t = self.env.now
-            yield self.env.timeout(sync)
-            self.log.append(Entry(u.index, "compute", "FSDP reduce-scatter + gather between schedules", "dp",
-                                  t, self.env.now, True))
+        t = self.env.now
+        yield self.env.timeout(self.sc.costs.stages[u.stage].pieces.fsdp_step_sync_s)
+        self.log.append(Entry(u.index, "compute", "FSDP reduce-scatter + gather between schedules", "dp",
+                              t, self.env.now, True))
 
     def _pass(self, u: Unit, ph: str, mb: int, c: int, state: dict) -> Generator:
         sc, env, log = self.sc, self.env, self.log
