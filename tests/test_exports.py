@@ -254,3 +254,16 @@ def test_deepspeed_refuses_activation_offload_it_cannot_express():
         render("deepspeed", spec)
     assert "offload" not in json.dumps(json.loads(render("deepspeed", _spec("llama3-8b", 8, "mbs=1,gbs=16"))
                                                   .files["ds_config.json"]))
+
+
+def test_megatron_export_disables_biases_exactly_when_the_model_has_none():
+    """--disable-bias-linear follows Model.linear_bias (Megatron-LM biases every linear by default),
+    not the activation: a GPT from the catalog keeps its biases, a Llama or an unbiased GeLU model
+    turns them off."""
+    for model_id, biased in (("gpt3-175b", True), ("llama3-8b", False)):
+        spec = _spec(model_id, 16, "tp=2,pp=1,mbs=1,gbs=32,zero=1,recompute=none")
+        meg = render("megatron", spec).files["megatron_args.sh"]
+        assert ("--disable-bias-linear" in meg) is not biased, model_id
+    spec = _spec("gpt3-175b", 16, "tp=2,pp=1,mbs=1,gbs=32,zero=1,recompute=none")
+    spec = dataclasses.replace(spec, model=dataclasses.replace(spec.model, linear_bias=False))
+    assert "--disable-bias-linear" in render("megatron", spec).files["megatron_args.sh"]

@@ -189,3 +189,18 @@ def test_torchtitan_compile_fuses_the_blocks_and_runs_norm_head_and_loss_eagerly
     p = _plan("torchtitan-compile", "tp=1,pp=1,mbs=1,gbs=8,zero=3", model="llama3-8b", gpu="h100-80gb", n=8).checked()
     fused_head = replace(p, fused_ops=p.fused_ops + ("final_norm", "cross_entropy"))
     assert simulate_analytic(p).step_time_s > simulate_analytic(fused_head).step_time_s
+
+
+def test_reference_rows_read_biased_linears_for_gpt_rows_only():
+    """Development rows: a GPT row (plain GeLU MLP) has biased linears, Llama-, Nemotron- and MoE
+    rows do not, and a row's own ``linear_bias`` wins (FlagPerf's Megatron-DeepSpeed Llama 2 runs
+    as launched, whose '--disable-bias-linear' never reached the command)."""
+    from planner.fitting.reference import load_reference, model_of
+
+    rows = {r.id: r for r in load_reference()}
+    assert model_of(rows["megatron-sc21-t1-gpt1.7b-32gpu"].raw).linear_bias
+    assert model_of(rows["korthikanti22-22b-sp-selective-8gpu"].raw).linear_bias
+    assert model_of(rows["flagperf-llama2-7b-bf16-a100-8-megatron-ds-gbs1024"].raw).linear_bias
+    assert not model_of(rows["flagperf-llama3-8b-bf16-h100-8"].raw).linear_bias
+    assert not model_of(rows["dgxc2505-nemotron4-15b-bf16-h100-16"].raw).linear_bias
+    assert not model_of(rows["dgxc2505-deepseek-v3-bf16-h100-512"].raw).linear_bias

@@ -352,3 +352,26 @@ def test_fuzz_truncated_real_files(tmp_path, cut, name):
     path = tmp_path / name
     path.write_bytes(raw[: cut % (len(raw) + 1)])
     _only_input_error(load_model, str(path))
+
+
+def test_linear_bias_from_files_and_configs():
+    """Model.linear_bias: the project key; Hugging Face configs by class default (GPT-2, Pythia)
+    or by their switches (Llama's attention_bias and mlp_bias, OPT's enable_bias); partial biases
+    (Qwen2's QKV only) read as unbiased; the catalog's GPTs are biased, its Llamas not."""
+    base = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100}
+    assert model_from_dict({**base, "linear_bias": True}, where="m.yaml").linear_bias is True
+    assert model_from_dict(base, where="m.yaml").linear_bias is False
+    with pytest.raises(InputError) as e:
+        model_from_dict({**base, "linear_bias": "yes"}, where="m.yaml")
+    assert e.value.field == "model.linear_bias"
+    assert load_model(str(DATA / "hf_gpt2_config.json")).linear_bias is True
+    assert load_model(str(DATA / "hf_pythia_160m_config.json")).linear_bias is True
+    assert load_model(str(DATA / "hf_llama3_8b_config.json")).linear_bias is False
+    assert load_model(str(DATA / "hf_qwen2_7b_config.json")).linear_bias is False
+    llama = json.loads((DATA / "hf_llama3_8b_config.json").read_text())
+    assert model_from_dict({**llama, "attention_bias": True, "mlp_bias": True}, where="c.json").linear_bias is True
+    assert model_from_dict({**llama, "attention_bias": True, "mlp_bias": False}, where="c.json").linear_bias is False
+    opt = {**llama, "model_type": "opt", "enable_bias": False}
+    assert model_from_dict(opt, where="c.json").linear_bias is False
+    assert catalog.get_model("gpt3-175b").linear_bias and catalog.get_model("gpt-1.7b").linear_bias
+    assert not catalog.get_model("llama3-70b").linear_bias

@@ -294,3 +294,16 @@ def test_transformer_engine_attention_env_picks_the_kernel(tmp_path, env, args, 
     assert recipe.plan.get("attention") == kernel
     if kernel and not args:
         assert any(k.key.startswith("export NVTE_") and k.maps_to == "plan.attention" for k in recipe.keys)
+
+
+@pytest.mark.parametrize("args,biased", [("", True), ("--disable-bias-linear", False),
+                                         ("--add-bias-linear", True)])
+def test_megatron_linears_are_biased_unless_disabled(tmp_path, args, biased):
+    """Megatron-LM's add_bias_linear defaults to True (arguments.py); --disable-bias-linear turns it
+    off: Model.linear_bias, which the Megatron export writes back."""
+    path = tmp_path / "train.sh"
+    path.write_text(_TE_SCRIPT.format(env="", args=args))
+    recipe = read_recipe(str(path))
+    assert recipe.model.linear_bias is biased
+    if args:
+        assert any(k.key == args and k.maps_to == "model.linear_bias" for k in recipe.keys)

@@ -152,6 +152,7 @@ def _architecture_args(spec: LaunchSpec, opt, var: Callable[[str], str]) -> None
         opt("--swiglu")
         opt("--normalization", "RMSNorm")
         opt("--position-embedding-type", "rope")
+    if not m.linear_bias:  # Megatron-LM biases every linear unless told not to (Model.linear_bias)
         opt("--disable-bias-linear")
     if not m.tied_embeddings:
         opt("--untie-embeddings-and-output-weights")

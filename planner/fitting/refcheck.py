@@ -59,8 +59,9 @@ def check_row(row: Any, *, file: str, index: int) -> None:
         mla = m.mapping("mla")
         for k in _MLA_INTS:
             mla.integer(k, optional=True, minimum=0)
-    if m.has("tied_embeddings"):
-        m.flag("tied_embeddings")
+    for k in ("tied_embeddings", "linear_bias"):
+        if m.has(k):
+            m.flag(k)
     s = r.mapping("strategy")
     s.integer("global_batch")
     for k in _STRATEGY_OPTIONAL_INTS:

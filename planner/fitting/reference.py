@@ -10,7 +10,8 @@ row states, never by a per-row value:
   ``interconnect`` text states (else the GPU's usual server); the NVLink domain of the GPU's
   usual system (NVL72 for GB200/GB300) unless the row says otherwise;
 * **model**: the row's shape (GQA, MLA, MoE with shared experts and leading dense layers; a
-  gated activation (SwiGLU, GeGLU) has three matrices, an ungated one (GeLU, squared ReLU) two);
+  gated activation (SwiGLU, GeGLU) has three matrices, an ungated one (GeLU, squared ReLU) two;
+  a GPT row's linears are biased unless it says ``linear_bias: false``);
 * **framework**: a profile of ``catalogs/frameworks.yaml`` chosen from the row's ``framework``
   text (NeMo, Megatron-Core, Megatron-LM by code year, Megatron-DeepSpeed, DeepSpeed with HF
   transformers, torchtitan, MaxText, NeMo Automodel);
@@ -200,7 +201,17 @@ def model_of(row: dict) -> Model:
                  kv_lora_rank=int(mla["kv_lora_rank"]) if mla else None,
                  qk_rope_head_dim=int(mla.get("qk_rope_head_dim") or 0),
                  v_head_dim=int(mla["v_head_dim"]) if mla.get("v_head_dim") else None,
-                 mtp_layers=_mtp_layers(row))
+                 mtp_layers=_mtp_layers(row), linear_bias=_linear_bias(m, act, gated, llama_like))
+
+
+def _linear_bias(m: dict, act: str, gated: bool, llama_like: bool) -> bool:
+    """Biased linears (``Model.linear_bias``): the row's ``linear_bias``, else a GPT row's (a plain
+    GeLU MLP, not Llama-like): GPT-2/GPT-3 carry biases on every linear, as Megatron-LM's GPT does
+    by default (``--add-bias-linear``; its Llama and Nemotron recipes pass ``--disable-bias-linear``,
+    and Nemotron-4 has no biases, Parmar et al. 2024 Sec. 2)."""
+    if m.get("linear_bias") is not None:
+        return bool(m["linear_bias"])
+    return not gated and not llama_like and "squared" not in act and "geglu" not in act
 
 
 def _nemo_deepseek_v3_recipe(row: dict) -> bool:

@@ -49,7 +49,7 @@ def load_vtrain(which: str) -> tuple[VtrainRow, ...]:
             h, n = int(r["hidden size"]), int(r["# GPUs"])
             model = Model(name=f"gpt-h{h}", num_layers=int(r["# layers"]), hidden_size=h,
                           num_attention_heads=int(r["attention heads"]), ffn_hidden_size=4 * h,
-                          vocab_size=VOCAB_PADDED, tied_embeddings=True)
+                          vocab_size=VOCAB_PADDED, tied_embeddings=True, linear_bias=True)
             cluster = cluster_from_catalog(gpu, n, gpus_per_node=8, nic=nic, nics_per_node=NICS_PER_NODE)
             strategy = Strategy(tp=int(r["tensor parallelism"]), pp=int(r["pipeline parallelism"]),
                                 dp=int(r["data parallelism"]), mbs=int(r["micro batch"]), gbs=int(r["global batch"]),

@@ -149,7 +149,7 @@ NO_COST: tuple[str, ...] = (
     "--record-memory-history", "--memory-snapshot-path", "--nsys-*", "--enable-experimental", "--finetune",
     "--pretrained-checkpoint", "--use-checkpoint-args", "--use-dist-ckpt", "--async-save", "--non-persistent-*",
     "--distributed-backend", "--local-rank", "--local_rank", "--dataloader-type", "--reset-*", "--eod-mask-loss",
-    "--apply-layernorm-1p", "--normalization", "--disable-bias-linear", "--add-bias-linear", "--add-qkv-bias",
+    "--apply-layernorm-1p", "--normalization", "--add-qkv-bias",
     "--no-position-embedding", "--init-model-with-meta-device", "--no-initialization", "--full-validation",
     "--tiktoken-*", "--null-tokenizer-*", "--sft*", "--swiglu-*", "--bias-swiglu-fusion", "--moe-z-loss-coeff",
     "--moe-input-jitter-eps", "--moe-per-layer-logging", "--moe-router-padding-for-fp8", "--kv-lora-rank-*",
@@ -571,6 +571,7 @@ def read_megatron(path: str, options: list[tuple[str, object]], *, dialect: str,
 _ARCH_KEYS = ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--group-query-attention",
               "--num-query-groups", "--kv-channels", "--swiglu", "--squared-relu", "--untie-embeddings-and-output-weights",
               "--vocab-size", "--make-vocab-size-divisible-by", "--max-position-embeddings", "--position-embedding-type",
+              "--disable-bias-linear", "--add-bias-linear",
               "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
               "--moe-layer-freq", "--multi-latent-attention", "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim",
               "--qk-pos-emb-head-dim", "--v-head-dim", "--tokenizer-type")
@@ -599,6 +600,11 @@ def _model(path: str, r: _Reader, tp: int, n_layers: int | None, warn: list[str]
     if head_dim is not None and head_dim * heads == hidden:
         head_dim = None
     tied = not r.flag("--untie-embeddings-and-output-weights", "model.tied_embeddings", "false")
+    # Megatron-LM's linears are biased unless --disable-bias-linear (arguments.py: add_bias_linear
+    # defaults to True; --add-bias-linear is the older spelling of the default)
+    bias = r.flag("--add-bias-linear", "model.linear_bias") if r.has("--add-bias-linear") else True
+    if r.flag("--disable-bias-linear", "model.linear_bias", "false"):
+        bias = False
     max_pos = r.int("--max-position-embeddings", "model.max_seq_len")
     pos = r.text("--position-embedding-type", "model.position_embedding")
     position = None if pos is None else ("rope" if pos in ("rope", "yarn", "mrope") else "learned")
@@ -658,7 +664,7 @@ def _model(path: str, r: _Reader, tp: int, n_layers: int | None, warn: list[str]
         m = Model(name=path.rsplit("/", 1)[-1], num_layers=n_layers, hidden_size=hidden, num_attention_heads=heads,
                   ffn_hidden_size=ffn, vocab_size=padded, num_kv_heads=kv, head_dim=head_dim,
                   ffn_type="swiglu" if swiglu else "gelu", tied_embeddings=tied, moe=moe, max_seq_len=max_pos,
-                  position_embedding=position, source=f"recipe {path}", **mla)
+                  position_embedding=position, linear_bias=bias, source=f"recipe {path}", **mla)
     except InputError as exc:
         raise recipe_error(path, exc.field, exc.value, exc.message) from None
     return m, note

@@ -46,7 +46,7 @@ MAX_SEQ_LEN = 1 << 30
 MODEL_KEYS: tuple[str, ...] = (
     "name", "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
     "ffn_hidden_size", "ffn_type", "vocab_size", "tied_embeddings", "moe", "max_seq_len",
-    "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "mtp_layers", "source",
+    "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "mtp_layers", "linear_bias", "source",
 )
 """Keys of the project model schema (see catalogs/README.md for defaults)."""
 
@@ -75,6 +75,29 @@ _PLAIN_MLP_MODEL_TYPES = frozenset({
 # tie_word_embeddings default when a config omits it (the model class's own default).
 _TIED_BY_DEFAULT = frozenset({"gpt2", "gpt_neo", "gpt_bigcode", "gemma", "gemma2", "gemma3_text",
                               "opt", "bloom", "falcon", "mpt", "starcoder2"})
+# Model classes whose four linears (QKV, projection, both MLP linears) carry biases unless the
+# config says otherwise (``Model.linear_bias``): GPT-2 (Conv1D with bias), GPT-BigCode, OPT
+# (enable_bias, default true), BLOOM, Phi, StarCoder2 (use_bias, default true), GPT-NeoX
+# (attention_bias, default true).  Models that bias only some linears (Qwen2's QKV, GPT-J's MLP)
+# are read as unbiased: the model prices all four or none.
+_BIASED_BY_DEFAULT = frozenset({"gpt2", "gpt_bigcode", "opt", "bloom", "phi", "starcoder2", "gpt_neox"})
+_BIAS_SWITCHES = ("enable_bias", "use_bias", "bias")  # OPT, StarCoder2, Falcon
+
+
+def _hf_linear_bias(d: Mapping[str, Any], where: str, model_type: str | None) -> bool:
+    """Whether every linear of a Hugging Face config's layer is biased (``Model.linear_bias``):
+    Llama-style ``attention_bias`` and ``mlp_bias`` both set, MPT's ``no_bias`` false, a model
+    class's own switch (``_BIAS_SWITCHES``), else the class default (``_BIASED_BY_DEFAULT``)."""
+    if "attention_bias" in d and "mlp_bias" in d:
+        return _bool(d, "attention_bias", where, default=False) and _bool(d, "mlp_bias", where, default=False)
+    if "no_bias" in d:
+        return not _bool(d, "no_bias", where, default=True)
+    for key in _BIAS_SWITCHES:
+        if key in d:
+            return _bool(d, key, where, default=False)
+    return model_type in _BIASED_BY_DEFAULT
+
+
 _HF_MARKERS = ("model_type", "architectures", "transformers_version", "num_hidden_layers",
                "n_layer", "n_embd", "text_config")
 
@@ -193,6 +216,7 @@ def _from_project(d: Mapping[str, Any], *, where: str, default_name: str) -> Mod
         qk_rope_head_dim=_int(d, "qk_rope_head_dim", where, required=False, minimum=0) or 0,
         v_head_dim=_int(d, "v_head_dim", where, required=False),
         mtp_layers=_int(d, "mtp_layers", where, required=False, minimum=0) or 0,
+        linear_bias=_bool(d, "linear_bias", where, default=False),
         source=_str(d, "source", where, default="") or "",
     )
     if kwargs["q_lora_rank"] is not None and kwargs["kv_lora_rank"] is None:
@@ -297,6 +321,7 @@ def _from_hf(d: Mapping[str, Any], *, where: str, default_name: str, nested: boo
         ffn_type="swiglu" if gated else "gelu",
         vocab_size=_int(d, "vocab_size", where),
         tied_embeddings=_bool(d, "tie_word_embeddings", where, default=model_type in _TIED_BY_DEFAULT),
+        linear_bias=_hf_linear_bias(d, where, model_type),
         moe=moe,
         max_seq_len=_int(d, "max_position_embeddings", where, required=False, maximum=MAX_SEQ_LEN),
         source=f"Hugging Face config ({where})",
@@ -327,6 +352,7 @@ def _from_hf_gpt2(d: Mapping[str, Any], *, where: str, name: str, model_type: st
         ffn_type="gelu",
         vocab_size=_int(d, "vocab_size", where),
         tied_embeddings=_bool(d, "tie_word_embeddings", where, default=model_type != "gptj"),
+        linear_bias=_hf_linear_bias(d, where, model_type),
         max_seq_len=_int(d, "n_positions", where, required=False, maximum=MAX_SEQ_LEN),
         source=f"Hugging Face config ({where})",
     )

@@ -231,6 +231,13 @@ class Model:
     # kind on the stage holding the loss, with its own projection, norms, output layer and loss
     # (sim.layers.stages.stage_layers, sim.layers.ops.head_ops)
     mtp_layers: int = 0
+    # Biased linear layers (QKV, attention projection and both MLP linears carry a bias vector):
+    # GPT-2/GPT-3 and Megatron-LM's GPT (``--add-bias-linear`` is its default; Llama-family
+    # recipes pass ``--disable-bias-linear``).  Read from model files, Hugging Face configs and
+    # recipes and written back by the exports; not priced (biases are < 0.1% of the parameters,
+    # and their kernels' time is not separable in the layer timings the GEMM model is fitted on:
+    # docs/accuracy.md).
+    linear_bias: bool = False
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -259,6 +266,8 @@ class Model:
             _choice("model.position_embedding", self.position_embedding, ("rope", "learned"))
         if not isinstance(self.tied_embeddings, bool):
             raise InputError("model.tied_embeddings", self.tied_embeddings, "must be true or false")
+        if not isinstance(self.linear_bias, bool):
+            raise InputError("model.linear_bias", self.linear_bias, "must be true or false")
         if self.moe is not None and self.moe.first_k_dense_layers > self.num_layers:
             raise InputError("moe.first_k_dense_layers", self.moe.first_k_dense_layers,
                              f"exceeds num_layers={self.num_layers}")
