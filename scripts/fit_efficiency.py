@@ -2,8 +2,9 @@
 """Fit the hardware-efficiency constants of catalogs/efficiency.yaml (``planner.fitting.fit``).
 
 Inputs: NCCL bus-bandwidth curves and Korthikanti et al. 2022 Table 4 (the ``microbenchmarks``
-section of catalogs/reference/published_runs.yaml), the kernel microbenchmarks of
-catalogs/microbenchmarks/ and the vTrain measurements.  No scored run's throughput is used.
+section of catalogs/reference/published_runs.yaml; Table 4 is reported against the fit, not
+fitted), the kernel microbenchmarks of catalogs/microbenchmarks/ (GEMM sweeps give the shape
+factor) and the vTrain measurements.  No scored run's throughput is used.
 Prints the fitted values; ``--write`` stores them in the ``fitted`` block of
 catalogs/efficiency.yaml (tests/test_fit_efficiency.py checks that the stored values are what
 this computes, so they cannot drift).  ``--exclude korthikanti2022`` shows the fit

@@ -16,14 +16,15 @@ from planner.fitting.published import compare_all, load_runs, summary, summary_b
 TOLERANCES = {
     "narayanan2021": (0.06, 0.12, "Narayanan et al. 2021 Table 1: mbs/vp unstated (filled by rule); the SC'21 "
                                   "Megatron-LM runs 2-10% slower than the model, most on the smallest runs (TP 1-2)"),
-    "korthikanti2022": (0.04, 0.08, "Korthikanti et al. 2022: its Table 4 is left out of the GEMM fit when its "
-                                    "runs are scored; the vTrain-fitted A100 rate leaves the rows 1-6% fast"),
+    "korthikanti2022": (0.02, 0.05, "Korthikanti et al. 2022: its Table 4 feeds no fitted value (the GEMM shape "
+                                    "factor comes from GEMM sweeps); rows -4..+1%"),
     "pytorch/torchtitan": (0.08, 0.35, "torchtitan on 500 W H100 HBM2e (peak unknown, +-8%); context-parallel rows at "
                                        "131k-262k tokens run ~30% slower than FlashAttention-2 plus the ring's per-step "
                                        "cost; compiled float8 rows +5/+6% with the eager loss priced"),
-    "NVIDIA/dgxc-benchmarking": (0.05, 0.45, "NeMo recipes: DeepSeek-V3 on GB200 (25.05) runs at 10% MFU: -41/-39% with "
-                                             "its recipe's MTP and pipeline split and TE 2.x's unfused MLA attention on "
-                                             "Blackwell (was -62/-60%); on H100 -4/-10% since MTP is priced"),
+    "NVIDIA/dgxc-benchmarking": (0.05, 0.35, "NeMo recipes: DeepSeek-V3 on GB200 (25.05) runs at 10% MFU: -32/-30% with "
+                                             "its recipe's MTP and pipeline split, TE 2.x's unfused MLA attention on "
+                                             "Blackwell and the shape factor of its 192-wide batched score GEMMs (was "
+                                             "-62/-60%); on H100 -4/-10% since MTP is priced"),
     "NVIDIA-NeMo/Automodel": (0.15, 0.27, "Automodel: DeepEP sends one copy per destination rank/node and the "
                                           "benchmark's FakeBalancedGate puts a token's experts on 1-2 ranks; the "
                                           "gpt-oss rows run the ep_size of their linked configs; a pipeline flush "
@@ -39,20 +40,23 @@ TOLERANCES = {
     "FlagOpen/FlagPerf": (0.06, 0.30, "FlagPerf: Mixtral row's README states EP inconsistently (-28%); "
                                       "Megatron-DeepSpeed rows -16/-18% (eager SwiGLU/RoPE priced); Megatron-Core A800 "
                                       "rows on 8 GPUs 0-6% fast with core_v0.6's eager loss priced"),
-    "mlcommons/training_results_v4.1": (0.06, 0.12, "MLPerf GPT-3 175B: H100 256-GPU row +8%, B200 -5%"),
+    "mlcommons/training_results_v4.1": (0.07, 0.12, "MLPerf GPT-3 175B: H100 256-GPU row +8%, B200 -7% (Blackwell's "
+                                                    "GEMM fraction read with the shape factor taken out of TE's "
+                                                    "profiled GEMMs)"),
     "mlcommons/training_results_v5.0": (0.06, 0.13, "MLPerf Llama 3.1 405B on H100/GB200 (CUDA graphs): H100 within "
                                                     "-1..+5%, GB200 512/2496 -10/-9% with the cuDNN <= 9.13 "
                                                     "attention of their containers"),
-    "mlcommons/training_results_v5.1": (0.12, 0.28, "MLPerf Llama 3.1 8B: small per-GPU work (8-16k tokens per GPU per "
+    "mlcommons/training_results_v5.1": (0.08, 0.28, "MLPerf Llama 3.1 8B: small per-GPU work (8-16k tokens per GPU per "
                                                     "step) on 64-128 H100 runs 15-28% slower than modelled (the last "
-                                                    "gradient bucket priced; no CUDA graphs); MI350X -10% with its "
+                                                    "gradient bucket priced; no CUDA graphs); MI350X -7% with its "
                                                     "measured GEMM rate"),
 }
 # p90 0.30 -> 0.22 with DeepEP dedup; median 0.061 -> 0.048, p90 0.226 -> 0.176 with issue 23's fourth pass;
 # fifth pass: 0.048 / 0.176, signed -0.039 -> -0.037
-OVERALL = {"median_abs_step_error": 0.052, "p90_abs_step_error": 0.19}
+# sixth pass (GEMM shape factor from GEMM sweeps): 0.047 / 0.167, signed -0.031
+OVERALL = {"median_abs_step_error": 0.05, "p90_abs_step_error": 0.18}
 # The lean (issue 23): the median signed error must stay inside this band.
-SIGNED_MEDIAN = (-0.042, 0.02)
+SIGNED_MEDIAN = (-0.035, 0.02)
 MEMORY_MEDIAN = 0.11  # device-level (FlagPerf nvidia-smi) and reserved (torchtitan) memory, all rows; 10.6% with
 # NCCL's NVLS buffers per communicator on NVLink4 NVSwitch (Hopper rows); 12.5% with the FSDP2
 # reduce-scatter stream pool, Megatron's extra communicators and TE's fp8 weight cache (was 14.8%)
@@ -137,7 +141,8 @@ def test_event_engine_agrees_on_memory_and_roughly_on_time(in_sample):
 
 def test_loso_refits_only_the_sources_the_fit_reads(loso):
     """Sources whose data the fit never reads are predicted by the catalog's fit; Korthikanti
-    et al.'s rows by the fit without its Table 4 (planner.fitting.fit)."""
+    et al.'s rows by the fit without its Table 4 (planner.fitting.fit), which since the shape
+    factor comes from GEMM sweeps fits the same values."""
     from planner.fitting.published import fitted_without
     from sim.layers.compute import catalog_fitted
 

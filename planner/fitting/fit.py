@@ -9,16 +9,18 @@
    fraction per architecture, the fp8 recipes' quantization cost, attention efficiency vs
    sequence length, the per-step overhead of ring (context-parallel) attention, the sustained-over-
    burst compute rate (long-running GEMM sweeps against mamf-finder's bursts);
-3. **GEMM shape factor and the fallback sustained fraction** (GPUs without a training-shape
-   GEMM benchmark, i.e. Ampere) from Korthikanti et al. 2022 Table 4's per-layer timings and
-   half of the vTrain multi-node rows, and the **host dispatch floor** from a quarter of the
-   vTrain single-node rows, alternately until both stop moving.
+3. **GEMM shape factor** from GEMM sweeps (XLA's H100 and B200 matmul tables:
+   ``fit_kernels.fit_gemm_half_dim``), which the per-architecture fractions of step 2 are
+   corrected by; then the **fallback sustained fraction** (GPUs without a training-shape GEMM
+   benchmark, i.e. Ampere) from half of the vTrain multi-node rows, and the **host dispatch
+   floor** from a quarter of the vTrain single-node rows, alternately until both stop moving.
+   Korthikanti et al. 2022 Table 4's per-layer timings are reported against the result, not fitted.
 
 Data sources carry the key a reference run of the same source is scored under
 (``planner.fitting.reference.source_of``): Table 4 is ``korthikanti2022``, the vTrain rows ``vtrain``.
 ``fit_all(exclude={S})`` refits without source ``S``'s data, which is what leave-one-source-
-out scoring (``planner.fitting.published``) does before predicting S's runs.  Without Table 4 the GEMM
-step chooses the shape factor and the sustained fraction together on the vTrain rows.
+out scoring (``planner.fitting.published``) does before predicting S's runs (Table 4 feeds no
+fitted value since the shape factor comes from GEMM sweeps).
 
 Known error: each step is a least-squares or grid fit of a few parameters; their residuals
 are stored next to the values (``max_rel_error_*``, ``rms_rel_error``, ``*_median_abs_error_*``).
@@ -37,8 +39,9 @@ from sim.net.netefficiency import network_kwargs
 from sim.base.fitting import fit_ring_all_reduce, fit_scalar, parse_size
 from sim.net.network import Network, SizeCurve
 
-from planner.fitting.fit_kernels import (fit_attention_curves, fit_attention_curves_by_library, fit_deepep_dispatch, fit_fp8_recipes, fit_gemm_per_architecture,
-                                 fit_ring_attention, fit_sustained_clock)
+from planner.fitting.fit_kernels import (fit_attention_curves, fit_attention_curves_by_library, fit_deepep_dispatch,
+                                         fit_fp8_recipes, fit_gemm_half_dim, fit_gemm_per_architecture,
+                                         fit_ring_attention, fit_sustained_clock)
 from planner.fitting.vtrain import load_vtrain
 
 # Source keys of the training-run data the fit reads (planner.fitting.reference.source_of names the same).
@@ -227,41 +230,24 @@ def _vtrain_median_error(eff: KernelEfficiency, rows, nets: list[Network]) -> fl
                              for r, n in zip(rows, nets))
 
 
-def fit_gemm(mb: Mapping[str, Any], fitted: Mapping[str, Any], base: KernelEfficiency, *,
-             use_table4: bool = True) -> dict:
-    """GEMM efficiency below the best case on GPUs without a training-shape benchmark:
-    ``eff = matmul_efficiency * s * d / (d + d_half)``.
-
-    Table 4 has one GEMM family (h/TP = 768): it pins the efficiency at that size but not how
-    it grows with ``d`` (a large ``d_half`` with ``s = 1`` and a small one with ``s < 1`` fit
-    it equally).  The multi-node vTrain rows (h/TP 192-6,144, same A100s) separate the two: for
-    each ``s`` on a grid, ``d_half`` is refitted on Table 4 and the step-time error is taken
-    over the even-numbered rows; the odd rows stay held out.  Without Table 4
-    (``use_table4=False``, leave-one-source-out), ``s`` and ``d_half`` are chosen together on
-    the even vTrain rows."""
+def fit_gemm(mb: Mapping[str, Any], fitted: Mapping[str, Any], base: KernelEfficiency) -> dict:
+    """The fallback sustained fraction ``s`` of GEMMs on GPUs without a training-shape benchmark
+    (``eff = matmul_efficiency * s * d / (d + d_half)``), with ``d_half`` from the GEMM sweeps
+    (``base``, ``planner.fitting.fit_kernels.fit_gemm_half_dim``): the grid value minimising the
+    step-time error over the even-numbered multi-node vTrain rows (A100, h/TP 192-6,144); the odd
+    rows stay held out.  Korthikanti et al. Table 4's per-layer timings (one GEMM family, h/TP =
+    768) are reported against the result (``rms_rel_error``, ``predicted_fwd_bwd_ms``), not fitted:
+    layer timings fold every other mechanism of the layer into a GEMM constant."""
     rows = load_vtrain("multi")
     fit_rows, held_out = rows[0::2], rows[1::2]
     fit_nets, held_nets = _networks(fitted, fit_rows), _networks(fitted, held_out)
     t4 = _Table4(mb, fitted)
-    halves = [float(x) for x in range(0, 1025, 8)] if use_table4 else [float(x) for x in range(0, 1025, 64)]
-    results = {}
-    # Without Table 4 both constants come from the vTrain rows: a joint grid, coarser (s in steps
-    # of 0.02, d_half of 64) because every point costs a simulation of each fitting row.
-    grid = [round(0.80 + 0.01 * k, 2) for k in range(21)] if use_table4 else [round(0.80 + 0.02 * k, 2) for k in range(11)]
-    for s in grid:
-        b = replace(base, gemm_sustained_fraction=s)
-        if use_table4:
-            half, rms = fit_scalar(lambda h: t4.rms(replace(b, gemm_half_dim=h)), halves)
-            results[s] = (_vtrain_median_error(replace(b, gemm_half_dim=half), fit_rows, fit_nets), half, rms)
-        else:
-            half, err = fit_scalar(lambda h: _vtrain_median_error(replace(b, gemm_half_dim=h), fit_rows, fit_nets),
-                                   halves)
-            results[s] = (err, half, t4.rms(replace(b, gemm_half_dim=half)))
-    s = min(results, key=lambda k: results[k][0])
-    err, half, rms = results[s]
-    eff = replace(base, gemm_sustained_fraction=s, gemm_half_dim=half)
+    grid = [round(0.80 + 0.01 * k, 2) for k in range(21)]
+    s, err = fit_scalar(lambda x: _vtrain_median_error(replace(base, gemm_sustained_fraction=x), fit_rows, fit_nets),
+                        grid)
+    eff = replace(base, gemm_sustained_fraction=s)
     table = {r["experiment"]: [round(v, 2) for v in t4.layer_ms(eff, r["experiment"])] for r in t4.rows}
-    return {"gemm_half_dim": half, "gemm_sustained_fraction": s, "rms_rel_error": round(rms, 4),
+    return {"gemm_half_dim": eff.gemm_half_dim, "gemm_sustained_fraction": s, "rms_rel_error": round(t4.rms(eff), 4),
             "vtrain_multi_fit_rows": len(fit_rows), "vtrain_multi_median_abs_error_fit": round(err, 4),
             "vtrain_multi_median_abs_error_held_out": round(_vtrain_median_error(eff, held_out, held_nets), 4),
             "predicted_fwd_bwd_ms": table}
@@ -292,18 +278,20 @@ def fit_all(exclude: frozenset[str] | set[str] = frozenset()) -> dict:
     out["deepep_dispatch"] = fit_deepep_dispatch()
     out["ring_attention"] = fit_ring_attention()
     out["sustained_clock"] = fit_sustained_clock()
-    per_arch = fit_gemm_per_architecture()
-    # The GEMM shape factor and the host floor interact (a floored op hides its shape), so
-    # they are fitted alternately from the catalog defaults until both stop moving.
+    reference = kernel_efficiency(None).gemm_reference_flops_per_sm
+    shape = fit_gemm_half_dim(reference)
+    per_arch = fit_gemm_per_architecture(shape["gemm_half_dim"], reference)
+    # The sustained fraction and the host floor interact (a floored op hides its GEMM), so they
+    # are fitted alternately from the catalog defaults until both stop moving.
     start = {k: out[k] for k in ("collective_overhead_s", "fp8_recipes", "attention_curves")}
-    start["gemm"] = {"gemm_half_dim": 0.0, "per_architecture": per_arch}
+    start["gemm"] = {"gemm_half_dim": shape["gemm_half_dim"], "per_architecture": per_arch}
     base = kernel_efficiency(start)
     floor = 0.0
     for _ in range(4):
-        out["gemm"] = fit_gemm(mb, out, replace(base, host_op_floor_s=floor), use_table4=TABLE4_SOURCE not in exclude)
+        out["gemm"] = fit_gemm(mb, out, replace(base, host_op_floor_s=floor))
+        out["gemm"]["shape_by_gpu"] = shape["by_gpu"]
         out["gemm"]["per_architecture"] = per_arch
-        out["host"] = fit_host_op_floor(out, replace(base, gemm_half_dim=out["gemm"]["gemm_half_dim"],
-                                                gemm_sustained_fraction=out["gemm"]["gemm_sustained_fraction"]))
+        out["host"] = fit_host_op_floor(out, replace(base, gemm_sustained_fraction=out["gemm"]["gemm_sustained_fraction"]))
         if out["host"]["host_op_floor_s"] == floor:
             break
         floor = out["host"]["host_op_floor_s"]

@@ -11,6 +11,15 @@ Three fits, each from kernel-level data only (no training run), stored by
   training run's fixed shapes keep of the best case; applied to every GPU of the architecture.
   Known error: one shape family (M = 15,872 tokens, K = 4,096 or 16,384); the H200 NVL runs at
   600 W and lower clocks than an SXM part (its own data-sheet peak is used).
+* **GEMM shape factor** (``fit_gemm_half_dim``): ``d / (d + d_half)`` with ``d`` the narrowest
+  of M, N, K, fitted on XLA's H100 (sm_90) and B200 bf16 matmul tables over the GEMMs whose two
+  other sides are the sweep's largest (4096) and whose narrow side is >= 512: H100 162, B200 333,
+  i.e. 62.4 and 63.3 in A100 units once scaled by dense FLOP/s per SM (the model's scaling,
+  ``sim.layers.compute.gemm_half_dim``, checked by the 2x per-SM step between the two; B200's
+  fp8 column gives 688, 2.07x its bf16, as the fp8 peak predicts).  The per-architecture
+  fractions above take this factor out of each profiled GEMM.  Known error: a narrow K costs
+  more than a narrow M or N (short main loop: 0.69 vs 0.83 of the 4096 cube at 512 on H100),
+  one curve for both (5-6% rms in log time); below 512 the fall is steeper (wave quantisation).
 * **fp8 recipe costs** (``fit_fp8_recipes``): the same profile with quantization inside the
   timed loop (autocast, what training does) and without (pre-quantized inputs): the
   difference is the quantization (amax, scale, cast and transpose of x, W and dy); over the
@@ -37,11 +46,12 @@ Three fits, each from kernel-level data only (no training run), stored by
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any, Iterable, Mapping
 
 from sim.data.catalog import catalog_document, get_gpu, get_nic
-from sim.base.fitting import fit_saturating
+from sim.base.fitting import fit_saturating, fit_scalar
 
 
 def _entries(name: str) -> dict[str, Mapping[str, Any]]:
@@ -84,20 +94,72 @@ def _layer_ms(entry: Mapping[str, Any], mode: str, key: str) -> float | None:
     return None if row is None else float(row["ms"])
 
 
-def fit_gemm_per_architecture() -> dict[str, dict[str, float]]:
-    """``{architecture: {precision: sustained fraction of the best case}}`` (module docstring)."""
+# GEMM sweeps that time one narrow dimension against two large ones (a training GEMM: tokens x
+# hidden with one narrow side), the catalog GPU each speaks for and its throughput key.
+SHAPE_GEMMS = {"xla-matmul-perf-table-sm90-bf16": ("h100-80gb", "tflops"),
+               "xla-matmul-perf-table-b200": ("b200-180gb", "bf16_tflops")}
+# Narrow dimensions below this are left out of the shape fit: a training GEMM's narrowest side
+# (h/TP, the FFN shard, tokens per expert) is rarely below it, and there the tile under-fill the
+# curve describes gives way to a wave-quantised cliff (256 wide: half the 4096 rate on H100).
+MIN_SHAPE_DIM = 512
+
+
+def _shape_factor(d: float, half_dim: float) -> float:
+    return d / (d + half_dim)  # sim.layers.compute.matmul_efficiency
+
+
+def fit_gemm_half_dim(reference_flops_per_sm: float) -> dict[str, Any]:
+    """The GEMM shape factor's half dimension (``sim.layers.compute.matmul_efficiency``:
+    ``d / (d + d_half)``, ``d`` the smallest of M, N, K) from GEMM microbenchmarks, not layer
+    timings: on each sweep of ``SHAPE_GEMMS``, the GEMMs whose two other dimensions are the
+    sweep's largest (4096) and whose narrow one is at least ``MIN_SHAPE_DIM``, as a fraction of
+    the largest cube, fitted in log error.  Each GPU's half dimension is stated in the reference
+    GPU's units (``gemm_reference_flops_per_sm``, A100: the model scales it by dense bf16 FLOP/s
+    per SM, ``sim.layers.compute.gemm_half_dim``); the fitted value is their mean, and the two
+    GPUs' agreement is the check of that scaling (H100 and B200 differ 2x in FLOP/s per SM)."""
+    mb = _entries("gemm")
+    by_gpu: dict[str, dict[str, float]] = {}
+    for entry_id, (gpu_id, key) in SHAPE_GEMMS.items():
+        pts = {(int(p["m"]), int(p["n"]), int(p["k"])): float(p[key]) for p in mb[entry_id]["points"]}
+        big = max(max(shape) for shape in pts)
+        ref = pts[(big, big, big)]
+        narrow = [(min(shape), t / ref) for shape, t in pts.items()
+                  if sorted(shape)[1] == big and min(shape) >= MIN_SHAPE_DIM]
+
+        def loss(h: float) -> float:
+            return sum((math.log(r) - math.log(_shape_factor(d, h) / _shape_factor(big, h))) ** 2 for d, r in narrow)
+
+        half, err = fit_scalar(loss, [float(x) for x in range(0, 2049)])
+        gpu = get_gpu(gpu_id)
+        per_sm = gpu.peak_flops_per_s("bf16") / gpu.num_sms
+        by_gpu[gpu_id] = {"half_dim": half, "reference_units": round(half * reference_flops_per_sm / per_sm, 1),
+                          "rms_log_error": round(math.sqrt(err / len(narrow)), 4), "points": len(narrow)}
+    return {"gemm_half_dim": round(statistics.fmean(v["reference_units"] for v in by_gpu.values()), 1),
+            "by_gpu": by_gpu}
+
+
+def fit_gemm_per_architecture(half_dim: float = 0.0, reference_flops_per_sm: float = 0.0
+                              ) -> dict[str, dict[str, float]]:
+    """``{architecture: {precision: sustained fraction of the best case}}`` (module docstring),
+    with the shape factor of ``half_dim`` (reference units) taken out of each of the profiled
+    layer's GEMMs, so that the model times that layer as measured."""
     mb = _entries("gemm")
     out: dict[str, dict[str, float]] = {}
     for arch, (entry_id, gpu_id) in TRAINING_SHAPE_GEMMS.items():
         e = mb[entry_id]
         peaks, _ = _device(e, gpu_id)
         best = get_gpu(gpu_id).matmul_efficiency
-        flops = _layer_flops(e)
+        sms = get_gpu(gpu_id).num_sms
         bf16_ms = statistics.fmean(t for t in (_layer_ms(e, "autocast", "bf16"), _layer_ms(e, "prequantized", "bf16"))
                                    if t is not None)
         fp8_ms = _layer_ms(e, "prequantized", "fp8_current_scaling")  # the per-tensor GEMM kernel alone
-        out[arch] = {"bf16": round(flops / (bf16_ms * 1e-3) / peaks["bf16"] / best["bf16"], 4),
-                     "fp8": round(flops / (fp8_ms * 1e-3) / peaks["fp8"] / best["fp8"], 4)}
+        fracs = {}
+        for prec, ms in (("bf16", bf16_ms), ("fp8", fp8_ms)):
+            h = half_dim * peaks[prec] / sms / reference_flops_per_sm if reference_flops_per_sm else 0.0
+            # flops each GEMM would take at full shape efficiency: sum of flops / shape factor
+            shaped = sum(6.0 * m * k * n / _shape_factor(min(m, k, n), h) for m, k, n in e["layer_gemm_shapes_mkn"])
+            fracs[prec] = round(shaped / (ms * 1e-3) / peaks[prec] / best[prec], 4)
+        out[arch] = fracs
     return out
 
 

@@ -295,10 +295,11 @@ class OpTime:
 def gemm_half_dim(gpu: Gpu, precision: str, eff: KernelEfficiency) -> float:
     """The GEMM dimension at which the shape factor halves efficiency, on ``gpu``.
 
-    Fitted on A100 (``catalogs/efficiency.yaml``) and scaled by throughput per SM: the fixed
-    cycles of a tile (prologue, pipeline fill, epilogue) weigh more on an SM that finishes its
-    main loop faster, so a faster SM needs proportionally deeper/larger problems (an
-    assumption, not a fit: no layer timings on other GPUs are in the microbenchmarks).
+    Stated in A100 units (``catalogs/efficiency.yaml``) and scaled by throughput per SM: the
+    fixed cycles of a tile (prologue, pipeline fill, epilogue) weigh more on an SM that finishes
+    its main loop faster, so a faster SM needs proportionally deeper/larger problems.  Checked
+    on GEMM sweeps (``planner.fitting.fit_kernels.fit_gemm_half_dim``): H100 162 and B200 333
+    (62.4 and 63.3 in A100 units), and B200 fp8 2.07x its bf16.
     """
     if eff.gemm_half_dim <= 0 or not gpu.num_sms or not eff.gemm_reference_flops_per_sm:
         return eff.gemm_half_dim
