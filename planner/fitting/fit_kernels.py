@@ -15,7 +15,7 @@ Three fits, each from kernel-level data only (no training run), stored by
   of M, N, K, fitted on XLA's H100 (sm_90) and B200 bf16 matmul tables over the GEMMs whose two
   other sides are the sweep's largest (4096) and whose narrow side is >= 512: H100 162, B200 333,
   i.e. 62.4 and 63.3 in A100 units once scaled by dense FLOP/s per SM (the model's scaling,
-  ``sim.layers.compute.gemm_half_dim``, checked by the 2x per-SM step between the two; B200's
+  ``sim.layers.compute.scaled_half_dim``, checked by the 2x per-SM step between the two; B200's
   fp8 column gives 688, 2.07x its bf16, as the fp8 peak predicts).  The per-architecture
   fractions above take this factor out of each profiled GEMM.  Known error: a narrow K costs
   more than a narrow M or N (short main loop: 0.69 vs 0.83 of the 4096 cube at 512 on H100),
@@ -52,6 +52,7 @@ from typing import Any, Iterable, Mapping
 
 from sim.data.catalog import catalog_document, get_gpu, get_nic
 from sim.base.fitting import fit_saturating, fit_scalar
+from sim.layers.compute import scaled_half_dim, shape_factor
 
 
 def _entries(name: str) -> dict[str, Mapping[str, Any]]:
@@ -66,10 +67,6 @@ def _entries(name: str) -> dict[str, Mapping[str, Any]]:
 # fraction it is compared with.
 TRAINING_SHAPE_GEMMS = {"hopper": ("te-gemm-profiling-h200nvl", "h200-141gb"),
                         "blackwell": ("te-gemm-profiling-b300", "b300-288gb")}
-
-
-def _layer_flops(entry: Mapping[str, Any]) -> float:
-    return 6.0 * sum(m * k * n for m, k, n in entry["layer_gemm_shapes_mkn"])
 
 
 def _layer_elements(entry: Mapping[str, Any]) -> float:
@@ -104,10 +101,6 @@ SHAPE_GEMMS = {"xla-matmul-perf-table-sm90-bf16": ("h100-80gb", "tflops"),
 MIN_SHAPE_DIM = 512
 
 
-def _shape_factor(d: float, half_dim: float) -> float:
-    return d / (d + half_dim)  # sim.layers.compute.matmul_efficiency
-
-
 def fit_gemm_half_dim(reference_flops_per_sm: float) -> dict[str, Any]:
     """The GEMM shape factor's half dimension (``sim.layers.compute.matmul_efficiency``:
     ``d / (d + d_half)``, ``d`` the smallest of M, N, K) from GEMM microbenchmarks, not layer
@@ -115,7 +108,7 @@ def fit_gemm_half_dim(reference_flops_per_sm: float) -> dict[str, Any]:
     sweep's largest (4096) and whose narrow one is at least ``MIN_SHAPE_DIM``, as a fraction of
     the largest cube, fitted in log error.  Each GPU's half dimension is stated in the reference
     GPU's units (``gemm_reference_flops_per_sm``, A100: the model scales it by dense bf16 FLOP/s
-    per SM, ``sim.layers.compute.gemm_half_dim``); the fitted value is their mean, and the two
+    per SM, ``sim.layers.compute.scaled_half_dim``); the fitted value is their mean, and the two
     GPUs' agreement is the check of that scaling (H100 and B200 differ 2x in FLOP/s per SM)."""
     mb = _entries("gemm")
     by_gpu: dict[str, dict[str, float]] = {}
@@ -127,19 +120,18 @@ def fit_gemm_half_dim(reference_flops_per_sm: float) -> dict[str, Any]:
                   if sorted(shape)[1] == big and min(shape) >= MIN_SHAPE_DIM]
 
         def loss(h: float) -> float:
-            return sum((math.log(r) - math.log(_shape_factor(d, h) / _shape_factor(big, h))) ** 2 for d, r in narrow)
+            return sum((math.log(r) - math.log(shape_factor(d, h) / shape_factor(big, h))) ** 2 for d, r in narrow)
 
         half, err = fit_scalar(loss, [float(x) for x in range(0, 2049)])
         gpu = get_gpu(gpu_id)
-        per_sm = gpu.peak_flops_per_s("bf16") / gpu.num_sms
-        by_gpu[gpu_id] = {"half_dim": half, "reference_units": round(half * reference_flops_per_sm / per_sm, 1),
+        units = half / scaled_half_dim(1.0, gpu.peak_flops_per_s("bf16"), gpu.num_sms, reference_flops_per_sm)
+        by_gpu[gpu_id] = {"half_dim": half, "reference_units": round(units, 1),
                           "rms_log_error": round(math.sqrt(err / len(narrow)), 4), "points": len(narrow)}
     return {"gemm_half_dim": round(statistics.fmean(v["reference_units"] for v in by_gpu.values()), 1),
             "by_gpu": by_gpu}
 
 
-def fit_gemm_per_architecture(half_dim: float = 0.0, reference_flops_per_sm: float = 0.0
-                              ) -> dict[str, dict[str, float]]:
+def fit_gemm_per_architecture(half_dim: float, reference_flops_per_sm: float) -> dict[str, dict[str, float]]:
     """``{architecture: {precision: sustained fraction of the best case}}`` (module docstring),
     with the shape factor of ``half_dim`` (reference units) taken out of each of the profiled
     layer's GEMMs, so that the model times that layer as measured."""
@@ -155,9 +147,9 @@ def fit_gemm_per_architecture(half_dim: float = 0.0, reference_flops_per_sm: flo
         fp8_ms = _layer_ms(e, "prequantized", "fp8_current_scaling")  # the per-tensor GEMM kernel alone
         fracs = {}
         for prec, ms in (("bf16", bf16_ms), ("fp8", fp8_ms)):
-            h = half_dim * peaks[prec] / sms / reference_flops_per_sm if reference_flops_per_sm else 0.0
+            h = scaled_half_dim(half_dim, peaks[prec], sms, reference_flops_per_sm)
             # flops each GEMM would take at full shape efficiency: sum of flops / shape factor
-            shaped = sum(6.0 * m * k * n / _shape_factor(min(m, k, n), h) for m, k, n in e["layer_gemm_shapes_mkn"])
+            shaped = sum(6.0 * m * k * n / shape_factor(min(m, k, n), h) for m, k, n in e["layer_gemm_shapes_mkn"])
             fracs[prec] = round(shaped / (ms * 1e-3) / peaks[prec] / best[prec], 4)
         out[arch] = fracs
     return out

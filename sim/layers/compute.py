@@ -292,19 +292,29 @@ class OpTime:
     bwd_s: float
 
 
-def gemm_half_dim(gpu: Gpu, precision: str, eff: KernelEfficiency) -> float:
-    """The GEMM dimension at which the shape factor halves efficiency, on ``gpu``.
+def shape_factor(d: float, half_dim: float) -> float:
+    """``d / (d + half_dim)``: the share of its large-GEMM efficiency a GEMM whose narrowest side
+    is ``d`` keeps (tile under-fill)."""
+    return d / (d + half_dim)
 
-    Stated in A100 units (``catalogs/efficiency.yaml``) and scaled by throughput per SM: the
-    fixed cycles of a tile (prologue, pipeline fill, epilogue) weigh more on an SM that finishes
-    its main loop faster, so a faster SM needs proportionally deeper/larger problems.  Checked
-    on GEMM sweeps (``planner.fitting.fit_kernels.fit_gemm_half_dim``): H100 162 and B200 333
-    (62.4 and 63.3 in A100 units), and B200 fp8 2.07x its bf16.
-    """
-    if eff.gemm_half_dim <= 0 or not gpu.num_sms or not eff.gemm_reference_flops_per_sm:
-        return eff.gemm_half_dim
-    per_sm = gpu.peak_flops_per_s(precision) / gpu.num_sms
-    return eff.gemm_half_dim * per_sm / eff.gemm_reference_flops_per_sm
+
+def scaled_half_dim(half_dim: float, flops_per_s: float, num_sms: int, reference_flops_per_sm: float) -> float:
+    """``half_dim`` (reference units, A100) on a device of ``flops_per_s`` dense FLOP/s over
+    ``num_sms`` SMs: scaled by FLOP/s per SM.  The fixed cycles of a tile (prologue, pipeline
+    fill, epilogue) weigh more on an SM that finishes its main loop faster, so a faster SM needs
+    proportionally larger problems.  Checked on GEMM sweeps
+    (``planner.fitting.fit_kernels.fit_gemm_half_dim``): H100 162 and B200 333 (62.4 and 63.3 in
+    A100 units), and B200 fp8 2.07x its bf16."""
+    if half_dim <= 0 or not num_sms or not reference_flops_per_sm:
+        return half_dim
+    return half_dim * flops_per_s / num_sms / reference_flops_per_sm
+
+
+def gemm_half_dim(gpu: Gpu, precision: str, eff: KernelEfficiency) -> float:
+    """The GEMM dimension at which the shape factor halves efficiency, on ``gpu``
+    (``scaled_half_dim`` of the fitted reference value)."""
+    return scaled_half_dim(eff.gemm_half_dim, gpu.peak_flops_per_s(precision), gpu.num_sms,
+                           eff.gemm_reference_flops_per_sm)
 
 
 def matmul_efficiency(gpu: Gpu, precision: str, op: Op, eff: KernelEfficiency) -> float:
@@ -312,8 +322,7 @@ def matmul_efficiency(gpu: Gpu, precision: str, op: Op, eff: KernelEfficiency) -
     if op.kind == "matmul":
         base *= eff.sustained_fraction(gpu.architecture, precision) * eff.sustained_clock_by_arch.get(gpu.architecture, 1.0)
     if eff.gemm_half_dim > 0 and op.kind == "matmul":
-        d = min(op.m, op.n, op.k)
-        base *= d / (d + gemm_half_dim(gpu, precision, eff))
+        base *= shape_factor(min(op.m, op.n, op.k), gemm_half_dim(gpu, precision, eff))
     return base
 
 
