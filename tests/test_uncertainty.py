@@ -11,7 +11,7 @@ import pytest
 
 from planner.cli import main
 from planner.fitting.uncertainty import (MIN_RUNS, MIN_SOURCES, Band, Residual, band_coverage, band_for, band_from,
-                                 class_of, fit_document, fit_table, headline, residual_rows, stored_table)
+                                 band_levels, class_of, fit_document, fit_table, headline, residual_rows, stored_table)
 from sim.data.catalog import ENV_VAR, catalog_dir, catalog_document, get_model
 from sim.base.errors import InputError
 from sim.cost.plan import Plan, parse_strategy
@@ -176,3 +176,17 @@ def test_band_dataclass_is_frozen():
     b = Band(cls="all", spread_class="all", runs=5, bias=0.0, q10=-0.1, q90=0.2)
     with pytest.raises(AttributeError):
         b.q10 = 0.0  # type: ignore[misc]
+
+
+def test_band_levels_carry_the_conformal_finite_sample_correction():
+    """Known answers: the ends are the floor(0.1 (n + 1))-th and ceil(0.9 (n + 1))-th smallest of
+    n deviations (Lei et al. 2018): with 9 runs the 1st and the 9th (the extremes); with 20 the 2nd
+    and the 19th; with 110 the 11th and the 100th.  The levels stay inside [0, 1], widen as n
+    shrinks and tend to (0.1, 0.9)."""
+    assert band_levels(9) == (0.0, 1.0)
+    assert band_levels(20) == pytest.approx((1 / 19, 18 / 19))
+    assert band_levels(110) == pytest.approx((10 / 109, 99 / 109))
+    for n in (2, 5, 10, 20, 50, 110, 1000):
+        lo, hi = band_levels(n)
+        assert 0.0 <= lo <= 0.1 and 0.9 <= hi <= 1.0
+    assert band_levels(10**6) == pytest.approx((0.1, 0.9), abs=1e-5)

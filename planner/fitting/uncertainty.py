@@ -9,7 +9,7 @@ space ``y = log(published / predicted)``.  For a new prediction ``t`` of class `
   model's bias on runs like it, carried into the headline so it is the number to plan with;
 * **band** ``[estimate * exp(min(0, q10)), estimate * exp(max(0, q90))]``: ``q10``/``q90`` are
   the 10th/90th percentiles with conformal prediction's finite-sample correction (``band_levels``:
-  the ``(n + 1)``-th rank convention, wider for small classes), over the runs of its *spread class* (the GPU architecture and
+  the ``(n + 1)`` rank convention, wider for small classes), over the runs of its *spread class* (the GPU architecture and
   parallelism mix, else the mix, else every run), of the *out-of-source* deviations ``d_i = y_i - b_c(i)`` where the center
   ``b_c(i)`` is fitted **without row i's source** (cross-validation+, Barber et al. 2021,
   "Predictive inference with the jackknife+", Ann. Statist.; with the sources as folds).  The
@@ -103,14 +103,19 @@ def _quantile(xs: Sequence[float], q: float) -> float:
 
 
 def band_levels(n: int) -> tuple[float, float]:
-    """The quantile levels of the band's ends over ``n`` deviations, with the finite-sample
-    correction of conformal prediction: the upper end is the ``ceil((1 - a/2)(n + 1))``-th of
-    ``n`` scores, not the ``(1 - a/2)`` quantile (Lei et al. 2018, "Distribution-Free Predictive
-    Inference for Regression", JASA, split conformal; Barber et al. 2021, jackknife+, the same
-    ``n + 1``): levels ``(1 - a/2)(n + 1)/n`` and, mirrored, ``a/2 - (1 - a/2)/n``, clamped to
-    [0, 1].  With 20 runs the 80% band spans levels 0.055-0.945; with 110, 0.092-0.908."""
+    """The quantile levels (``_quantile``'s, spaced ``1 / (n - 1)``) of the band's ends over
+    ``n`` deviations, with the finite-sample correction of conformal prediction: the upper end is
+    the ``ceil((1 - a/2)(n + 1))``-th smallest of the ``n`` scores and the lower the
+    ``floor(a/2 (n + 1))``-th, not the plain ``1 - a/2`` and ``a/2`` quantiles (Lei et al. 2018,
+    "Distribution-Free Predictive Inference for Regression", JASA, split conformal; Barber et al.
+    2021, jackknife+, the same ``n + 1``), clamped to the sample.  With 20 runs the 80% band runs
+    from the 2nd to the 19th deviation (levels 0.053-0.947); with 110, the 11th to the 100th."""
+    if n <= 1:
+        return 0.0, 1.0
     lo, hi = QUANTILES
-    return max(0.0, lo - hi / n), min(1.0, hi * (n + 1) / n)
+    upper = min(n, math.ceil(hi * (n + 1) - 1e-9))
+    lower = max(1, math.floor(lo * (n + 1) + 1e-9))
+    return (lower - 1) / (n - 1), (upper - 1) / (n - 1)
 
 
 def _groups(rows: Sequence[Residual], levels) -> dict[str, list[Residual]]:
