@@ -6,7 +6,8 @@
    ``microbenchmarks``): NVLink large-message efficiency per generation, scale-out efficiency,
    the fixed cost of a collective call, and the per-tier size curves (``sim.base.fitting``);
 2. **kernels** from ``catalogs/microbenchmarks/`` (``planner.fitting.fit_kernels``): the sustained GEMM
-   fraction per architecture, the fp8 recipes' quantization cost, attention efficiency vs
+   fraction per architecture, the fp8 recipes' quantization cost, the achieved bandwidth of
+   memory-bound (normalisation and element-wise) kernels, attention efficiency vs
    sequence length, the per-step overhead of ring (context-parallel) attention, the sustained-over-
    burst compute rate (long-running GEMM sweeps against mamf-finder's bursts);
 3. **GEMM shape factor** from GEMM sweeps (XLA's H100 and B200 matmul tables:
@@ -41,7 +42,7 @@ from sim.net.network import Network, SizeCurve
 
 from planner.fitting.fit_kernels import (fit_attention_curves, fit_attention_curves_by_library, fit_deepep_dispatch,
                                          fit_fp8_recipes, fit_gemm_half_dim, fit_gemm_per_architecture,
-                                         fit_ring_attention, fit_sustained_clock)
+                                         fit_memory_kernels, fit_ring_attention, fit_sustained_clock)
 from planner.fitting.vtrain import load_vtrain
 
 # Source keys of the training-run data the fit reads (planner.fitting.reference.source_of names the same).
@@ -273,6 +274,7 @@ def fit_all(exclude: frozenset[str] | set[str] = frozenset()) -> dict:
     out["collective_overhead_s"] = collective_overhead(mb, out)
     out["size_curves"] = fit_size_curves(mb, out)
     out["fp8_recipes"] = fit_fp8_recipes()
+    out["memory_kernels"] = fit_memory_kernels()
     out["attention_curves"] = fit_attention_curves()
     out["attention_curves_by_library"] = fit_attention_curves_by_library()
     out["deepep_dispatch"] = fit_deepep_dispatch()
@@ -283,7 +285,7 @@ def fit_all(exclude: frozenset[str] | set[str] = frozenset()) -> dict:
     per_arch = fit_gemm_per_architecture(shape["gemm_half_dim"], reference)
     # The sustained fraction and the host floor interact (a floored op hides its GEMM), so they
     # are fitted alternately from the catalog defaults until both stop moving.
-    start = {k: out[k] for k in ("collective_overhead_s", "fp8_recipes", "attention_curves")}
+    start = {k: out[k] for k in ("collective_overhead_s", "fp8_recipes", "memory_kernels", "attention_curves")}
     start["gemm"] = {"gemm_half_dim": shape["gemm_half_dim"], "per_architecture": per_arch}
     base = kernel_efficiency(start)
     floor = 0.0

@@ -280,6 +280,14 @@ class Model:
         return self.ffn_type == "swiglu"
 
     @property
+    def is_llama_family(self) -> bool:
+        """SwiGLU models are the Llama family (RMSNorm, no dropout, RoPE unless stated), GeLU
+        models the GPT family (LayerNorm, dropout 0.1 on the residual branches): what their
+        reference code runs when element-wise ops are eager (``sim.layers.ops`` kernel names,
+        catalogs/efficiency.yaml eager_traffic)."""
+        return self.ffn_type == "swiglu"
+
+    @property
     def kv_heads(self) -> int:
         return self.num_kv_heads or self.num_attention_heads
 

@@ -19,7 +19,7 @@ from typing import Iterable, Mapping
 from sim.data.catalog import catalog_document
 from sim.base.errors import InputError
 from sim.base.records import Record
-from sim.layers.ops import BF16_GEMMS, Op, fusible_name
+from sim.layers.ops import BF16_GEMMS, NORM_OPS, Op, fusible_name
 from sim.data.specs import Gpu
 from sim.layers.variability import slowest_rank_factor
 
@@ -75,8 +75,17 @@ class KernelEfficiency:
     # ``gemm_sustained_fraction``.
     gemm_sustained_by_arch: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     # HBM traffic of element-wise (memory-bound) ops run eagerly, one kernel per op,
-    # relative to the fused kernels sim/layers/ops.py counts.
+    # relative to the fused kernels sim/layers/ops.py counts: measured per code variant (the
+    # op's ``kernel``; catalogs/efficiency.yaml eager_traffic, validate/eager_traffic.py) as
+    # (forward, backward) bytes over the fused forward's; ops without a measured variant use
+    # the layer-level ``eager_elementwise_traffic`` (backward by ``Op.backward_bytes_factor``).
+    eager_traffic: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     eager_elementwise_traffic: float = 1.0
+    # Achieved fraction of the GPU's STREAM-like rate (hbm_bytes_per_s * hbm_efficiency) of the
+    # memory-bound kernels, (forward, backward) per class: "norm" (fused normalisation kernels)
+    # and "elementwise" (fused pointwise kernels, eager aten ops); fitted on kernel
+    # microbenchmarks (planner.fitting.fit_kernels.fit_memory_kernels).  Absent: 1.
+    memory_kernel_fraction: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     # Host-side floor of one op (framework dispatch of the op's kernels, Python): an op whose
     # GPU time is shorter cannot finish faster than the host can issue it.  Fitted on the
     # vTrain single-node measurements (scripts/fit_efficiency.py).
@@ -248,6 +257,10 @@ def kernel_efficiency(fitted: Mapping | None) -> KernelEfficiency:
             sc = f.mapping("sustained_clock")
             per = sc.mapping("per_architecture") if sc.has("per_architecture") else None
             d["sustained_clock_by_arch"] = {a: per.fraction(a) for a in per.rec} if per is not None else {}
+        if f.has("memory_kernels"):
+            mk = f.mapping("memory_kernels")
+            d["memory_kernel_fraction"] = {c: (mk.mapping(c).fraction("fwd"), mk.mapping(c).fraction("bwd"))
+                                           for c in mk.rec}
         if f.has("ring_attention"):
             ra = f.mapping("ring_attention")
             d["ring_reference_tokens"] = ra.req("reference_local_tokens", positive=True)
@@ -265,6 +278,10 @@ def kernel_efficiency(fitted: Mapping | None) -> KernelEfficiency:
                               gemm_rate=got.number("gemm_rate", optional=True, default=1.0),
                               architectures=r.strings("architectures"))
     d["fp8_recipes"] = out
+    if doc.has("eager_traffic"):
+        kernels = doc.mapping("eager_traffic", allowed=("kernels", "source", "notes")).mapping("kernels")
+        d["eager_traffic"] = {k: (kernels.mapping(k).req("fwd", positive=True), kernels.mapping(k).req("bwd", positive=True))
+                              for k in kernels.rec}
     table = {}
     attention = doc.mapping("attention")
     for arch in attention.rec:
@@ -336,8 +353,17 @@ def op_time(gpu: Gpu, precision: str, op: Op, eff: KernelEfficiency, *, eager: b
     over = eff.kernel_overhead_s
     floor = eff.host_op_floor_s
     if op.kind == "memory":
-        t = op.hbm_bytes / hbm * (eff.eager_elementwise_traffic if eager else 1.0)
-        return OpTime(max(t, floor) + over, max(op.backward_bytes_factor * t, 2 * floor) + 2 * over)
+        t = op.hbm_bytes / hbm
+        measured = eff.eager_traffic.get(op.kernel) if eager else None
+        if measured is not None:  # this code's own eager kernels, forward and backward (validate/eager_traffic.py)
+            f, b = measured[0] * t, measured[1] * t
+        else:
+            f = t * (eff.eager_elementwise_traffic if eager else 1.0)
+            b = op.backward_bytes_factor * f
+        if eager:  # eager aten kernels' achieved share of the STREAM rate (fit_memory_kernels)
+            frac = eff.memory_kernel_fraction.get("eager", (1.0, 1.0))
+            f, b = f / frac[0], b / frac[1]
+        return OpTime(max(f, floor) + over, max(b, 2 * floor) + 2 * over)
     if op.kind == "attention":
         frac = eff.attention_fraction(gpu.architecture, op.kernel or "flash", op.m,
                                       gpu.achievable_matmul_fraction("bf16"))

@@ -107,6 +107,11 @@ FUSIBLE_OPS: tuple[str, ...] = ("norm_attn", "norm_mlp", "final_norm", "rope", "
                                 "residual_dropout_attn", "residual_dropout_mlp", "cross_entropy", "fp8_cast")
 
 
+# the normalisation ops (a fused kernel's backward also reduces the weight gradient over rows:
+# its own achieved-bandwidth class, catalogs/efficiency.yaml fitted.memory_kernels)
+NORM_OPS: frozenset[str] = frozenset({"norm_attn", "norm_mlp", "final_norm", "mtp_norms"})
+
+
 def fusible_name(name: str) -> str:
     """The ``FUSIBLE_OPS`` name an op answers to (its own, or ``fp8_cast`` for a linear's cast)."""
     return "fp8_cast" if name.startswith("fp8_cast_") else name
@@ -142,7 +147,9 @@ def layer_ops(model: Model, strategy: Strategy, *, moe: bool, attention: str = "
     act = BYTES_BF16
     norm_tokens = tokens / tp if strategy.sp else tokens  # SP shards norms/dropout by sequence
 
-    ops: list[Op] = [_mem("norm_attn", 2 * act * norm_tokens * h)]
+    # eager code variants of the memory-bound ops (Op.kernel; catalogs/efficiency.yaml eager_traffic)
+    norm_k, residual_k, act_k = _eager_kernels(model)
+    ops: list[Op] = [_mem("norm_attn", 2 * act * norm_tokens * h, kernel=norm_k)]
     if model.is_mla:
         r, rq = model.kv_lora_rank, model.q_lora_rank
         assert r is not None
@@ -159,7 +166,8 @@ def layer_ops(model: Model, strategy: Strategy, *, moe: bool, attention: str = "
         kv_width = 2 * kv_loc * model.dim_per_head
 
     if model.uses_rope:  # rotary embedding of q and k: read and write both once (fused)
-        ops.append(_mem("rope", 2 * act * tokens * (a_loc * d_qk + (kv_width // 2 if not model.is_mla else a_loc * d_qk))))
+        ops.append(_mem("rope", 2 * act * tokens * (a_loc * d_qk + (kv_width // 2 if not model.is_mla else a_loc * d_qk)),
+                        kernel="rope"))
 
     # Attention core.  Scores over the full (global) sequence: with CP each GPU's queries
     # attend to all s keys (ring attention), so work is b*a*s_loc*s*d.
@@ -176,11 +184,12 @@ def layer_ops(model: Model, strategy: Strategy, *, moe: bool, attention: str = "
         ops.append(_gemm("scores_qk", s_loc, s, d_qk, batch=b * a_loc, recompute_selective=True))
         # scale+mask+softmax fused (read fp16 scores, write fp16 probs) + dropout (read probs,
         # write probs and a 1-byte mask): Korthikanti et al. Sec. 4.1 tensors.
-        ops.append(_mem("softmax_dropout", sq * (act + act + act + act + 1), recompute_selective=True))
+        ops.append(_mem("softmax_dropout", sq * (act + act + act + act + 1), recompute_selective=True,
+                        kernel="softmax_dropout"))
         ops.append(_gemm("attn_v", s_loc, d_v, s, batch=b * a_loc, recompute_selective=True))
     ops.append(_gemm("out_proj", tokens, h, a_loc * d_v))
-    ops.append(_mem("residual_dropout_attn", 4 * act * norm_tokens * h))
-    ops.append(_mem("norm_mlp", 2 * act * norm_tokens * h))
+    ops.append(_mem("residual_dropout_attn", 4 * act * norm_tokens * h, kernel=residual_k))
+    ops.append(_mem("norm_mlp", 2 * act * norm_tokens * h, kernel=norm_k))
 
     ep_bytes = 0.0
     ep_count = 0
@@ -190,7 +199,7 @@ def layer_ops(model: Model, strategy: Strategy, *, moe: bool, attention: str = "
         f_loc = model.ffn_hidden_size // tp
         up = (m_ffn - 1) * f_loc
         ops.append(_gemm("ffn_up", tokens, up, h))
-        ops.append(_mem("activation", act * tokens * (up + f_loc)))
+        ops.append(_mem("activation", act * tokens * (up + f_loc), kernel=act_k))
         ops.append(_gemm("ffn_down", tokens, h, f_loc))
     else:
         spec = model.moe
@@ -211,12 +220,12 @@ def layer_ops(model: Model, strategy: Strategy, *, moe: bool, attention: str = "
         per_expert = max(1, round(routed_tokens / local_experts))
         up = (m_ffn - 1) * fe_loc
         ops.append(_gemm("expert_up", per_expert, up, h, batch=local_experts))
-        ops.append(_mem("expert_activation", act * routed_tokens * (up + fe_loc)))
+        ops.append(_mem("expert_activation", act * routed_tokens * (up + fe_loc), kernel=act_k))
         ops.append(_gemm("expert_down", per_expert, h, fe_loc, batch=local_experts))
         if spec.num_shared_experts:
             fs = spec.num_shared_experts * spec.expert_ffn_hidden_size // tp
             ops.append(_gemm("shared_up", tokens, (m_ffn - 1) * fs, h))
-            ops.append(_mem("shared_activation", act * tokens * m_ffn * fs))
+            ops.append(_mem("shared_activation", act * tokens * m_ffn * fs, kernel=act_k))
             ops.append(_gemm("shared_down", tokens, h, fs))
         if ep > 1:
             ep_bytes = act * sent_tokens * h * moe_imbalance  # the busiest rank receives this much
@@ -225,7 +234,7 @@ def layer_ops(model: Model, strategy: Strategy, *, moe: bool, attention: str = "
             # the etp group gathers its tokens before the experts and reduce-scatters after:
             # one all-reduce's worth of traffic on the routed tokens (output size)
             etp_bytes = act * routed_tokens * h
-    ops.append(_mem("residual_dropout_mlp", 4 * act * norm_tokens * h))
+    ops.append(_mem("residual_dropout_mlp", 4 * act * norm_tokens * h, kernel=residual_k))
 
     if strategy.precision == "fp8":
         ops = _with_fp8_casts(ops, strategy.fp8_recipe, fp8_quantize_bytes_per_element)
@@ -236,6 +245,14 @@ def layer_ops(model: Model, strategy: Strategy, *, moe: bool, attention: str = "
     tp_count = 0 if tp == 1 else (1 if moe and strategy.expert_tp != tp else 2)
     cp_bytes = act * b * s_loc * kv_width if cp > 1 else 0.0
     return LayerOps(tuple(ops), tp_bytes, tp_count, cp_bytes, ep_bytes, ep_count, etp_bytes)
+
+
+def _eager_kernels(model: Model) -> tuple[str, str, str]:
+    """(norm, residual, activation) code variants the model family's reference code runs
+    (``Model.is_llama_family``): what their element-wise ops cost when run eagerly."""
+    if model.is_llama_family:
+        return "rmsnorm", "add", "swiglu"
+    return "layernorm", "dropout_add", "gelu"
 
 
 BF16_GEMMS = frozenset({"scores_qk", "attn_v", "logits", "router"})
@@ -260,8 +277,11 @@ def _with_fp8_casts(ops: list[Op], recipe: str, bytes_per_element: float) -> lis
     return out
 
 
-def head_ops(model: Model, strategy: Strategy) -> tuple[Op, ...]:
+def head_ops(model: Model, strategy: Strategy, loss: str = "inplace") -> tuple[Op, ...]:
     """Final norm, output projection (logits) and cross-entropy on the last pipeline stage.
+
+    ``loss`` is the framework's loss code (``Plan.loss``): which eager kernels the
+    cross-entropy runs (catalogs/efficiency.yaml eager_traffic ``cross_entropy_<loss>``).
 
     With multi-token prediction (``model.mtp_layers``), each depth adds what Megatron-Core's
     ``MultiTokenPredictionLayer`` runs around its transformer layer (which ``sim.layers.stages`` puts on
@@ -274,16 +294,17 @@ def head_ops(model: Model, strategy: Strategy) -> tuple[Op, ...]:
     tokens = b * s_loc
     h, v_loc = model.hidden_size, model.vocab_size // tp
     sp = tp if strategy.sp else 1
+    norm_k = _eager_kernels(model)[0]
     one = (
-        _mem("final_norm", 2 * BYTES_BF16 * tokens * h / sp),
+        _mem("final_norm", 2 * BYTES_BF16 * tokens * h / sp, kernel=norm_k),
         _gemm("logits", tokens, v_loc, h),
         # fp32 upcast, log-softmax, loss: read bf16 logits, write/read fp32 twice
-        _mem("cross_entropy", tokens * v_loc * (BYTES_BF16 + 4 + 4)),
+        _mem("cross_entropy", tokens * v_loc * (BYTES_BF16 + 4 + 4), kernel=f"cross_entropy_{loss}"),
     )
     mtp: tuple[Op, ...] = ()
     for _ in range(model.mtp_layers):
         mtp += (_mem("mtp_embedding", 2 * BYTES_BF16 * tokens * h / sp),
-                _mem("mtp_norms", 2 * 2 * BYTES_BF16 * tokens * h / sp),
+                _mem("mtp_norms", 2 * 2 * BYTES_BF16 * tokens * h / sp, kernel=norm_k),
                 _gemm("mtp_eh_proj", tokens, h // tp, 2 * h)) + one
     return one + mtp
 
