@@ -12,6 +12,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sim.cost.framework import get_framework
 from planner.plans.recommend import ObjectiveSpec, Settings, complexity, recommend
 from planner.plans.search import SearchSpace, search
 from sim.engines.analytic import simulate_analytic
@@ -95,6 +96,18 @@ def test_winner_fits_memory_and_is_reproducible(model_id, gpu, nodes, per_gpu):
     values = [p.objective_value for p in rec.plans]
     assert values[1:] == sorted(values[1:])
     assert values[0] <= min(values) * (1 + rec.tie_tolerance)
+
+
+def test_a_shortlist_of_refused_plans_walks_on_to_a_runnable_one():
+    """Mixtral on 8 A100 40GB: the few hundred best candidates are Megatron-Core plans offloading
+    with ZeRO 2-3, which it refuses (its offload needs the distributed optimizer, ZeRO 1) and
+    its search space cannot exclude (zero and offload are searched as a product); the winner is
+    the best plan a framework runs, found further down the ranking."""
+    model, cl = get_model("mixtral-8x7b"), cluster("a100-40gb", 8)
+    rec = recommend(model, cl, gbs=32, seq_len=2048, space=SearchSpace(max_mbs=4, max_vp=4), top=3, **FAST)
+    assert rec.best is not None
+    for p in rec.plans:
+        assert get_framework(p.framework).capabilities.refusal(p.plan.strategy) is None
 
 
 def test_adding_gpus_never_lowers_throughput_under_weak_scaling():

@@ -536,14 +536,27 @@ def _runnable_ordered(table: tuple[np.ndarray, np.ndarray, np.ndarray], short: n
     Each entry: (objective, tie key, strategy, search index, candidate index)."""
     obj, src_a, idx_a = table
     order = {fw.id: i for i, fw in enumerate(settings.profiles)}
-    entries = []
-    for j in short:
-        k = int(src_a[j])
-        r = searches[k]
-        s = r.strategy(int(idx_a[j]))
-        if get_framework(r.framework).capabilities.refusal(s) is not None:
-            continue
-        entries.append((float(obj[j]), _tie_key(s, model.num_layers) + (order[r.framework],), s, k, int(idx_a[j])))
+
+    def runnable(rows: np.ndarray) -> list[tuple]:
+        out = []
+        for j in rows:
+            k = int(src_a[j])
+            r = searches[k]
+            s = r.strategy(int(idx_a[j]))
+            if get_framework(r.framework).capabilities.refusal(s) is None:
+                out.append((float(obj[j]), _tie_key(s, model.num_layers) + (order[r.framework],), s, k, int(idx_a[j])))
+        return out
+
+    entries = runnable(short)
+    if not entries:
+        # every shortlisted plan is one its framework refuses (a combination its search space
+        # cannot exclude, e.g. Megatron-Core's offload with ZeRO 2-3): walk on down the ranking
+        rest = np.setdiff1d(np.arange(obj.size), short)
+        rest = rest[np.argsort(obj[rest], kind="stable")]
+        for start in range(0, rest.size, max(1, short.size)):
+            entries = runnable(rest[start:start + max(1, short.size)])
+            if entries:
+                break
     if not entries:
         raise InputError("framework", settings.framework or ",".join(order), "none of the best plans the search "
                          "found is one it runs; restrict the search (--tp, --sp, --schedule, ...) to what it supports")
