@@ -119,3 +119,20 @@ def test_unmeasured_eager_op_keeps_the_layer_level_multiplier():
     gpu = get_gpu("h100-80gb")
     f = op_time(gpu, "bf16", op, eff, eager=True).fwd_s / op_time(gpu, "bf16", op, eff).fwd_s
     assert f == pytest.approx(eff.eager_elementwise_traffic / eff.memory_kernel_fraction["eager"][0])
+
+
+def test_megatron_fused_loss_priced_at_its_benchmark():
+    """Megatron-Core's fused cross-entropy (native implementation) runs at the fraction of the
+    STREAM rate Liger-Kernel's benchmark gives it over the fused loss op's bytes (about a third
+    forward: its jit-fused steps pass over the fp32 logits several times); other fused losses
+    at the STREAM rate."""
+    eff = replace(kernel_efficiency(catalog_fitted()), kernel_overhead_s=0.0, host_op_floor_s=0.0)
+    gpu = get_gpu("h100-80gb")
+    s = Strategy(mbs=1, seq_len=4096)
+    native, te = (next(o for o in head_ops(LLAMA, s, loss) if o.name == "cross_entropy")
+                  for loss in ("megatron_fused", "fused"))
+    assert native.kernel == "cross_entropy_megatron_fused" and native.hbm_bytes == te.hbm_bytes
+    frac = eff.memory_kernel_fraction["fused_loss"]
+    a, b = op_time(gpu, "bf16", native, eff), op_time(gpu, "bf16", te, eff)
+    assert (a.fwd_s / b.fwd_s, a.bwd_s / b.bwd_s) == pytest.approx((1 / frac[0], 1 / frac[1]))
+    assert 0.2 < frac[0] < 0.5 < frac[1] <= 1.0

@@ -20,7 +20,7 @@ SELECTIVE_POLICIES: tuple[str, ...] = ("attention", "op", "mla_up_proj", "moe_ac
 GRAD_ACCUMULATION: tuple[str, ...] = ("fused", "fp32_main_grad", "autograd", "keras")
 # optimizer step implementation (runtime.yaml optimizer.bytes_per_param_by_impl)
 OPTIMIZER_IMPLS: tuple[str, ...] = ("fused", "keras")
-LOSS_IMPLS: tuple[str, ...] = ("upcast", "inplace", "fused")
+LOSS_IMPLS: tuple[str, ...] = ("upcast", "inplace", "megatron_fused", "fused")
 # MoE token dispatch (Megatron-Core --moe-token-dispatcher-type alltoall|allgather|flex with DeepEP)
 MOE_DISPATCHERS: tuple[str, ...] = ("alltoall", "allgather", "deepep")
 # How a ZeRO-3 engine gathers parameters: coalesced buckets with prefetch (FSDP, DeepSpeed >= 0.5.10)

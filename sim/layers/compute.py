@@ -19,7 +19,7 @@ from typing import Iterable, Mapping
 from sim.data.catalog import catalog_document
 from sim.base.errors import InputError
 from sim.base.records import Record
-from sim.layers.ops import BF16_GEMMS, NORM_OPS, Op, fusible_name
+from sim.layers.ops import BF16_GEMMS, Op, fusible_name
 from sim.data.specs import Gpu
 from sim.layers.variability import slowest_rank_factor
 
@@ -81,10 +81,10 @@ class KernelEfficiency:
     # the layer-level ``eager_elementwise_traffic`` (backward by ``Op.backward_bytes_factor``).
     eager_traffic: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     eager_elementwise_traffic: float = 1.0
-    # Achieved fraction of the GPU's STREAM-like rate (hbm_bytes_per_s * hbm_efficiency) of the
-    # memory-bound kernels, (forward, backward) per class: "norm" (fused normalisation kernels)
-    # and "elementwise" (fused pointwise kernels, eager aten ops); fitted on kernel
-    # microbenchmarks (planner.fitting.fit_kernels.fit_memory_kernels).  Absent: 1.
+    # Achieved fraction of the GPU's STREAM-like rate (hbm_bytes_per_s * hbm_efficiency) of
+    # memory-bound kernels, (forward, backward) per class: "eager" (eager aten kernels) and the
+    # classes of FUSED_KERNEL_CLASSES; fitted on kernel microbenchmarks
+    # (planner.fitting.fit_kernels.fit_memory_kernels).  Absent: 1 (the STREAM rate).
     memory_kernel_fraction: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     # Host-side floor of one op (framework dispatch of the op's kernels, Python): an op whose
     # GPU time is shorter cannot finish faster than the host can issue it.  Fitted on the
@@ -343,6 +343,11 @@ def matmul_efficiency(gpu: Gpu, precision: str, op: Op, eff: KernelEfficiency) -
     return base
 
 
+# fused memory-bound kernels whose own benchmark sets their speed (KernelEfficiency.memory_kernel_fraction):
+# Op.kernel -> class.  Other fused ops run at the STREAM rate.
+FUSED_KERNEL_CLASSES: Mapping[str, str] = {"cross_entropy_megatron_fused": "fused_loss"}
+
+
 def op_time(gpu: Gpu, precision: str, op: Op, eff: KernelEfficiency, *, eager: bool = False) -> OpTime:
     """Forward and backward seconds of ``op`` on ``gpu``.
 
@@ -360,8 +365,11 @@ def op_time(gpu: Gpu, precision: str, op: Op, eff: KernelEfficiency, *, eager: b
         else:
             f = t * (eff.eager_elementwise_traffic if eager else 1.0)
             b = op.backward_bytes_factor * f
-        if eager:  # eager aten kernels' achieved share of the STREAM rate (fit_memory_kernels)
-            frac = eff.memory_kernel_fraction.get("eager", (1.0, 1.0))
+        # the kernels' achieved share of the STREAM rate (planner.fitting.fit_kernels.fit_memory_kernels):
+        # eager aten kernels, or a fused kernel with a benchmark of its own
+        cls = "eager" if eager else FUSED_KERNEL_CLASSES.get(op.kernel)
+        if cls is not None:
+            frac = eff.memory_kernel_fraction.get(cls, (1.0, 1.0))
             f, b = f / frac[0], b / frac[1]
         return OpTime(max(f, floor) + over, max(b, 2 * floor) + 2 * over)
     if op.kind == "attention":

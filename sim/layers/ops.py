@@ -107,11 +107,6 @@ FUSIBLE_OPS: tuple[str, ...] = ("norm_attn", "norm_mlp", "final_norm", "rope", "
                                 "residual_dropout_attn", "residual_dropout_mlp", "cross_entropy", "fp8_cast")
 
 
-# the normalisation ops (a fused kernel's backward also reduces the weight gradient over rows:
-# its own achieved-bandwidth class, catalogs/efficiency.yaml fitted.memory_kernels)
-NORM_OPS: frozenset[str] = frozenset({"norm_attn", "norm_mlp", "final_norm", "mtp_norms"})
-
-
 def fusible_name(name: str) -> str:
     """The ``FUSIBLE_OPS`` name an op answers to (its own, or ``fp8_cast`` for a linear's cast)."""
     return "fp8_cast" if name.startswith("fp8_cast_") else name
