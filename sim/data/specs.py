@@ -277,7 +277,7 @@ class Model:
     def uses_rope(self) -> bool:
         if self.position_embedding is not None:
             return self.position_embedding == "rope"
-        return self.ffn_type == "swiglu"
+        return self.is_llama_family
 
     @property
     def is_llama_family(self) -> bool:
