@@ -221,7 +221,7 @@ class Framework:
     selective_recompute: str  # attention | op
     grad_accumulation: str = "fused"  # fused | fp32_main_grad | autograd (runtime.yaml)
     fsdp_copies: bool = False  # FSDP2 packing around ZeRO-3 collectives (runtime.yaml)
-    loss: str = "upcast"  # upcast | inplace | fused (runtime.yaml loss)
+    loss: str = "upcast"  # LOSS_IMPLS: upcast | inplace | megatron_fused | fused (runtime.yaml loss)
     # What the framework's recipes switch on when a run does not say (the profile's source):
     sequence_parallel_default: bool = False  # SP with tp > 1
     tp_overlap_default: bool = False  # pipelined TP communication overlap with tp > 1 and SP

@@ -90,7 +90,7 @@ class Plan:
     selective_policy: str = "attention"
     grad_accumulation: str = "fused"
     fsdp_copies: bool = False  # FSDP2 per-parameter packing around collectives (runtime.yaml)
-    loss: str = "inplace"  # how the loss is computed, for its memory (runtime.yaml loss)
+    loss: str = "inplace"  # how the loss is computed (LOSS_IMPLS): its memory (runtime.yaml loss) and kernels (head_ops)
     # fp8 weights cast once per step and reused by every micro-batch (Transformer Engine under
     # Megatron-Core: is_first_microbatch) instead of once per micro-batch
     fp8_weight_cache: bool = True
