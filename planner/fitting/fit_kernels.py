@@ -35,7 +35,7 @@ Three fits, each from kernel-level data only (no training run), stored by
   (``hbm_bytes_per_s * hbm_efficiency``); the median per class and pass.  ``eager``: eager aten
   kernels (Hugging Face RMSNorm, torch SwiGLU, torch and Megatron unfused cross-entropy):
   0.80 forward, 0.62 backward.  ``fused_loss``: Megatron-Core's fused cross-entropy (its native
-  jit-fused implementation) over the bytes the simulator's fused loss op counts: 0.30 forward
+  jit-fused implementation) over the bytes the simulator's fused loss op counts: 0.31 forward
   (it runs ~3x the time of a one-pass kernel), 0.84 backward.  Known error: the eager class
   spans kernels of 0.53-0.99 of STREAM.  Not used: the fused classes' own fractions (norm
   kernels 0.64 forward, 0.23 backward with the weight-gradient reduction; pointwise 0.86 / 0.62;
