@@ -12,13 +12,9 @@ from planner.fitting.fit_kernels import fit_memory_kernels
 from sim.data.catalog import catalog_document, get_gpu
 from sim.layers.compute import catalog_fitted, kernel_efficiency, op_time
 from sim.layers.ops import Op, head_ops, layer_ops
-from sim.data.specs import Model, Strategy
-from validate.eager_traffic import measure
+from sim.data.specs import Strategy
+from validate.eager_traffic import GPT, LLAMA, measure
 
-LLAMA = Model(name="llama", num_layers=1, hidden_size=4096, num_attention_heads=32, num_kv_heads=8,
-              ffn_hidden_size=14336, vocab_size=32000, ffn_type="swiglu")
-GPT = Model(name="gpt", num_layers=1, hidden_size=2560, num_attention_heads=32, ffn_hidden_size=10240,
-            vocab_size=32000, ffn_type="gelu")
 
 
 @pytest.fixture(scope="module")

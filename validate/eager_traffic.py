@@ -171,60 +171,56 @@ class EagerTraffic:
     fused_op: str
 
 
+# The shapes measured: Llama 3 8B (the SwiGLU family's variants) and GPT-3 2.7B (the GeLU family's).
+LLAMA = Model(name="llama3-8b", num_layers=1, hidden_size=4096, num_attention_heads=32, num_kv_heads=8,
+              ffn_hidden_size=14336, vocab_size=32000, ffn_type="swiglu")
+GPT = Model(name="gpt3-2.7b", num_layers=1, hidden_size=2560, num_attention_heads=32, ffn_hidden_size=10240,
+            vocab_size=32000, ffn_type="gelu")
+
+
 def measure(tokens: int = 256) -> list[EagerTraffic]:
-    """Every variant of the module docstring at ``tokens`` tokens of Llama 3 8B (SwiGLU family)
-    and GPT-3 2.7B (GeLU family) shapes."""
+    """Every variant of the module docstring at ``tokens`` tokens of ``LLAMA`` and ``GPT``."""
     torch.manual_seed(0)
     bf = torch.bfloat16
-    llama = Model(name="llama3-8b", num_layers=1, hidden_size=4096, num_attention_heads=32, num_kv_heads=8,
-                  ffn_hidden_size=14336, vocab_size=32000, ffn_type="swiglu")
-    gpt = Model(name="gpt3-2.7b", num_layers=1, hidden_size=2560, num_attention_heads=32, ffn_hidden_size=10240,
-                vocab_size=32000, ffn_type="gelu")
     s = Strategy(mbs=1, seq_len=tokens)
-    fused = {}
-    for m, tag in ((llama, "swiglu"), (gpt, "gelu")):
-        ops = layer_ops(m, s, moe=False, attention="unfused" if tag == "gelu" else "flash").ops + head_ops(m, s)
-        fused[tag] = {op.name: op.hbm_bytes for op in ops}
     out: list[EagerTraffic] = []
+    for m in (LLAMA, GPT):
+        llama = m.is_llama_family
+        ops = layer_ops(m, s, moe=False, attention="flash" if llama else "unfused").ops + head_ops(m, s)
+        fused = {op.name: op.hbm_bytes for op in ops}
 
-    def add(kernel: str, tag: str, op: str, counts: tuple[int, int]) -> None:
-        base = fused[tag][op]
-        out.append(EagerTraffic(kernel, counts[0] / base, counts[1] / base, op))
+        def add(kernel: str, op: str, counts: tuple[float, float]) -> None:
+            out.append(EagerTraffic(kernel, counts[0] / fused[op], counts[1] / fused[op], op))
 
-    for m, tag in ((llama, "swiglu"), (gpt, "gelu")):
         h, f = m.hidden_size, m.ffn_hidden_size
         x = torch.randn(1, tokens, h, dtype=bf)
-        if tag == "swiglu":
-            norm = RMSNorm(h).to(bf)
-            add("rmsnorm", tag, "norm_attn", _count(norm, x))
-            n_f, n_b = _count(norm, x)
-            r_f, r_b = _count(lambda v: v + norm(v), x)
-            add("add", tag, "residual_dropout_attn", (r_f - n_f, r_b - n_b))
-            g, u = torch.randn(1, tokens, f, dtype=bf), torch.randn(1, tokens, f, dtype=bf)
-            add("swiglu", tag, "activation", _count(lambda a, b: F.silu(a) * b, g, u))
-            d = m.dim_per_head
-            q = torch.randn(1, tokens, m.num_attention_heads, d, dtype=bf)
-            k = torch.randn(1, tokens, m.kv_heads, d, dtype=bf)
-            freqs = torch.polar(torch.ones(tokens, d // 2), torch.rand(tokens, d // 2))
-            c1 = _count(lambda a, b: torch.cat([t.flatten() for t in _rope(a, b, freqs)]), q, k)
-            cos, sin = torch.rand(1, tokens, 1, d, dtype=bf), torch.rand(1, tokens, 1, d, dtype=bf)
-            c2 = _count(lambda a, b: _rotate_half_rope(a, b, cos, sin), q, k)
-            # the flatten/cat that joins the two outputs into one tensor is not the code's: take it out
-            join = _count(lambda a, b: torch.cat((a.flatten(), b.flatten())), q, k)
-            add("rope", tag, "rope", (((c1[0] + c2[0]) / 2 - join[0]), ((c1[1] + c2[1]) / 2 - join[1])))
-            logits = torch.randn(tokens, m.vocab_size, dtype=bf)
-            target = torch.randint(0, m.vocab_size, (tokens,))
-            add("cross_entropy_upcast", tag, "cross_entropy",
-                _count(lambda z: F.cross_entropy(z.float(), target), logits))
-            add("cross_entropy_inplace", tag, "cross_entropy",
-                _count(lambda z: _megatron_cross_entropy(z, target).sum(), logits))
-        else:
-            ln = torch.nn.LayerNorm(h).to(bf)
-            add("layernorm", tag, "norm_attn", _count(ln, x))
-            n_f, n_b = _count(ln, x)
-            r_f, r_b = _count(lambda v: v + _dropout(ln(v), 0.1), x)
-            add("dropout_add", tag, "residual_dropout_attn", (r_f - n_f, r_b - n_b))
-            add("gelu", tag, "activation", _count(lambda a: F.gelu(a, approximate="tanh"), torch.randn(1, tokens, f, dtype=bf)))
+        norm = RMSNorm(h).to(bf) if llama else torch.nn.LayerNorm(h).to(bf)
+        n_f, n_b = _count(norm, x)
+        add("rmsnorm" if llama else "layernorm", "norm_attn", (n_f, n_b))
+        # the residual around the norm, less the norm alone: the add and its gradients' accumulation
+        # (from no weight gradient, as the norm alone was: its accumulation is not the add's)
+        norm.zero_grad(set_to_none=True)
+        r_f, r_b = _count((lambda v: v + norm(v)) if llama else (lambda v: v + _dropout(norm(v), 0.1)), x)
+        add("add" if llama else "dropout_add", "residual_dropout_attn", (r_f - n_f, r_b - n_b))
+        if not llama:
+            add("gelu", "activation", _count(lambda a: F.gelu(a, approximate="tanh"), torch.randn(1, tokens, f, dtype=bf)))
             scores = torch.randn(1, m.num_attention_heads, tokens, tokens, dtype=bf)
-            add("softmax_dropout", tag, "softmax_dropout", _count(_gpt2_scores, scores))
+            add("softmax_dropout", "softmax_dropout", _count(_gpt2_scores, scores))
+            continue
+        g, u = torch.randn(1, tokens, f, dtype=bf), torch.randn(1, tokens, f, dtype=bf)
+        add("swiglu", "activation", _count(lambda a, b: F.silu(a) * b, g, u))
+        d = m.dim_per_head
+        q = torch.randn(1, tokens, m.num_attention_heads, d, dtype=bf)
+        k = torch.randn(1, tokens, m.kv_heads, d, dtype=bf)
+        freqs = torch.polar(torch.ones(tokens, d // 2), torch.rand(tokens, d // 2))
+        c1 = _count(lambda a, b: torch.cat([t.flatten() for t in _rope(a, b, freqs)]), q, k)
+        cos, sin = torch.rand(1, tokens, 1, d, dtype=bf), torch.rand(1, tokens, 1, d, dtype=bf)
+        c2 = _count(lambda a, b: _rotate_half_rope(a, b, cos, sin), q, k)
+        # the flatten/cat that joins the two outputs into one tensor is not the code's: take it out
+        join = _count(lambda a, b: torch.cat((a.flatten(), b.flatten())), q, k)
+        add("rope", "rope", ((c1[0] + c2[0]) / 2 - join[0], (c1[1] + c2[1]) / 2 - join[1]))
+        logits = torch.randn(tokens, m.vocab_size, dtype=bf)
+        target = torch.randint(0, m.vocab_size, (tokens,))
+        add("cross_entropy_upcast", "cross_entropy", _count(lambda z: F.cross_entropy(z.float(), target), logits))
+        add("cross_entropy_inplace", "cross_entropy", _count(lambda z: _megatron_cross_entropy(z, target).sum(), logits))
     return out

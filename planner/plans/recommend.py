@@ -553,8 +553,9 @@ def _runnable_ordered(table: tuple[np.ndarray, np.ndarray, np.ndarray], short: n
         # cannot exclude, e.g. Megatron-Core's offload with ZeRO 2-3): walk on down the ranking
         rest = np.setdiff1d(np.arange(obj.size), short)
         rest = rest[np.argsort(obj[rest], kind="stable")]
-        for start in range(0, rest.size, max(1, short.size)):
-            entries = runnable(rest[start:start + max(1, short.size)])
+        block = max(1, short.size)
+        for start in range(0, rest.size, block):
+            entries = runnable(rest[start:start + block])
             if entries:
                 break
     if not entries:

@@ -23,7 +23,7 @@ from sim.net.network import Network
 from sim.net.placement import group_shape
 from sim.cost.offload import offload_bytes, strategy_rates
 from sim.layers.ops import LayerOps, embedding_ops, head_ops, layer_ops
-from sim.cost.plan import HostSyncs, Plan
+from sim.cost.plan import FUSED_LOSS_IMPLS, HostSyncs, Plan
 from sim.data.runtime import CommRuntime, default_comm_runtime, default_runtime, state_layout
 from sim.data.specs import Cluster, Model, Strategy
 from sim.layers.stages import (StageParams, chunk_signature, layer_params, model_chunks, stage_layers,
@@ -568,7 +568,7 @@ def end_costs(plan: Plan, eff: KernelEfficiency) -> EndCosts:
     s, gpu, model = plan.strategy, plan.cluster.gpu, plan.model
     k = eff.slowest_rank_factor(plan.cluster.num_gpus)  # the slowest GPU sets the pace (sim.layers.variability)
     head = head_ops(model, s, plan.loss)
-    fused = plan.fused_ops + (("cross_entropy",) if plan.loss in ("fused", "megatron_fused") else ())  # a fused loss
+    fused = plan.fused_ops + (("cross_entropy",) if plan.loss in FUSED_LOSS_IMPLS else ())
     head_f, head_b = ops_time(gpu, s.precision, head, eff, eager=plan.eager_elementwise, fused=fused)
     emb_f, emb_b = ops_time(gpu, s.precision, embedding_ops(model, s), eff)
     return EndCosts(embedding_fwd_s=k * emb_f, embedding_bwd_s=k * emb_b, head_fwd_s=k * head_f, head_bwd_s=k * head_b,

@@ -21,6 +21,7 @@ GRAD_ACCUMULATION: tuple[str, ...] = ("fused", "fp32_main_grad", "autograd", "ke
 # optimizer step implementation (runtime.yaml optimizer.bytes_per_param_by_impl)
 OPTIMIZER_IMPLS: tuple[str, ...] = ("fused", "keras")
 LOSS_IMPLS: tuple[str, ...] = ("upcast", "inplace", "megatron_fused", "fused")
+FUSED_LOSS_IMPLS: frozenset[str] = frozenset({"megatron_fused", "fused"})  # run as fused kernels, eager or not
 # MoE token dispatch (Megatron-Core --moe-token-dispatcher-type alltoall|allgather|flex with DeepEP)
 MOE_DISPATCHERS: tuple[str, ...] = ("alltoall", "allgather", "deepep")
 # How a ZeRO-3 engine gathers parameters: coalesced buckets with prefetch (FSDP, DeepSpeed >= 0.5.10)
