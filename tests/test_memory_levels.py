@@ -477,3 +477,92 @@ def test_nemo_performance_scripts_keep_bf16_gradients_for_fp8_runs():
     with_params = replace(fp8, strategy=replace(fp8.strategy, fp8_params=True))
     assert plan_comm_runtime(with_params).param_gather_bytes_per_param == 1
     assert plan_memory(fp8).gradients_bytes == pytest.approx(plan_memory(bf16).gradients_bytes / 2)
+
+
+def test_alltoall_buffers_drop_to_two_channels_and_a_shared_pool_once_the_group_leaves_nvlink():
+    """NCCL v2.21.5: a p2p communicator uses the minimum channel count over its peers
+    (graph/paths.cc ncclTopoComputeP2pChannels), 2 for a peer across the network; network peers
+    share one pool per direction (transport/net.cc sharedNetBuffersInit: 32 x 16 x 128 KiB).
+    Inside one NVLink domain every peer keeps #1685's ~0.47 GB (32 channels)."""
+    from sim.data.runtime import device_extra_bytes, device_memory
+    from sim.data.specs import Strategy
+
+    a2a = device_memory().alltoall
+    per_peer = 4.7e8
+    assert a2a.group_bytes(8, 8, nvlink=True) == pytest.approx(7 * per_peer)
+    assert a2a.group_bytes(64, 8, nvlink=True) == pytest.approx(7 * 2 * per_peer / 32 + 2 * 32 * 16 * 2**17)
+    assert a2a.group_bytes(8, 8, nvlink=False) == pytest.approx(7 * 2 * per_peer / 32)  # a PCIe node
+    assert a2a.group_bytes(1, 1, nvlink=True) == 0.0
+    model = get_model("deepseek-v3")
+    ep64 = Strategy(dp=64, ep=64, gbs=64, zero=1)
+    inside = device_extra_bytes(ep64, model, domain_gpus=72)  # an NVL72 rack holds the group
+    across = device_extra_bytes(ep64, model, domain_gpus=8)
+    assert inside - across == pytest.approx(63 * per_peer - a2a.group_bytes(64, 8, nvlink=True))
+
+
+def test_deepep_buffers_follow_its_size_hints():
+    """deep_ep Config.get_nvl_buffer_size_hint / get_rdma_buffer_size_hint (csrc/config.hpp @
+    de3a15d) with buffer.py's configs for 64 ranks (NVLink 288, RDMA 128 receive tokens), 20 SMs
+    (10 channels), hidden 7168 in bf16: 10 x 8 x 288 x (14336 + 8 + 128 x (8 + 4 + 4)) and
+    10 x 8 x 128 x 2 x (14336 + 8 + 128 x (8 + 4 + 4) + 16); no RDMA buffer within 8 ranks."""
+    from sim.data.runtime import device_extra_bytes, device_memory
+    from sim.data.specs import Strategy
+
+    ep = device_memory().deepep
+    nvl = 10 * 8 * 288 * (14336 + 8 + 128 * 16)
+    rdma = 10 * 8 * 128 * 2 * (14336 + 8 + 128 * 16 + 16)
+    assert ep.group_bytes(64, 2 * 7168) == pytest.approx(nvl + rdma)
+    assert ep.group_bytes(8, 2 * 7168) == pytest.approx(10 * 8 * 256 * (14336 + 8 + 128 * 16))
+    assert ep.group_bytes(12, 2 * 7168) == ep.group_bytes(16, 2 * 7168)  # priced as the next tabled size
+    model = get_model("deepseek-v3")
+    ep64 = Strategy(dp=64, ep=64, gbs=64, zero=1)
+    base = device_extra_bytes(Strategy(dp=64, gbs=64, zero=1), model, domain_gpus=8)
+    assert device_extra_bytes(ep64, model, domain_gpus=8, dispatcher="deepep") - base == pytest.approx(nvl + rdma)
+    assert (device_extra_bytes(ep64, model, domain_gpus=8, dispatcher="allgather") - base
+            == pytest.approx(device_memory().nccl_ring_bytes_per_communicator))
+
+
+def test_launchers_that_turn_nvls_off_map_no_nvls_buffers_and_reduce_without_it():
+    """NeMo Framework Launcher (config.yaml env_vars NCCL_NVLS_ENABLE: 0), dgxc-benchmarking 24.11
+    and NeMo 2's performance scripts (utils.py slurm_executor) turn NVLink SHARP off "to save
+    memory": no NVLS buffers, and all-reduces priced without the in-switch reduction."""
+    from sim.cost.costs import nvls_algorithm
+    from sim.net.netefficiency import network_kwargs
+    from sim.net.network import Network
+
+    assert not get_framework("nemo-2025h1").nvls and not get_framework("nemo-launcher-2024h2").nvls
+    assert get_framework("nemo").nvls and get_framework("megatron-core").nvls
+    strategy = "tp=8,dp=2,mbs=1,gbs=16,seq=4096,sp=1,zero=1"
+    on = plan_memory(_plan("llama3-8b", 16, strategy, "nemo"))
+    off = plan_memory(_plan("llama3-8b", 16, strategy, "nemo-2025h1"))
+    assert on.device_bytes - off.device_bytes >= 1.5 * 2**30  # at least the tp group's 8 heads
+    assert on.allocated_bytes == off.allocated_bytes
+    cl = cluster_from_catalog(gpu="h100-80gb", num_gpus=8)
+    net = Network(cl, **network_kwargs(cl.gpu.nvlink_generation))
+    ranks, size = tuple(range(8)), 256 * 2**20
+    with_nvls = net.collective_time_s("all_reduce", ranks, size, algorithm=nvls_algorithm(True))
+    without = net.collective_time_s("all_reduce", ranks, size, algorithm=nvls_algorithm(False))
+    assert without > with_nvls
+    assert without == pytest.approx(min(net.collective_time_s("all_reduce", ranks, size, algorithm=a)
+                                         for a in ("ring", "tree", "hierarchical")))
+
+
+def test_bf16_parameters_throughout_keep_eight_bytes_and_reduce_in_fp32():
+    """NeMo Automodel's benchmark recipes: bf16 parameters (initialize_weights dtype bf16), bf16
+    gradients and Adam states, FSDP2 reduce_dtype fp32: 8/d bytes per parameter at rest, and the
+    reduce-scatter input and the pipelined unsharded accumulators in fp32; the loss on bf16 logits."""
+    from sim.cost.memory import model_state_bytes
+    from sim.data.specs import Strategy
+
+    w, g, o = model_state_bytes(StageParams(1e9, 0.0), Strategy(dp=8, gbs=8, zero=3), state_layout("torch_bf16"))
+    assert (w, g, o) == pytest.approx((2e9 / 8, 2e9 / 8, 4e9 / 8))
+    lay = state_layout("torch_bf16")
+    assert lay.fsdp2 and lay.reduce_bytes_per_param == 4 and state_layout("torch_amp").reduce_bytes_per_param == 4
+    fw = get_framework("automodel")
+    assert fw.model_states == "torch_bf16" and fw.loss == "bf16"
+    strategy = "pp=2,dp=4,mbs=1,gbs=32,seq=4096,zero=3,recompute=full"
+    bf16 = plan_memory(_plan("llama3-8b", 8, strategy, "automodel"))
+    params = get_model("llama3-8b").num_params / 2
+    assert bf16.gradients_bytes == pytest.approx(4 * params, rel=0.15)  # fp32 unsharded accumulators
+    amp = plan_memory(_plan("llama3-8b", 8, strategy, "torchtitan"))
+    assert bf16.optimizer_bytes == pytest.approx(amp.optimizer_bytes / 2, rel=0.01)

@@ -35,7 +35,9 @@ Code measured (the source each follows):
   Face); ``cross_entropy_inplace``: Megatron's ``_VocabParallelCrossEntropy`` at one tensor-
   parallel rank on ``logits.float()`` (megatron/core/tensor_parallel/cross_entropy.py: max,
   subtract in place, gather the target logit, ``exp`` in place, sum, log, divide in place;
-  backward: subtract one at the target, multiply by the incoming gradient).
+  backward: subtract one at the target, multiply by the incoming gradient);
+  ``cross_entropy_bf16``: ``F.cross_entropy(logits, labels)`` on the bf16 logits themselves
+  (NeMo Automodel's ``MaskedCrossEntropy(fp32_upcast=False)``).
 * ``softmax_dropout``: unfused attention's score path as Hugging Face GPT-2 runs it (scale,
   ``torch.where`` causal mask, softmax, dropout p = 0.1), per score element.
 
@@ -223,4 +225,5 @@ def measure(tokens: int = 256) -> list[EagerTraffic]:
         target = torch.randint(0, m.vocab_size, (tokens,))
         add("cross_entropy_upcast", "cross_entropy", _count(lambda z: F.cross_entropy(z.float(), target), logits))
         add("cross_entropy_inplace", "cross_entropy", _count(lambda z: _megatron_cross_entropy(z, target).sum(), logits))
+        add("cross_entropy_bf16", "cross_entropy", _count(lambda z: F.cross_entropy(z, target), logits))
     return out

@@ -33,17 +33,16 @@ from typing import Mapping
 import numpy as np
 
 from sim.layers.compute import KernelEfficiency, default_efficiency
-from sim.net.netefficiency import nvls_gain
 from sim.cost.costs import (LayerCost, default_network, dp_collectives, end_costs, plan_layer_ops, layer_cost, p2p_bytes,
                        p2p_time_s, piece_settings, plan_comm_runtime)
-from sim.cost.memory import (head_activation_bytes, inflight, layer_activations, layer_backward_bytes,
+from sim.cost.memory import (cluster_extra_bytes, head_activation_bytes, inflight, layer_activations, layer_backward_bytes,
                         recompute_time_fraction, split_of, offloaded_activation_bytes, stage_memory,
                         fp8_weight_cache_of, gpus_sharing_a_host, within_host)
 from sim.net.network import Network
 from sim.layers.ops import LayerOps
 from sim.cost.offload import OffloadRates, host_spec, offload_constants, offload_rates
 from sim.cost.plan import Plan
-from sim.data.runtime import default_runtime, device_extra_bytes, nvls_buffers, state_layout
+from sim.data.runtime import default_runtime, state_layout
 from sim.data.specs import Cluster, Model, Strategy, expert_dp_size, offload_flags
 from sim.layers.stages import (StageShape, layer_params, stage_embedding_params, stage_index_shapes,
                                stage_parameter_tensors, stage_shapes)
@@ -288,7 +287,7 @@ class FastModel:
         if got is None:
             s = self.representative(layout)
             got = dp_collectives(self.net, s, shape.params, plan_comm_runtime(self.probe, s.precision, s.fp8_params),
-                                 self.eff)
+                                 self.eff, nvls=self.probe.nvls)
             self._coll[key] = got
         return got
 
@@ -343,9 +342,8 @@ class FastModel:
         oc, hs, _ = self._host() if any_offload else (None, None, None)
         lay = state_layout(probe.states_layout_for(layout.precision))
         stage_list = stage_index_shapes(model, self.representative(layout))
-        extra = device_extra_bytes(self.representative(layout), model, megatron_groups=lay.name.startswith("megatron"),
-                                   nvls=nvls_buffers(cl.gpu.architecture, multicast=bool(nvls_gain(cl.gpu.nvlink_generation))),
-                                   domain_gpus=cl.nvlink_domain)
+        extra = cluster_extra_bytes(self.representative(layout), model, cl, layout=lay, dispatcher=probe.moe_dispatcher,
+                                    nvls=probe.nvls)
         norm_tok = np.array([[mbs * self.seq_len // layout.cp / (layout.tp if sp else 1) for sp in grid.sp]
                              for mbs in grid.mbs], dtype=float).reshape(M, S, 1, 1, 1)
 

@@ -24,7 +24,7 @@ from sim.net.placement import group_shape
 from sim.cost.offload import offload_bytes, strategy_rates
 from sim.layers.ops import LayerOps, embedding_ops, head_ops, layer_ops
 from sim.cost.plan import FUSED_LOSS_IMPLS, HostSyncs, Plan
-from sim.data.runtime import CommRuntime, default_comm_runtime, default_runtime, state_layout
+from sim.data.runtime import FSDP2_LAYOUTS, CommRuntime, default_comm_runtime, default_runtime, state_layout
 from sim.data.specs import Cluster, Model, Strategy
 from sim.layers.stages import (StageParams, chunk_signature, layer_params, model_chunks, stage_layers,
                         stage_embedding_params, stage_parameter_tensors, stage_shapes)
@@ -243,7 +243,8 @@ def layer_cost(plan: Plan, net: Network, lops: LayerOps, eff: KernelEfficiency, 
         tp_f = lops.tp_collectives_per_pass * one
         tp_b = lops.tp_collectives_per_pass * one * (2 if s.recompute == "full" else 1)
     elif s.tp > 1 and lops.tp_comm_bytes:
-        one = net.dim_collective_time_s("all_reduce", s, "tp", lops.tp_comm_bytes) + eff.collective_overhead_s
+        one = (net.dim_collective_time_s("all_reduce", s, "tp", lops.tp_comm_bytes, algorithm=nvls_algorithm(plan.nvls))
+               + eff.collective_overhead_s)
         tp_f = lops.tp_collectives_per_pass * one
         tp_b = lops.tp_collectives_per_pass * one * (2 if s.recompute == "full" else 1)
     if lops.etp_comm_bytes:  # experts' own tensor parallelism (etp != tp): gather + reduce-scatter
@@ -304,8 +305,14 @@ def layer_cost(plan: Plan, net: Network, lops: LayerOps, eff: KernelEfficiency, 
         model_flops_fwd=lops.model_flops, recompute_flops=recompute_flops, params=layer_params)
 
 
+def nvls_algorithm(nvls: bool) -> str:
+    """The collective algorithm a plan's all-reduces take (``sim.net.network.AUTOS``): the
+    cheapest candidate, without NVLS when the launcher turns it off (``Plan.nvls``)."""
+    return "auto" if nvls else "auto_no_nvls"
+
+
 def dp_collectives(net: Network, s: Strategy, params: StageParams, rt: CommRuntime,
-                   eff: KernelEfficiency) -> DpCollectives:
+                   eff: KernelEfficiency, *, nvls: bool = True) -> DpCollectives:
     """The data-parallel collectives of a stage holding ``params``: dense gradients reduced (and
     ZeRO-1/2/3 parameters gathered) over the ``dp x cp`` ranks, expert gradients over the
     expert-data-parallel group (``Strategy.expert_dp`` ranks, ``sim.net.placement`` ``edp``), one
@@ -314,7 +321,8 @@ def dp_collectives(net: Network, s: Strategy, params: StageParams, rt: CommRunti
     def coll(op: str, dim: str, ranks: int, nparams: float, bytes_per: float) -> float:
         if ranks <= 1 or nparams <= 0:
             return 0.0
-        return net.dim_collective_time_s(op, s, dim, nparams * bytes_per) + eff.collective_overhead_s
+        return (net.dim_collective_time_s(op, s, dim, nparams * bytes_per, algorithm=nvls_algorithm(nvls))
+                + eff.collective_overhead_s)
 
     g, pg = rt.grad_reduce_bytes_per_param, rt.param_gather_bytes_per_param
     hsdp = s.zero_shard < s.dp * s.cp
@@ -396,7 +404,7 @@ def piece_settings(plan: Plan, eff: KernelEfficiency, *, precision: str, pp: int
         fp16=precision == "fp16", fsdp_copies=plan.fsdp_copies, optimizer_impl=plan.optimizer_impl,
         weight_cast_bytes_per_param=fp8_weight_cast_bytes_per_param(eff, precision, fp8_recipe,
                                                                     plan.fp8_weight_cache, num_microbatches),
-        pipelined_fsdp=pp > 1 and plan.state_layout == "torch_amp",
+        pipelined_fsdp=pp > 1 and plan.state_layout in FSDP2_LAYOUTS,
         bf16_optimizer=plan.deepspeed_bf16_optimizer and precision == "bf16",
         per_tensor_gather=plan.zero3_gather == "per_tensor_sync", host_syncs=host_sync_counts(plan.host_syncs, pp))
 
@@ -411,7 +419,8 @@ def stage_pieces_for(plan: Plan, net: Network, eff: KernelEfficiency, params: St
     s = plan.strategy
     settings = piece_settings(plan, eff, precision=s.precision, pp=s.pp, num_microbatches=s.num_microbatches,
                               dp_overlap=s.dp_overlap, fp8_recipe=s.fp8_recipe, dp_size=s.dp * s.cp)
-    return stage_pieces(coll=dp_collectives(net, s, params, settings.rt, eff), zero=s.zero, dp_size=s.zero_shard,
+    return stage_pieces(coll=dp_collectives(net, s, params, settings.rt, eff, nvls=plan.nvls), zero=s.zero,
+                        dp_size=s.zero_shard,
                         expert_dp=s.expert_dp, params=params, num_layers=num_layers, layer_fwd_s=layer_fwd_s,
                         layer_bwd_s=layer_bwd_s, settings=settings, tensors=tensors,
                         offload_optimizer=s.offload_optimizer, offload_params=s.offload_params,

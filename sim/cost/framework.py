@@ -221,7 +221,7 @@ class Framework:
     selective_recompute: str  # attention | op
     grad_accumulation: str = "fused"  # fused | fp32_main_grad | autograd (runtime.yaml)
     fsdp_copies: bool = False  # FSDP2 packing around ZeRO-3 collectives (runtime.yaml)
-    loss: str = "upcast"  # LOSS_IMPLS: upcast | inplace | megatron_fused | fused (runtime.yaml loss)
+    loss: str = "upcast"  # LOSS_IMPLS: upcast | inplace | megatron_fused | fused | bf16 (runtime.yaml loss)
     # What the framework's recipes switch on when a run does not say (the profile's source):
     sequence_parallel_default: bool = False  # SP with tp > 1
     tp_overlap_default: bool = False  # pipelined TP communication overlap with tp > 1 and SP
@@ -251,7 +251,7 @@ class Framework:
     # PYTORCH_CUDA_ALLOC_CONF the framework's launcher sets (sim.data.runtime.ALLOCATORS)
     allocator: str = "caching"
     # how its data-parallel gradient reduction is bucketed (sim.data.runtime.GRAD_BUCKETS); default by
-    # model_states: megatron -> megatron, deepspeed -> deepspeed, torch_amp -> ddp
+    # model_states: megatron -> megatron, deepspeed -> deepspeed, torch_amp / torch_bf16 -> ddp
     grad_buckets: str = "megatron"
     # the largest head dimension its fused attention kernels take, per GPU architecture (beyond it
     # Transformer Engine falls back: sim.cost.plan.Plan.attention_kernel); none: no limit
@@ -259,6 +259,8 @@ class Framework:
     # the attention-kernel library release its containers ship when older than the current one
     # (sim.layers.compute.ATTENTION_LIBRARIES; "" = current), Plan.attention_library
     attention_library: str = ""
+    # NCCL's NVLink SHARP left on (NCCL's default) or switched off by the launcher (NCCL_NVLS_ENABLE=0), Plan.nvls
+    nvls: bool = True
     aliases: tuple[str, ...] = ()
     source: str = ""
     notes: str = ""
@@ -270,8 +272,8 @@ _KEYS = ("id", "name", "aliases", "attention", "dp_overlap", "elementwise", "sel
          "fp8_saved_inputs", "deepspeed_bf16_optimizer", "zero3_gather", "tp_overlap_kind", "host_syncs", "source",
          "notes", "fused_ops", "pipeline_schedule_per", "allocator", "grad_buckets",
          "saved_activations", "fused_attention_max_head_dim", "fp8_model_states", "fp8_params_recipes",
-         "attention_library")
-_BUCKETS_BY_STATES = {"megatron": "megatron", "deepspeed": "deepspeed", "torch_amp": "ddp"}
+         "attention_library", "nvls")
+_BUCKETS_BY_STATES = {"megatron": "megatron", "deepspeed": "deepspeed", "torch_amp": "ddp", "torch_bf16": "ddp"}
 
 
 @functools.cache
@@ -311,6 +313,7 @@ def _frameworks() -> dict[str, Framework]:
                        fused_attention_max_head_dim=_attention_head_dim_limits(r),
                        grad_buckets=r.text("grad_buckets", choices=GRAD_BUCKETS,
                                            default=_BUCKETS_BY_STATES.get(r.text("model_states"), "megatron")),
+                       nvls=r.flag("nvls", default=True),
                        aliases=r.strings("aliases", lower=False),
                        source=r.text("source"), notes=r.text("notes", default=""))
         for key in (fw.id, *fw.aliases):
@@ -341,7 +344,8 @@ def apply_framework(plan_kwargs: dict, fw: Framework) -> dict:
             "deepspeed_bf16_optimizer": fw.deepspeed_bf16_optimizer, "zero3_gather": fw.zero3_gather,
             "tp_overlap_kind": fw.tp_overlap_kind, "host_syncs": fw.host_syncs, "fused_ops": fw.fused_ops,
             "allocator": fw.allocator, "grad_buckets": fw.grad_buckets,
-            "fused_attention_max_head_dim": fw.fused_attention_max_head_dim, "attention_library": fw.attention_library}
+            "fused_attention_max_head_dim": fw.fused_attention_max_head_dim, "attention_library": fw.attention_library,
+            "nvls": fw.nvls}
 
 
 def list_frameworks() -> list[Framework]:

@@ -362,7 +362,7 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
     z = np.asarray(zero)
     p = shape.params
     w, g, o = state_bytes(p, zero, shard, expert_shard, lay, bf16_optimizer)
-    if lay.name == "torch_amp":  # FSDP2 shards the fp32 master weights at rest for ZeRO-2 too (no reshard after forward)
+    if lay.fsdp2:  # FSDP2 shards the parameters at rest for ZeRO-2 too (no reshard after forward)
         w = np.where(z == 2, state_bytes(p, 3, shard, expert_shard, lay)[0], w)
     off_opt, off_par, off_act = np.asarray(offload_optimizer), np.asarray(offload_params), np.asarray(offload_activations)
     host_states = 0.0
@@ -375,7 +375,7 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
         w = np.where(off_par, 0.0, w)  # the weight shard lives on the host
     n_layers = max(1, shape.num_layers)
     gb = lay.gathered_bytes_per_param
-    torch_amp = lay.name == "torch_amp"
+    fsdp2 = lay.fsdp2
     head = (model.embedding_params / tp + model.hidden_size) if shape.last else 0.0
     embedding = model.embedding_params / tp if shape.first else 0.0
     if shape.first and shape.last and model.tied_embeddings and pp == 1:
@@ -397,16 +397,16 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
     accumulated = np.asarray(microbatches) > np.asarray(inflight_mb)  # earlier micro-batches' gradients exist
 
     # ---- the start of the first backward: weights, gradients, activations, temporaries
-    if torch_amp:
+    if fsdp2:
         # FSDP2 (torchtitan apply_fsdp): with pipelining nothing is resharded until the last
-        # backward (unsharded bf16 weights + fp32 unsharded gradient accumulators,
-        # torch/distributed/fsdp/_fully_shard/_fsdp_param.py to_accumulated_grad_if_needed);
+        # backward (unsharded bf16 weights + unsharded gradient accumulators in the reduce dtype,
+        # fp32: torch/distributed/fsdp/_fully_shard/_fsdp_param.py to_accumulated_grad_if_needed);
         # ZeRO-2 class = reshard_after_forward=False keeps every gathered weight; otherwise the
         # last block and the output layer stay gathered; ZeRO 0-1: torch.autocast's casts
         # (counted with the activations, below).
         gathered = np.where(z >= 3, np.where(pp > 1, gb * p.total, gb * (layer_params + head)),
                             np.where(z == 2, gb * p.total, 0.0))
-        unsharded_grads = np.where((z >= 3) & (pp > 1), lay.gradient_bytes_per_param * p.total, 0.0)
+        unsharded_grads = np.where((z >= 3) & (pp > 1), lay.reduce_bytes_per_param * p.total, 0.0)
         g_act = np.where(accumulated, np.where((z >= 3) & (pp > 1), unsharded_grads, g), 0.0)
     else:
         # FSDP gathers one layer ahead; fp8 parameters are gathered in fp8
@@ -435,7 +435,7 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
         layers = np.where(off_act, layers * (1 - frac) + np.minimum(2, n_off) * one, layers)
     act = layers
     transient = np.where(full_recompute, recompute_transient * recomputed_layer_bytes, 0.0) if shape.num_layers else 0.0
-    if torch_amp:  # torch.autocast caches a 16-bit copy of every linear weight per forward, saved for backward;
+    if lay.name == "torch_amp":  # torch.autocast caches a 16-bit copy of every linear weight per forward, saved for backward;
         # the residual stream stays fp32 (the embedding is not autocast), so each eager norm keeps
         # its scaled output in fp32 (2 more bytes per element)
         linear = p.total - embedding - shape.num_layers * model.norm_params_per_layer \
@@ -447,7 +447,7 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
         kept = np.where(full_recompute, recompute_full, np.where(selective_op, 0.0, 1.0))
         act = act + np.where(z < 2, (gb * ((linear - head_linear) * kept + head_linear) + fp32_norms * kept)
                              * inflight_mb, 0.0)
-    if shape.first and model_has_dropout(model) and not torch_amp:
+    if shape.first and model_has_dropout(model) and not fsdp2:
         act = act + tokens * model.hidden_size * inflight_mb  # embedding dropout mask
     # a layer's backward: the layer being recomputed holds its full activations once, with the
     # layer's backward temporaries (FSDP2 without pipelining: its unsharded bf16 gradients and
@@ -455,14 +455,15 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
     layer_temps = backward_bytes + 0.0 * z
     layer_act = act + transient
     w_layer, g_layer = w_act, g_act
-    if torch_amp:
+    if fsdp2:
         # FSDP2 without pipelining, at a block's post-backward (the reduce-scatter): the block's
         # activations are freed and its unsharded weights resharded, its bf16 unsharded gradients
-        # (2 B) and the fp32 reduce-scatter input (4 B) live (measured: planner validate memory)
+        # (2 B) and the reduce-scatter input in the reduce dtype (fp32, 4 B) live (measured:
+        # planner validate memory)
         rs = (z >= 3) & (pp == 1)
         one_layer = per_mb_keep / n_layers
         layer_act = np.where(rs, np.maximum(0.0, act - one_layer), layer_act)
-        layer_temps = layer_temps + np.where(rs, lay.gradient_bytes_per_param * layer_params, 0.0)
+        layer_temps = layer_temps + np.where(rs, lay.reduce_bytes_per_param * layer_params, 0.0)
         g_layer = g_act + np.where(rs, gb * layer_params, 0.0)
         w_layer = np.where(rs, w, w_act)
     if shape.last:  # final norm and output-layer input, and the loss peak (runtime.yaml loss)
@@ -515,7 +516,7 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
     # sharded gradient is allocated in the RS stream"): those bytes cannot reuse the default
     # stream's cached activation blocks, so the reserved peak is the default stream's peak plus
     # the sharded gradients.
-    rs_pool = np.where(torch_amp & (z >= 2), g + 0.0 * allocated, 0.0)
+    rs_pool = np.where(fsdp2 & (z >= 2), g + 0.0 * allocated, 0.0)
     in_rs = np.where(pp == 1, np.minimum(grads, rs_pool), 0.0)  # with pipelining the peak's grads are unsharded
     # Likewise the all-gather output, the flat 16-bit buffer each FSDP unit is gathered into before
     # its copy-out into the parameters, is allocated in FSDP2's all-gather copy-in stream
@@ -523,7 +524,7 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
     # all_gather_copy_in_stream): that stream's pool holds two units at once (the one being copied
     # out and the next one prefetched), the largest pair a layer and the embedding or output layer.
     units = max(layer_params, embedding, head)
-    ag_pool = np.where(torch_amp & (z >= 2), gb * (layer_params + units) + 0.0 * allocated, 0.0)
+    ag_pool = np.where(fsdp2 & (z >= 2), gb * (layer_params + units) + 0.0 * allocated, 0.0)
     # The allocator's slack: peak reserved over peak allocated as replaying PyTorch's
     # caching-allocator rules over the step's allocation trace measures it (validate.allocator,
     # validate.fragmentation; catalogs/runtime.yaml memory.fragmentation), by allocator mode
@@ -554,7 +555,7 @@ def plan_memory(plan: "Plan") -> MemoryBreakdown:
                             fp8_saved_inputs=plan.fp8_saved_inputs, layout=state_layout(plan.model_states_layout),
                             moe_imbalance=plan.moe_imbalance, bf16_optimizer=plan.deepspeed_bf16_optimizer,
                             fp8_weight_cache=fp8_weight_cache_of(plan.strategy.precision, plan.fp8_weight_cache),
-                            allocator=plan.allocator)
+                            allocator=plan.allocator, dispatcher=plan.moe_dispatcher, nvls=plan.nvls)
 
 
 def layer_activations(model: Model, s: Strategy, *, attention: str = "flash", selective_policy: str = "attention",
@@ -575,16 +576,31 @@ def layer_activations(model: Model, s: Strategy, *, attention: str = "flash", se
     return dense, moe, dense_full, moe_full, max(dense_full, moe_full)
 
 
+def cluster_extra_bytes(strategy: Strategy, model: Model, cluster: Cluster, *, layout: StateLayout,
+                        dispatcher: str = "alltoall", nvls: bool = True) -> float:
+    """``device_extra_bytes`` on ``cluster``: its NVLink SHARP buffers (none with ``nvls`` off,
+    ``Plan.nvls``), NVLink domain and whether that domain is NVLink (a node of PCIe cards is
+    not), for the search and ``plan_memory`` alike."""
+    multicast = nvls and bool(nvls_gain(cluster.gpu.nvlink_generation))
+    return device_extra_bytes(strategy, model, megatron_groups=layout.name.startswith("megatron"),
+                              nvls=nvls_buffers(cluster.gpu.architecture, multicast=multicast),
+                              domain_gpus=cluster.nvlink_domain, nvlink=cluster.server is None,
+                              dispatcher=dispatcher)
+
+
 def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
                      attention: str = "flash", runtime: MemoryRuntime | None = None,
                      selective_policy: str = "attention", loss: str = "upcast", eager: bool = False,
                      fp8_saved_inputs: bool = False, layout: StateLayout | None = None,
                      moe_imbalance: float = 1.0, fp8_weight_cache: bool = False,
-                     bf16_optimizer: bool = False, allocator: str = "caching") -> MemoryBreakdown:
+                     bf16_optimizer: bool = False, allocator: str = "caching",
+                     dispatcher: str = "alltoall", nvls: bool = True) -> MemoryBreakdown:
     """Memory of the most loaded GPU (the pipeline stage with the largest device-level peak),
     with the three levels of every stage in ``by_stage``; ``fp8_weight_cache``: fp8 weight
     copies held for the step (``fp8_weight_cache_of``); ``bf16_optimizer``: a bf16 plan of a
-    DeepSpeed profile (``state_bytes``); ``allocator``: the caching allocator's mode."""
+    DeepSpeed profile (``state_bytes``); ``allocator``: the caching allocator's mode;
+    ``dispatcher``: the MoE dispatcher, whose buffers the device level holds; ``nvls``: NCCL's
+    NVLink SHARP on (``Plan.nvls``)."""
     rt = runtime or default_runtime()
     s = strategy
     lay = layout or state_layout("deepspeed")
@@ -593,10 +609,7 @@ def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
         fp8_saved_inputs=fp8_saved_inputs, moe_imbalance=moe_imbalance)
     back = max(layer_backward_bytes(model, s, moe=False),
                layer_backward_bytes(model, s, moe=True, moe_imbalance=moe_imbalance) if model.moe is not None else 0.0)
-    extra = device_extra_bytes(s, model, megatron_groups=lay.name.startswith("megatron"),
-                               nvls=nvls_buffers(cluster.gpu.architecture,
-                                                 multicast=bool(nvls_gain(cluster.gpu.nvlink_generation))),
-                               domain_gpus=cluster.nvlink_domain)
+    extra = cluster_extra_bytes(s, model, cluster, layout=lay, dispatcher=dispatcher, nvls=nvls)
     head_act = head_activation_bytes(model, s, eager=eager)
     host = host_spec(cluster)
     per_node = gpus_sharing_a_host(cluster)

@@ -20,7 +20,7 @@ SELECTIVE_POLICIES: tuple[str, ...] = ("attention", "op", "mla_up_proj", "moe_ac
 GRAD_ACCUMULATION: tuple[str, ...] = ("fused", "fp32_main_grad", "autograd", "keras")
 # optimizer step implementation (runtime.yaml optimizer.bytes_per_param_by_impl)
 OPTIMIZER_IMPLS: tuple[str, ...] = ("fused", "keras")
-LOSS_IMPLS: tuple[str, ...] = ("upcast", "inplace", "megatron_fused", "fused")
+LOSS_IMPLS: tuple[str, ...] = ("upcast", "inplace", "megatron_fused", "fused", "bf16")
 FUSED_LOSS_IMPLS: frozenset[str] = frozenset({"megatron_fused", "fused"})  # run as fused kernels, eager or not
 # MoE token dispatch (Megatron-Core --moe-token-dispatcher-type alltoall|allgather|flex with DeepEP)
 MOE_DISPATCHERS: tuple[str, ...] = ("alltoall", "allgather", "deepep")
@@ -141,6 +141,10 @@ class Plan:
     # the current one (sim.layers.compute.ATTENTION_LIBRARIES; "" = current): its measured curves
     # price attention (sim.cost.costs.layer_cost)
     attention_library: str = ""
+    # NCCL's NVLink SHARP as the framework's launcher leaves it (NCCL_NVLS_ENABLE; a framework's
+    # nvls): off, all-reduces run without the in-switch reduction (sim.cost.costs.nvls_algorithm)
+    # and no communicator maps NVLS buffers (sim.cost.memory.cluster_extra_bytes)
+    nvls: bool = True
 
     @property
     def attention_kernel(self) -> str:

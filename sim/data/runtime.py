@@ -124,8 +124,24 @@ class StateLayout:
     # (its gradient buffer's dtype); 0: communication.grad_reduce_bytes_per_param
     grad_reduce_bytes_per_param: float = 0.0
 
+    @property
+    def fsdp2(self) -> bool:
+        """PyTorch FSDP2 keeps these states (``FSDP2_LAYOUTS``): its gather, reshard and
+        reduce-scatter rules apply (``sim.cost.memory.stage_memory``)."""
+        return self.name in FSDP2_LAYOUTS
 
-STATE_LAYOUTS: tuple[str, ...] = ("megatron", "megatron_bf16_grads", "torch_amp", "deepspeed")
+    @property
+    def reduce_bytes_per_param(self) -> float:
+        """Bytes per parameter of a gradient on its way to the reduction (the reduce-scatter
+        input, FSDP2's unsharded accumulator): ``grad_reduce_bytes_per_param`` where the layout
+        fixes it, else the gradient's own."""
+        return self.grad_reduce_bytes_per_param or self.gradient_bytes_per_param
+
+
+STATE_LAYOUTS: tuple[str, ...] = ("megatron", "megatron_bf16_grads", "torch_amp", "torch_bf16", "deepspeed")
+# PyTorch-native layouts (FSDP2 under ZeRO-2/3, DDP otherwise): mixed precision with fp32 master
+# parameters (torch_amp) or bf16 parameters throughout (torch_bf16)
+FSDP2_LAYOUTS: tuple[str, ...] = ("torch_amp", "torch_bf16")
 
 
 @functools.cache
@@ -154,6 +170,61 @@ class DeviceMemory:
     nccl_bytes_per_alltoall_peer: float
     nccl_p2p_bytes_per_peer: float
     nvls: Mapping[str, "NvlsBuffers"]  # by GPU architecture: the NCCL release its runs use
+    alltoall: "AllToAllBuffers"
+    deepep: "DeepEPBuffers"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AllToAllBuffers:
+    """NCCL's buffers for an all-to-all over a group (``catalogs/runtime.yaml``
+    device_memory.alltoall): NVLink peers at ``bytes_per_peer`` (measured with
+    ``nvlink_channels_per_peer`` channels each) while the whole group is NVLink-connected; once
+    a peer is across the network (or the local peers have no NVLink) every peer gets
+    ``net_channels_per_peer`` channels (``ncclTopoComputeP2pChannels`` takes the minimum over
+    the group) and the network peers share one pool of ``net_shared_bytes``."""
+
+    bytes_per_peer: float
+    nvlink_channels_per_peer: int
+    net_channels_per_peer: int
+    net_shared_bytes: float
+
+    def group_bytes(self, group: int, local: int, *, nvlink: bool) -> float:
+        """Bytes per GPU for an all-to-all over ``group`` ranks, ``local`` of them (itself
+        included) in its NVLink domain; ``nvlink``: those are NVLink-connected."""
+        if group <= 1:
+            return 0.0
+        if nvlink and local >= group:
+            return (group - 1) * self.bytes_per_peer
+        per_channel = self.bytes_per_peer / self.nvlink_channels_per_peer
+        return (local - 1) * self.net_channels_per_peer * per_channel + (self.net_shared_bytes if local < group else 0.0)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DeepEPBuffers:
+    """DeepEP's dispatch/combine buffers (``catalogs/runtime.yaml`` device_memory.deepep):
+    ``deep_ep.Config.get_nvl_buffer_size_hint`` + ``get_rdma_buffer_size_hint`` for a group."""
+
+    num_sms: int
+    nvl_peers: int
+    nvl_bytes_per_token_extra: float
+    rdma_bytes_per_token_extra: float
+    recv_tokens: Mapping[int, tuple[int, int]]  # group size -> (NVLink, RDMA) receive tokens per channel
+
+    def group_bytes(self, group: int, hidden_bytes: float) -> float:
+        """Bytes per GPU for a DeepEP buffer over ``group`` ranks with tokens of ``hidden_bytes``
+        (DeepEP supports the tabled group sizes; another size is priced as the next tabled one)."""
+        if group <= 1:
+            return 0.0
+        sizes = sorted(self.recv_tokens)
+        group = next((n for n in sizes if n >= group), sizes[-1])
+        nvl_tok, rdma_tok = self.recv_tokens[group]
+        channels = self.num_sms // 2
+        nvl_ranks = min(group, self.nvl_peers)
+        out = channels * nvl_ranks * nvl_tok * (hidden_bytes + self.nvl_bytes_per_token_extra)
+        if group > self.nvl_peers:
+            rdma_ranks = group // self.nvl_peers
+            out += channels * rdma_ranks * rdma_tok * 2 * (hidden_bytes + self.rdma_bytes_per_token_extra)
+        return out
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -215,11 +286,32 @@ def _grad_buckets(b: Record) -> dict[str, tuple[float, float, float]]:
 @functools.cache
 def device_memory() -> DeviceMemory:
     d = _doc().mapping("device_memory")
+    a = d.mapping("alltoall")
     return DeviceMemory(cuda_context_bytes=d.req("cuda_context_bytes"),
                         nccl_ring_bytes_per_communicator=d.req("nccl_ring_bytes_per_communicator"),
                         nccl_bytes_per_alltoall_peer=d.req("nccl_bytes_per_alltoall_peer"),
                         nccl_p2p_bytes_per_peer=d.req("nccl_p2p_bytes_per_peer"),
-                        nvls=_nvls_table(d.mapping("nvls")))
+                        nvls=_nvls_table(d.mapping("nvls")),
+                        alltoall=AllToAllBuffers(bytes_per_peer=d.req("nccl_bytes_per_alltoall_peer"),
+                                                 nvlink_channels_per_peer=int(a.req("nvlink_channels_per_peer",
+                                                                                    positive=True)),
+                                                 net_channels_per_peer=int(a.req("net_channels_per_peer",
+                                                                                 positive=True)),
+                                                 net_shared_bytes=a.req("net_shared_bytes")),
+                        deepep=_deepep(d.mapping("deepep")))
+
+
+def _deepep(e: Record) -> DeepEPBuffers:
+    table = e.mapping("recv_tokens")
+    recv: dict[int, tuple[int, int]] = {}
+    for k in table.rec:
+        v = table.rec[k]
+        if not (isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(x, int) and x > 0 for x in v)):
+            raise table.fail(str(k), "must be [nvl_recv_tokens, rdma_recv_tokens], two positive integers")
+        recv[int(k)] = (int(v[0]), int(v[1]))
+    return DeepEPBuffers(num_sms=int(e.req("num_sms", positive=True)), nvl_peers=int(e.req("nvl_peers", positive=True)),
+                         nvl_bytes_per_token_extra=e.req("nvl_bytes_per_token_extra"),
+                         rdma_bytes_per_token_extra=e.req("rdma_bytes_per_token_extra"), recv_tokens=recv)
 
 
 def _nvls_table(n: Record) -> dict[str, NvlsBuffers]:
@@ -257,7 +349,8 @@ def group_local_ranks(dims: "tuple[tuple[int, int], ...]", domain_gpus: int) -> 
 
 
 def device_extra_bytes(strategy: "Strategy", model: "Model", *, megatron_groups: bool = False,
-                       nvls: NvlsBuffers | None = None, domain_gpus: int = 1) -> float:
+                       nvls: NvlsBuffers | None = None, domain_gpus: int = 1, nvlink: bool = True,
+                       dispatcher: str = "alltoall") -> float:
     """What ``nvidia-smi`` shows beyond PyTorch's reserved pool: the CUDA context and the NCCL
     buffers of every communicator the rank uses (``catalogs/runtime.yaml``): ring
     communicators for tp, cp, the data-parallel gradient group and (MoE) the expert
@@ -276,7 +369,13 @@ def device_extra_bytes(strategy: "Strategy", model: "Model", *, megatron_groups:
     SHARP (``nvls_buffers``; None without multicast, ``sim.net.netefficiency.nvls_gain``): every communicator with more than two
     GPUs in one NVLink domain of ``domain_gpus`` also holds them, per GPU of the group in the
     domain up to NCCL's head limit (``NvlsBuffers.group_bytes``; ``catalogs/runtime.yaml``).  Expert-parallel groups are not counted
-    (MoE rows are priced by their ring and all-to-all buffers only)."""
+    (MoE rows are priced by their ring and all-to-all buffers only).
+
+    The expert-parallel group (ranks ``expert_tp`` apart, Megatron's expert grid) holds the
+    buffers of its MoE ``dispatcher``: a ring communicator ('allgather'), NCCL's all-to-all connections (``AllToAllBuffers``: every
+    NVLink peer at the measured per-peer bytes inside one domain, 2 channels per peer and a shared
+    network pool once the group leaves it; ``nvlink``: the domain's GPUs are NVLink-connected, not
+    a PCIe node), or DeepEP's own buffers (``DeepEPBuffers``, bf16 tokens of the hidden size)."""
     s, d = strategy, device_memory()
     groups = [((s.tp, 1),), ((s.cp, s.tp),), ((s.cp, s.tp), (s.dp, s.tp * s.cp))]
     if megatron_groups:
@@ -293,8 +392,13 @@ def device_extra_bytes(strategy: "Strategy", model: "Model", *, megatron_groups:
         if s.expert_tp != s.tp:
             rings += s.expert_tp > 1
     nccl = rings * d.nccl_ring_bytes_per_communicator
-    if s.ep > 1:
-        nccl += (s.ep - 1) * d.nccl_bytes_per_alltoall_peer
+    if s.ep > 1 and dispatcher == "deepep":  # bf16 tokens: fused_a2a.get_hidden_bytes = hidden x max(itemsize, 2)
+        nccl += d.deepep.group_bytes(s.ep, 2 * model.hidden_size)
+    elif s.ep > 1 and dispatcher == "allgather":  # all-gather and reduce-scatter on a ring communicator
+        nccl += d.nccl_ring_bytes_per_communicator
+    elif s.ep > 1:
+        local = group_local_ranks(((s.ep, s.expert_tp),), domain_gpus)
+        nccl += d.alltoall.group_bytes(s.ep, local, nvlink=nvlink)
     if s.pp > 1:
         nccl += 2 * d.nccl_p2p_bytes_per_peer
     return d.cuda_context_bytes + nccl + nvls_bytes

@@ -59,6 +59,9 @@ class GroupLink:
 _Classes = list[np.ndarray]  # groups, one 2-D array (num_groups, size) per group size
 
 PATTERNS: tuple[str, ...] = ("ring", "p2p", "all_to_all", "chain", "chain_in", "fan_out", "fan_in")
+# the cheapest candidate at each size: "auto" with NVLS where the fabric has it, "auto_no_nvls"
+# without (NCCL_NVLS_ENABLE=0, a plan's nvls off: sim.cost.costs.nvls_algorithm)
+AUTOS: tuple[str, ...] = ("auto", "auto_no_nvls")
 """Flows of a group ``g``: ``ring`` g[i] -> g[i+1] closing the ring; ``p2p`` g[0] -> g[1];
 ``all_to_all`` every ordered pair; ``chain`` g[i] -> g[i+1] (a pipelined broadcast from g[0]
 along the ring, the closing edge idle) and ``chain_in`` g[i+1] -> g[i] (a reduce to g[0]);
@@ -445,12 +448,14 @@ class Network:
         if op not in cf.OPS:
             raise InputError("op", op, f"must be one of {', '.join(cf.OPS)}")
         allowed = cf.ALGORITHMS[op]
-        if algorithm != "auto" and algorithm not in allowed:
+        if algorithm not in AUTOS and algorithm not in allowed:
             raise InputError("algorithm", algorithm, f"must be auto or one of {', '.join(allowed)} for {op}")
         return tuple(self._candidates(op, algorithm, spec, link_key).values())
 
     def _candidates(self, op: str, algorithm: str, spec: Callable[[], tuple[_Classes, np.ndarray | None]],
                     link_key: tuple) -> dict[str, Line]:
+        nvls = algorithm == "auto"
+        algorithm = "auto" if algorithm in AUTOS else algorithm
         if op == "p2p":
             link = self._cached_link(link_key + ("p2p",), spec, "p2p")
             return {"direct": (*cf.p2p_coeffs(link.bytes_per_s, link.latency_s), 1.0, link.tier)}
@@ -477,7 +482,7 @@ class Network:
         if op == "all_reduce" and algorithm in ("tree", "auto"):
             cands["tree"] = (*cf.tree_all_reduce_coeffs(n, B, a), 2.0, ring.tier)  # each tree carries S/2
         gain = self._nvls(n) if ring.tier == "scale-up" else 1.0
-        if op == "all_reduce" and algorithm == "auto" and gain > 1.0:  # NVLS: the switch reduces in-network
+        if op == "all_reduce" and nvls and gain > 1.0:  # NVLS: the switch reduces in-network
             cands["nvls"] = (*cf.ring_all_reduce_coeffs(n, B * gain, a), chunk, ring.tier)
         if algorithm in ("hierarchical", "auto"):
             hier = self._cached_hier(link_key, spec)
@@ -581,8 +586,9 @@ class Network:
         ``op``: ``all_reduce``, ``all_gather``, ``reduce_scatter``, ``all_to_all``, ``p2p``
         (``message_bytes`` conventions: ``sim.net.collectives``).  ``algorithm``: ``ring``,
         ``tree`` (all-reduce), ``hierarchical`` (all-reduce/gather/scatter; the ring when the
-        group does not split evenly over NVLink domains), or ``auto`` (the cheapest at this
-        size).  ``concurrent_groups``: all groups issuing the same collective at once.
+        group does not split evenly over NVLink domains), ``auto`` (the cheapest at this
+        size) or ``auto_no_nvls`` (the same without NVLS).  ``concurrent_groups``: all groups
+        issuing the same collective at once.
         """
         gkey = self._group_key(ranks, concurrent_groups)
         key = (op, algorithm) + gkey
