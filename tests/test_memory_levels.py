@@ -130,6 +130,10 @@ def test_simulate_json_has_three_levels(capsys):
     assert out["memory_peak_bytes"] < out["memory_reserved_bytes"] < out["memory_device_bytes"]
     assert [x["stage"] for x in out["memory_by_stage"]] == [0, 1]
     assert out["fits_memory"] == (out["memory_device_bytes"] <= out["memory_capacity_bytes"])
+    assert out["nvls"] is True  # megatron-core leaves NCCL's NVLS on
+    main(["simulate", "--model", "llama3-8b", "--gpu", "h100-80gb", "--num-gpus", "16", "--strategy",
+          "tp=2,pp=2,dp=4,mbs=1,gbs=64,sp=1,zero=1", "--framework", "nemo", "--json"])
+    assert json.loads(capsys.readouterr().out)["nvls"] is False  # NeMo's launchers: NCCL_NVLS_ENABLE=0
     main(["simulate", "--model", "llama3-8b", "--gpu", "h100-80gb", "--num-gpus", "16", "--strategy",
           "tp=2,pp=2,dp=4,mbs=1,gbs=64,sp=1,zero=1"])
     text = capsys.readouterr().out
