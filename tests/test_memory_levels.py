@@ -204,7 +204,7 @@ def test_every_reference_row_with_memory_states_its_level():
 torch = pytest.importorskip("torch")
 
 
-@pytest.mark.parametrize("index", [0, 5, 8, 13, 16, 18, 28, 36])
+@pytest.mark.parametrize("index", [0, 5, 8, 13, 16, 18, 21, 28, 36])
 def test_tracker_agrees_with_the_planner_per_category(index):
     """A fixed sample of the grid (the rest: ``planner validate memory``): each category and the
     total within 3% of PyTorch's MemTracker/FSDPMemTracker (tolerance: issue 22)."""
@@ -571,3 +571,48 @@ def test_bf16_parameters_throughout_keep_eight_bytes_and_reduce_in_fp32():
     assert bf16.gradients_bytes == pytest.approx(4 * params, rel=0.15)  # fp32 unsharded accumulators
     amp = plan_memory(_plan("llama3-8b", 8, strategy, "torchtitan"))
     assert bf16.optimizer_bytes == pytest.approx(amp.optimizer_bytes / 2, rel=0.01)
+
+
+def test_loss_parallel_memory_is_tracked_at_the_shard_and_priced_as_torchtitan_runs_it():
+    """torchtitan with tp > 1 computes the loss under ``loss_parallel()``.  DTensor's sharding
+    propagation runs each loss op once more on fake global-shape tensors (free on a GPU); the
+    harness keeps them off the books, and what remains per local logit at the peak is 4 bytes
+    saved + 12 temporary (DTensor's decomposed log-softmax and combined backward): the planner's
+    ``loss_parallel`` (16 / 4), whatever the tensor-parallel degree."""
+    import torch.distributed as dist
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.parallel import loss_parallel
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from sim.data.runtime import default_runtime
+    from validate.memtrack import _sharding_propagation_off_the_books
+
+    rt = default_runtime()
+    assert (rt.loss_bytes_per_logit["loss_parallel"], rt.loss_saved_bytes_per_logit["loss_parallel"]) == (16, 4)
+    assert get_framework("torchtitan").loss_tp == "loss_parallel"
+    plan = _plan("llama3-8b", 8, "tp=2,dp=4,mbs=1,gbs=4,seq=8192,sp=1,zero=3", "torchtitan")
+    assert plan.loss_impl == "loss_parallel" and plan.loss_for(1) == "upcast"
+    tokens, vocab, tp = 1024, 32768, 4
+    owned = not dist.is_initialized()
+    if owned:
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=tp)
+    try:
+        mesh = init_device_mesh("cpu", (tp,))
+        with FakeTensorMode():
+            local = torch.randn(tokens, vocab // tp, dtype=torch.bfloat16, requires_grad=True)
+            logits = DTensor.from_local(local, mesh, [Shard(-1)], run_check=False)
+            labels = torch.randint(0, vocab, (tokens,))
+            tracker = MemTracker()
+            tracker.track_external(local)
+            with tracker, _sharding_propagation_off_the_books(), loss_parallel():
+                torch.nn.functional.cross_entropy(logits.float(), labels).backward()
+            peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
+    finally:
+        if owned:
+            dist.barrier()
+            dist.destroy_process_group()
+    per_logit = {getattr(k, "name", k): v / (tokens * vocab / tp) for k, v in peak.items()}
+    assert per_logit["ACT"] == pytest.approx(4, rel=0.01) and per_logit["TEMP"] == pytest.approx(12, rel=0.01)

@@ -37,7 +37,12 @@ Code measured (the source each follows):
   subtract in place, gather the target logit, ``exp`` in place, sum, log, divide in place;
   backward: subtract one at the target, multiply by the incoming gradient);
   ``cross_entropy_bf16``: ``F.cross_entropy(logits, labels)`` on the bf16 logits themselves
-  (NeMo Automodel's ``MaskedCrossEntropy(fp32_upcast=False)``).
+  (NeMo Automodel's ``MaskedCrossEntropy(fp32_upcast=False)``); ``cross_entropy_loss_parallel``:
+  torchtitan's ``cross_entropy(logits.float())`` under ``loss_parallel()`` with tensor
+  parallelism, whose DTensor handlers run a decomposed log-softmax and a combined backward on
+  each rank's vocabulary shard (torch/distributed/tensor/parallel/loss.py ``_log_softmax``,
+  ``_nll_loss_forward``, ``_nll_loss_and_log_softmax_backward``): those functions are run
+  directly on one rank's shard (a one-rank gloo group: their all-reduces move a value per token).
 * ``softmax_dropout``: unfused attention's score path as Hugging Face GPT-2 runs it (scale,
   ``torch.where`` causal mask, softmax, dropout p = 0.1), per score element.
 
@@ -110,6 +115,39 @@ def _count(fn, *inputs: torch.Tensor) -> tuple[int, int]:  # noqa: ANN001
     with bwd:
         torch.autograd.backward(out, grad)
     return fwd.bytes, bwd.bytes
+
+
+def _count_loss_parallel(logits: torch.Tensor, target: torch.Tensor) -> tuple[int, int]:
+    """(forward, backward) bytes of ``cross_entropy(logits.float())`` under ``loss_parallel()`` at
+    one rank: the ``.float()`` cast, DTensor's ``_log_softmax`` and ``_nll_loss_forward`` on the
+    shard, then ``_nll_loss_and_log_softmax_backward`` (the log-softmax backward handler only
+    returns its incoming gradient) and the cast's backward."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import loss as lp
+    from torch.nn.modules.loss import _Reduction
+
+    ours = not dist.is_initialized()
+    if ours:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        mean = _Reduction.get_enum("mean")
+        fwd = _Traffic()
+        with fwd:
+            x = logits.float()
+            logp = lp._log_softmax(x, 1, False, mesh, 0)
+            _, total_weight = lp._nll_loss_forward(logp, target, None, None, mean, -100, logp.shape, 1, mesh, 0)
+        bwd = _Traffic()
+        with bwd:
+            grad = lp._nll_loss_and_log_softmax_backward(torch.ones(()), logp, target, None, mean, -100, total_weight,
+                                                         logp.shape, 1, mesh, 0)
+            grad.to(logits.dtype)
+        return fwd.bytes, bwd.bytes
+    finally:
+        if ours:
+            dist.barrier()
+            dist.destroy_process_group()
 
 
 def _rotate_half_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -226,4 +264,5 @@ def measure(tokens: int = 256) -> list[EagerTraffic]:
         add("cross_entropy_upcast", "cross_entropy", _count(lambda z: F.cross_entropy(z.float(), target), logits))
         add("cross_entropy_inplace", "cross_entropy", _count(lambda z: _megatron_cross_entropy(z, target).sum(), logits))
         add("cross_entropy_bf16", "cross_entropy", _count(lambda z: F.cross_entropy(z, target), logits))
+        add("cross_entropy_loss_parallel", "cross_entropy", _count_loss_parallel(logits, target))
     return out

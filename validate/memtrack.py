@@ -29,7 +29,7 @@ micro-batch).
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import torch
 import torch.distributed as dist
@@ -200,7 +200,7 @@ def _track(plan: Plan, *, stage: int | None = None, events: list | None = None, 
         if not fsdp:
             tracker.track_external(st, opt)
         run.tracker = tracker
-        with tracker:
+        with tracker, _sharding_propagation_off_the_books():
             for _ in range(steps):
                 run.step(opt, k, m)
         peak = tracker.get_tracker_snapshot("peak")
@@ -217,6 +217,33 @@ def _track(plan: Plan, *, stage: int | None = None, events: list | None = None, 
     out["stage"] = float(stage)
     out["raw"] = {getattr(k, "name", str(k)): float(v) for k, v in snap.items()}  # type: ignore[assignment]
     return out
+
+
+@contextmanager
+def _sharding_propagation_off_the_books():
+    """DTensor reads an op's output metadata by running the op once more on fake tensors of the
+    *global* shape (torch/distributed/tensor/_sharding_prop.py ``_propagate_tensor_meta_non_cached``:
+    "We must call the tracing in fake tensor mode so that it avoids materializing memory"; the
+    loss-parallel handlers call it on every step, parallel/loss.py ``_propagate_tensor_meta``).  On
+    a GPU that fake mode is a fresh one and nothing is allocated.  Under this harness it is the
+    harness's own ``FakeTensorMode``, with the tracker's mode still on the stack, so the tracker
+    filed those global-shape tensors as temporaries of the rank (two fp32 logits-sized tensors at
+    the loss-parallel backward, whatever the tensor-parallel degree).  Run the propagation with
+    the current modes disabled, as on a GPU."""
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    original = ShardingPropagator._propagate_tensor_meta_non_cached
+
+    def propagate(self, op_schema):  # noqa: ANN001, ANN202
+        with _disable_current_modes():
+            return original(self, op_schema)
+
+    ShardingPropagator._propagate_tensor_meta_non_cached = propagate
+    try:
+        yield
+    finally:
+        ShardingPropagator._propagate_tensor_meta_non_cached = original
 
 
 class _Runner:

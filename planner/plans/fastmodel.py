@@ -358,7 +358,7 @@ class FastModel:
                 flight = (inflight(p, m, vp, gpipe, idxs[0]) if len(idxs) == 1
                           else np.stack([np.broadcast_to(inflight(p, m, vp, gpipe, i), (M, 1, 1, 1, K)) for i in idxs]))
                 mem = stage_memory(model, sh, zero=pick(zero), shard=dpcp, expert_shard=layout.expert_dp, tp=layout.tp,
-                                   loss=probe.loss, dense_act_bytes=dense_act, moe_act_bytes=moe_act,
+                                   loss=probe.loss_for(layout.tp), dense_act_bytes=dense_act, moe_act_bytes=moe_act,
                                    full_recompute=full, recomputed_layer_bytes=recomputed,
                                    inflight_mb=flight, tokens=tokens, rt=self.mem_rt,
                                    offload_optimizer=pick(off_opt), offload_params=pick(off_par),

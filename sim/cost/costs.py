@@ -576,8 +576,8 @@ class EndCosts:
 def end_costs(plan: Plan, eff: KernelEfficiency) -> EndCosts:
     s, gpu, model = plan.strategy, plan.cluster.gpu, plan.model
     k = eff.slowest_rank_factor(plan.cluster.num_gpus)  # the slowest GPU sets the pace (sim.layers.variability)
-    head = head_ops(model, s, plan.loss)
-    fused = plan.fused_ops + (("cross_entropy",) if plan.loss in FUSED_LOSS_IMPLS else ())
+    head = head_ops(model, s, plan.loss_impl)
+    fused = plan.fused_ops + (("cross_entropy",) if plan.loss_impl in FUSED_LOSS_IMPLS else ())
     head_f, head_b = ops_time(gpu, s.precision, head, eff, eager=plan.eager_elementwise, fused=fused)
     emb_f, emb_b = ops_time(gpu, s.precision, embedding_ops(model, s), eff)
     return EndCosts(embedding_fwd_s=k * emb_f, embedding_bwd_s=k * emb_b, head_fwd_s=k * head_f, head_bwd_s=k * head_b,

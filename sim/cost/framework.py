@@ -221,7 +221,8 @@ class Framework:
     selective_recompute: str  # attention | op
     grad_accumulation: str = "fused"  # fused | fp32_main_grad | autograd (runtime.yaml)
     fsdp_copies: bool = False  # FSDP2 packing around ZeRO-3 collectives (runtime.yaml)
-    loss: str = "upcast"  # LOSS_IMPLS: upcast | inplace | megatron_fused | fused | bf16 (runtime.yaml loss)
+    loss: str = "upcast"  # LOSS_IMPLS: upcast | inplace | megatron_fused | fused | bf16 | loss_parallel (runtime.yaml loss)
+    loss_tp: str = ""  # the loss with tensor parallelism when it differs ("" = loss), Plan.loss_tp
     # What the framework's recipes switch on when a run does not say (the profile's source):
     sequence_parallel_default: bool = False  # SP with tp > 1
     tp_overlap_default: bool = False  # pipelined TP communication overlap with tp > 1 and SP
@@ -272,7 +273,7 @@ _KEYS = ("id", "name", "aliases", "attention", "dp_overlap", "elementwise", "sel
          "fp8_saved_inputs", "deepspeed_bf16_optimizer", "zero3_gather", "tp_overlap_kind", "host_syncs", "source",
          "notes", "fused_ops", "pipeline_schedule_per", "allocator", "grad_buckets",
          "saved_activations", "fused_attention_max_head_dim", "fp8_model_states", "fp8_params_recipes",
-         "attention_library", "nvls")
+         "attention_library", "nvls", "loss_tp")
 _BUCKETS_BY_STATES = {"megatron": "megatron", "deepspeed": "deepspeed", "torch_amp": "ddp", "torch_bf16": "ddp"}
 
 
@@ -290,6 +291,7 @@ def _frameworks() -> dict[str, Framework]:
                        selective_recompute=r.text("selective_recompute", default="attention", choices=SELECTIVE_POLICIES),
                        grad_accumulation=r.text("grad_accumulation", default="fused", choices=GRAD_ACCUMULATION),
                        fsdp_copies=r.flag("fsdp_copies"), loss=r.text("loss", default="upcast", choices=LOSS_IMPLS),
+                       loss_tp=r.text("loss_tp", default="", choices=LOSS_IMPLS + ("",)),
                        sequence_parallel_default=r.flag("sequence_parallel_default"),
                        tp_overlap_default=r.flag("tp_overlap_default"),
                        zero_default=r.integer("zero_default", minimum=0, optional=True, default=0),
@@ -337,7 +339,7 @@ def apply_framework(plan_kwargs: dict, fw: Framework) -> dict:
     return {**plan_kwargs, "attention": fw.attention, "eager_elementwise": fw.eager_elementwise,
             "eager_activations": fw.eager_activations,
             "selective_policy": fw.selective_recompute, "grad_accumulation": fw.grad_accumulation,
-            "fsdp_copies": fw.fsdp_copies, "loss": fw.loss, "fp8_weight_cache": fw.fp8_weight_cache,
+            "fsdp_copies": fw.fsdp_copies, "loss": fw.loss, "loss_tp": fw.loss_tp, "fp8_weight_cache": fw.fp8_weight_cache,
             "uneven_vp": fw.capabilities.uneven_vp, "moe_dispatcher": fw.moe_dispatcher,
             "optimizer_impl": fw.optimizer, "state_layout": fw.model_states, "fp8_state_layout": fw.fp8_model_states,
             "fp8_saved_inputs": fw.fp8_saved_inputs,

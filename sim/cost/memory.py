@@ -551,7 +551,7 @@ def plan_memory(plan: "Plan") -> MemoryBreakdown:
     saved-activation accounting, model-state layout, MoE imbalance); both engines report memory
     through this one call."""
     return memory_breakdown(plan.model, plan.cluster, plan.strategy, attention=plan.attention_kernel,
-                            selective_policy=plan.selective_policy, loss=plan.loss, eager=plan.eager_activations,
+                            selective_policy=plan.selective_policy, loss=plan.loss_impl, eager=plan.eager_activations,
                             fp8_saved_inputs=plan.fp8_saved_inputs, layout=state_layout(plan.model_states_layout),
                             moe_imbalance=plan.moe_imbalance, bf16_optimizer=plan.deepspeed_bf16_optimizer,
                             fp8_weight_cache=fp8_weight_cache_of(plan.strategy.precision, plan.fp8_weight_cache),

@@ -20,7 +20,7 @@ SELECTIVE_POLICIES: tuple[str, ...] = ("attention", "op", "mla_up_proj", "moe_ac
 GRAD_ACCUMULATION: tuple[str, ...] = ("fused", "fp32_main_grad", "autograd", "keras")
 # optimizer step implementation (runtime.yaml optimizer.bytes_per_param_by_impl)
 OPTIMIZER_IMPLS: tuple[str, ...] = ("fused", "keras")
-LOSS_IMPLS: tuple[str, ...] = ("upcast", "inplace", "megatron_fused", "fused", "bf16")
+LOSS_IMPLS: tuple[str, ...] = ("upcast", "inplace", "megatron_fused", "fused", "bf16", "loss_parallel")
 FUSED_LOSS_IMPLS: frozenset[str] = frozenset({"megatron_fused", "fused"})  # run as fused kernels, eager or not
 # MoE token dispatch (Megatron-Core --moe-token-dispatcher-type alltoall|allgather|flex with DeepEP)
 MOE_DISPATCHERS: tuple[str, ...] = ("alltoall", "allgather", "deepep")
@@ -92,6 +92,9 @@ class Plan:
     grad_accumulation: str = "fused"
     fsdp_copies: bool = False  # FSDP2 per-parameter packing around collectives (runtime.yaml)
     loss: str = "inplace"  # how the loss is computed (LOSS_IMPLS): its memory (runtime.yaml loss) and kernels (head_ops)
+    # the loss with tensor parallelism when the framework computes it differently there ("" = loss):
+    # torchtitan's loss_parallel (DTensor's decomposed log-softmax over vocabulary shards); loss_impl
+    loss_tp: str = ""
     # fp8 weights cast once per step and reused by every micro-batch (Transformer Engine under
     # Megatron-Core: is_first_microbatch) instead of once per micro-batch
     fp8_weight_cache: bool = True
@@ -166,6 +169,16 @@ class Plan:
         return self.attention if d <= limit else "flash2" if d <= 256 else "unfused"
 
     @property
+    def loss_impl(self) -> str:
+        """The loss implementation this plan runs (``loss_for`` its tensor-parallel degree)."""
+        return self.loss_for(self.strategy.tp)
+
+    def loss_for(self, tp: int) -> str:
+        """The loss implementation at tensor-parallel degree ``tp``: ``loss_tp`` with tp > 1
+        where the framework sets one, else ``loss`` (the search asks per layout)."""
+        return self.loss_tp if tp > 1 and self.loss_tp else self.loss
+
+    @property
     def model_states_layout(self) -> str:
         """The ``catalogs/runtime.yaml`` model-state layout this plan keeps (``states_layout_for``
         its precision)."""
@@ -190,6 +203,8 @@ class Plan:
                              f"must be one of {', '.join(GRAD_ACCUMULATION)}")
         if self.loss not in LOSS_IMPLS:
             raise InputError("loss", self.loss, f"must be one of {', '.join(LOSS_IMPLS)}")
+        if self.loss_tp and self.loss_tp not in LOSS_IMPLS:
+            raise InputError("loss_tp", self.loss_tp, f"must be one of {', '.join(LOSS_IMPLS)}")
         if self.attention not in ATTENTION_IMPLS:
             raise InputError("attention", self.attention, f"must be one of {', '.join(ATTENTION_IMPLS)}")
         if self.selective_policy not in SELECTIVE_POLICIES:
