@@ -90,7 +90,7 @@ class LocalFusedAdamW(torch.optim.Optimizer):
 
 
 def _tracker_class(fsdp: bool, events: list | None = None):
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType
     from torch.distributed._tools.mem_tracker import MemTracker, _UpdateType
 
     base = FSDPMemTracker if fsdp else MemTracker
@@ -114,6 +114,26 @@ def _tracker_class(fsdp: bool, events: list | None = None):
                 if u_type in (_UpdateType.ADD, _UpdateType.SIZE) and winfo.mem_consumed > 0:
                     events.append(("alloc", h, int(winfo.mem_consumed)))
             return super()._update_snap(u_type, winfo, old_mem_consumed=old_mem_consumed, old_reftype=old_reftype)
+
+        if fsdp:
+            def _fsdp_param_group_post_backward(self, fsdp_mod, orig):  # noqa: ANN001, ANN202
+                """FSDPMemTracker files a unit's unsharded gradient at its post-backward, but
+                with gradient sync off (pipelining: ``set_requires_gradient_sync(False)``)
+                post-backward moves it into ``unsharded_accumulated_grad`` in the reduce dtype
+                (_fsdp_param.py ``to_accumulated_grad_if_needed``), a tensor the tracker saw
+                created in backward and files as a temporary.  It is the unit's gradient."""
+                inner = super()._fsdp_param_group_post_backward(fsdp_mod, orig)
+
+                def post_backward(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+                    inner(*args, **kwargs)
+                    group = fsdp_mod._get_fsdp_state()._fsdp_param_group
+                    for fsdp_param in group.fsdp_params if group else ():
+                        acc = fsdp_param.unsharded_accumulated_grad
+                        if acc is not None:
+                            self._update_and_maybe_create_winfos(acc, _FSDPRefType.UNSHARDED_GRAD,
+                                                                 update_existing=True)
+
+                return post_backward
 
     return Tracker
 
