@@ -460,10 +460,16 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
         # activations are freed and its unsharded weights resharded, its bf16 unsharded gradients
         # (2 B) and the reduce-scatter input in the reduce dtype (fp32, 4 B) live (measured:
         # planner validate memory)
+        # planner validate memory); the block's backward temporaries are gone by then.  A tied
+        # output layer shares the embedding's unit: gathered for the output layer's backward, it
+        # stays unsharded, with the 16-bit gradient the output layer gave it, until the
+        # embedding's own backward at the end (measured).
         rs = (z >= 3) & (pp == 1)
         one_layer = per_mb_keep / n_layers
+        tied = 2 * gb * model.embedding_params / tp if model.tied_embeddings else 0.0
+        rs_temps = lay.reduce_bytes_per_param * layer_params + tied
         layer_act = np.where(rs, np.maximum(0.0, act - one_layer), layer_act)
-        layer_temps = layer_temps + np.where(rs, lay.reduce_bytes_per_param * layer_params, 0.0)
+        layer_temps = np.where(rs, rs_temps + 0.0 * z, layer_temps)
         g_layer = g_act + np.where(rs, gb * layer_params, 0.0)
         w_layer = np.where(rs, w, w_act)
         # The other end of the backward, the first block: in the step's first micro-batch the
@@ -476,15 +482,15 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
         done = max(0.0, 1.0 - (layer_params + embedding) / p.total) if p.total else 0.0
         g_done = np.where(accumulated, g_act, g * done)
         rest = np.maximum(0.0, act - layers)
-        mid = w + gb * layer_params + g_done + rest + one_layer + transient + backward_bytes
-        post = w + g_done + gb * layer_params + rest + layer_temps
+        mid = w + gb * layer_params + g_done + rest + one_layer + transient + backward_bytes + tied
+        post = w + g_done + gb * layer_params + rest + rs_temps
         first = w_layer + g_layer + layer_act + layer_temps
         at_mid = rs & (mid > np.maximum(post, first))
         at_post = rs & ~at_mid & (post > first)
         w_layer = np.where(at_mid, w + gb * layer_params, w_layer)
         g_layer = np.where(at_mid, g_done, np.where(at_post, g_done + gb * layer_params, g_layer))
         layer_act = np.where(at_mid, rest + one_layer + transient, np.where(at_post, rest, layer_act))
-        layer_temps = np.where(at_mid, backward_bytes + 0.0 * z, layer_temps)
+        layer_temps = np.where(at_mid, backward_bytes + tied + 0.0 * z, np.where(at_post, rs_temps, layer_temps))
     if shape.last:  # final norm and output-layer input, and the loss peak (runtime.yaml loss)
         act = act + head_act_bytes * inflight_mb
         logits = tokens * model.vocab_size / tp
