@@ -167,10 +167,9 @@ class DeviceMemory:
 
     cuda_context_bytes: float
     nccl_ring_bytes_per_communicator: float
-    nccl_bytes_per_alltoall_peer: float
     nccl_p2p_bytes_per_peer: float
     nvls: Mapping[str, "NvlsBuffers"]  # by GPU architecture: the NCCL release its runs use
-    alltoall: "AllToAllBuffers"
+    alltoall: "AllToAllBuffers"  # with runtime.yaml's nccl_bytes_per_alltoall_peer
     deepep: "DeepEPBuffers"
 
 
@@ -289,7 +288,6 @@ def device_memory() -> DeviceMemory:
     a = d.mapping("alltoall")
     return DeviceMemory(cuda_context_bytes=d.req("cuda_context_bytes"),
                         nccl_ring_bytes_per_communicator=d.req("nccl_ring_bytes_per_communicator"),
-                        nccl_bytes_per_alltoall_peer=d.req("nccl_bytes_per_alltoall_peer"),
                         nccl_p2p_bytes_per_peer=d.req("nccl_p2p_bytes_per_peer"),
                         nvls=_nvls_table(d.mapping("nvls")),
                         alltoall=AllToAllBuffers(bytes_per_peer=d.req("nccl_bytes_per_alltoall_peer"),
@@ -372,10 +370,11 @@ def device_extra_bytes(strategy: "Strategy", model: "Model", *, megatron_groups:
     (MoE rows are priced by their ring and all-to-all buffers only).
 
     The expert-parallel group (ranks ``expert_tp`` apart, Megatron's expert grid) holds the
-    buffers of its MoE ``dispatcher``: a ring communicator ('allgather'), NCCL's all-to-all connections (``AllToAllBuffers``: every
-    NVLink peer at the measured per-peer bytes inside one domain, 2 channels per peer and a shared
-    network pool once the group leaves it; ``nvlink``: the domain's GPUs are NVLink-connected, not
-    a PCIe node), or DeepEP's own buffers (``DeepEPBuffers``, bf16 tokens of the hidden size)."""
+    buffers of its MoE ``dispatcher``: a ring communicator (``allgather``), NCCL's all-to-all
+    connections (``AllToAllBuffers``: every NVLink peer at the measured per-peer bytes inside one
+    domain, 2 channels per peer and a shared network pool once the group leaves it; ``nvlink``:
+    the domain's GPUs are NVLink-connected, not a PCIe node), or DeepEP's own buffers
+    (``DeepEPBuffers``, bf16 tokens of the hidden size)."""
     s, d = strategy, device_memory()
     groups = [((s.tp, 1),), ((s.cp, s.tp),), ((s.cp, s.tp), (s.dp, s.tp * s.cp))]
     if megatron_groups:
