@@ -479,18 +479,19 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
         # recomputation; experts that FSDP does not shard, ep = dp).  Its two moments: during
         # the block's backward (its weights gathered, its own activations and the recomputed
         # ones, the backward temporaries) and its reduce-scatter (as above).
-        done = max(0.0, 1.0 - (layer_params + embedding) / p.total) if p.total else 0.0
-        g_done = np.where(accumulated, g_act, g * done)
-        rest = np.maximum(0.0, act - layers)
-        mid = w + gb * layer_params + g_done + rest + one_layer + transient + backward_bytes + tied
-        post = w + g_done + gb * layer_params + rest + rs_temps
-        first = w_layer + g_layer + layer_act + layer_temps
-        at_mid = rs & (mid > np.maximum(post, first))
-        at_post = rs & ~at_mid & (post > first)
-        w_layer = np.where(at_mid, w + gb * layer_params, w_layer)
-        g_layer = np.where(at_mid, g_done, np.where(at_post, g_done + gb * layer_params, g_layer))
-        layer_act = np.where(at_mid, rest + one_layer + transient, np.where(at_post, rest, layer_act))
-        layer_temps = np.where(at_mid, backward_bytes + tied + 0.0 * z, np.where(at_post, rs_temps, layer_temps))
+        if np.any(rs):  # (the search evaluates many plans that have no such moment)
+            done = max(0.0, 1.0 - (layer_params + embedding) / p.total) if p.total else 0.0
+            g_done = np.where(accumulated, g_act, g * done)
+            rest = np.maximum(0.0, act - layers)
+            mid = w + gb * layer_params + g_done + rest + one_layer + transient + backward_bytes + tied
+            post = w + g_done + gb * layer_params + rest + rs_temps
+            first = w_layer + g_layer + layer_act + layer_temps
+            at_mid = rs & (mid > np.maximum(post, first))
+            at_post = rs & ~at_mid & (post > first)
+            w_layer = np.where(at_mid, w + gb * layer_params, w_layer)
+            g_layer = np.where(at_mid, g_done, np.where(at_post, g_done + gb * layer_params, g_layer))
+            layer_act = np.where(at_mid, rest + one_layer + transient, np.where(at_post, rest, layer_act))
+            layer_temps = np.where(at_mid, backward_bytes + tied + 0.0 * z, np.where(at_post, rs_temps, layer_temps))
     if shape.last:  # final norm and output-layer input, and the loss peak (runtime.yaml loss)
         act = act + head_act_bytes * inflight_mb
         logits = tokens * model.vocab_size / tp
