@@ -442,6 +442,13 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
             - (model.hidden_size if shape.last else 0.0)
         norms = 2 * shape.num_layers + (1 if shape.last else 0)
         fp32_norms = BYTES_ACT * model.hidden_size * norm_tokens * norms if eager else 0.0
+        # and each linear casts its fp32 input itself (autocast's cache keeps only the casts of
+        # leaf tensors, the weights): eager code's separate wq, wk, wv and w1, w3 save 3 and 2
+        # 16-bit copies of the (gathered) input they share, where a layer counts one of each
+        # (planner validate memory: 3 x 64 MiB per Llama 3 8B layer at 8192 tokens, at any tp)
+        if eager and not model.is_mla:
+            copies = (2 + (model.ffn_type == "swiglu")) * shape.num_dense_layers + 2 * shape.num_moe_layers
+            fp32_norms = fp32_norms + BYTES_ACT * model.hidden_size * tokens * copies
         # checkpointed layers keep only their inputs (not the casts); the output layer is never checkpointed
         head_linear = model.embedding_params / tp if shape.last else 0.0
         kept = np.where(full_recompute, recompute_full, np.where(selective_op, 0.0, 1.0))
