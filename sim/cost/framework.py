@@ -20,7 +20,7 @@ from sim.data.specs import (DEFAULT_ORDER, DP_IMPLS, FP8_RECIPES, OFFLOAD_DEVICE
                        TRAIN_PRECISIONS, Strategy)
 from sim.layers.ops import FUSIBLE_OPS
 from sim.base.records import Record
-from sim.data.runtime import ALLOCATORS, GRAD_BUCKETS, STATE_LAYOUTS
+from sim.data.runtime import ALLOCATORS, FSDP2_LAYOUTS, GRAD_BUCKETS, STATE_LAYOUTS
 
 
 FAMILIES: tuple[str, ...] = ("megatron", "fsdp", "xla", "tensorflow")
@@ -274,7 +274,7 @@ _KEYS = ("id", "name", "aliases", "attention", "dp_overlap", "elementwise", "sel
          "notes", "fused_ops", "pipeline_schedule_per", "allocator", "grad_buckets",
          "saved_activations", "fused_attention_max_head_dim", "fp8_model_states", "fp8_params_recipes",
          "attention_library", "nvls", "loss_tp")
-_BUCKETS_BY_STATES = {"megatron": "megatron", "deepspeed": "deepspeed", "torch_amp": "ddp", "torch_bf16": "ddp"}
+_BUCKETS_BY_STATES = {"megatron": "megatron", "deepspeed": "deepspeed", **{name: "ddp" for name in FSDP2_LAYOUTS}}
 
 
 @functools.cache

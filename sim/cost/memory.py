@@ -446,19 +446,18 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
         # leaf tensors, the weights): eager code's separate wq, wk, wv and w1, w3 save 3 and 2
         # 16-bit copies of the (gathered) input they share, where a layer counts one of each
         # (planner validate memory: 3 x 64 MiB per Llama 3 8B layer at 8192 tokens, at any tp)
-        if eager and not model.is_mla:
-            copies = (2 + (model.ffn_type == "swiglu")) * shape.num_dense_layers + 2 * shape.num_moe_layers
-            fp32_norms = fp32_norms + BYTES_ACT * model.hidden_size * tokens * copies
+        copies = ((2 + (model.ffn_type == "swiglu")) * shape.num_dense_layers + 2 * shape.num_moe_layers
+                  if eager and not model.is_mla else 0)
+        input_casts = BYTES_ACT * model.hidden_size * tokens * copies
         # checkpointed layers keep only their inputs (not the casts); the output layer is never checkpointed
         head_linear = model.embedding_params / tp if shape.last else 0.0
         kept = np.where(full_recompute, recompute_full, np.where(selective_op, 0.0, 1.0))
-        act = act + np.where(z < 2, (gb * ((linear - head_linear) * kept + head_linear) + fp32_norms * kept)
-                             * inflight_mb, 0.0)
+        act = act + np.where(z < 2, (gb * ((linear - head_linear) * kept + head_linear)
+                                     + (fp32_norms + input_casts) * kept) * inflight_mb, 0.0)
     if shape.first and model_has_dropout(model) and not fsdp2:
         act = act + tokens * model.hidden_size * inflight_mb  # embedding dropout mask
     # a layer's backward: the layer being recomputed holds its full activations once, with the
-    # layer's backward temporaries (FSDP2 without pipelining: its unsharded bf16 gradients and
-    # the fp32 reduce-scatter input)
+    # layer's backward temporaries (FSDP2 without pipelining: its reduce-scatter, below)
     layer_temps = backward_bytes + 0.0 * z
     layer_act = act + transient
     w_layer, g_layer = w_act, g_act
@@ -466,7 +465,6 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
         # FSDP2 without pipelining, at a block's post-backward (the reduce-scatter): the block's
         # activations are freed and its unsharded weights resharded, its bf16 unsharded gradients
         # (2 B) and the reduce-scatter input in the reduce dtype (fp32, 4 B) live (measured:
-        # planner validate memory)
         # planner validate memory); the block's backward temporaries are gone by then.  A tied
         # output layer shares the embedding's unit: gathered for the output layer's backward, it
         # stays unsharded, with the 16-bit gradient the output layer gave it, until the
