@@ -307,11 +307,16 @@ def apply_tp(stage: Stage, tp_mesh) -> None:
 
 
 def apply_fsdp(stage: Stage, dp_mesh, *, pipelined: bool, expert_mesh=None) -> None:
-    """torchtitan's ``apply_fsdp_to_decoder`` (HEAD: torchtitan/distributed/fsdp.py): the
+    """torchtitan's FSDP2 wrapping (``apply_fsdp``; torchtitan/distributed/fsdp.py at HEAD): the
     embedding, the final norm with the output layer (never resharded after forward: FSDP would
-    prefetch them again at once), each block (its routed experts over the expert
-    data-parallel mesh first; the last block not resharded either), then the root; nothing is
-    resharded after forward with pipelining."""
+    prefetch them again at once), each block as one unit (the last not resharded either), then
+    the root; nothing is resharded after forward with pipelining.  An MoE block without expert
+    parallelism is one unit like any other (every torchtitan version).  With expert parallelism
+    (``expert_mesh``, the expert data-parallel mesh) its routed experts are a unit of their own
+    over that mesh, as torchtitan wrapped them until 18a46d4 (2026-03-26, "enable per-param mesh
+    FSDP2 for MoE", one unit with a per-parameter mesh since): FSDPMemTracker (torch 2.13
+    fsdp2_mem_tracker.py ``_instrument_fsdp_module``) reads one parameter group per module and
+    cannot follow the per-parameter mesh's two."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)

@@ -477,26 +477,57 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
         layer_temps = np.where(rs, rs_temps + 0.0 * z, layer_temps)
         g_layer = g_act + np.where(rs, gb * layer_params, 0.0)
         w_layer = np.where(rs, w, w_act)
-        # The other end of the backward, the first block: in the step's first micro-batch the
-        # sharded gradients of every unit reduced so far (all but this block and the embedding)
-        # have appeared one by one while the other blocks' activations went, so that end is the
-        # higher one where a block's sharded gradients outweigh its saved activations (full
-        # recomputation; experts that FSDP does not shard, ep = dp).  Its two moments: during
-        # the block's backward (its weights gathered, its own activations and the recomputed
-        # ones, the backward temporaries) and its reduce-scatter (as above).
+        # The other moments of the backward.  FSDP2 keeps a unit's reduce-scatter input until the
+        # next unit's post-backward (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py
+        # post_backward: ``comm_ctx.reduce_scatter_states``, reclaimed down to
+        # ``reduce_scatter_max_input_buffers`` = 1 before the next reduce), so through a block's
+        # backward the input of the unit reduced before it is live: the block above it, or for the
+        # top block the final norm and output layer.  And a block's all-gather output is freed
+        # only after its copy-out into the unsharded parameters (``wait_for_unshard``: "we free the
+        # all-gather result immediately after the current copy-out"), so at the copy-out both are
+        # live.  Measured (planner validate memory): a Mixtral block's copy-out, with the block
+        # above's fp32 reduce-scatter input still held, is its plan's peak.  Evaluated at both ends
+        # of the backward: at the top (all activations; only the units above reduced) and at the
+        # bottom block (in the step's first micro-batch the sharded gradients of every unit
+        # reduced so far have appeared one by one while the other blocks' activations went, so
+        # that end is the higher one where a block's sharded gradients outweigh its saved
+        # activations: full recomputation; experts that FSDP does not shard, ep = dp).
+        # The routed experts of an expert-parallel block are modelled as a unit of their own (as
+        # torchtitan wrapped them before 18a46d4, 2026-03-26, and as the tracker runs them:
+        # validate.titan.apply_fsdp); the held inputs and copy-outs are counted where a block is
+        # one unit (dense blocks, and MoE blocks without expert parallelism).
         if np.any(rs):  # (the search evaluates many plans that have no such moment)
-            done = max(0.0, 1.0 - (layer_params + embedding) / p.total) if p.total else 0.0
-            g_done = np.where(accumulated, g_act, g * done)
+            one_unit = shape.num_moe_layers == 0 or expert_shard == shard
+            red = lay.reduce_bytes_per_param if one_unit else 0.0
+            gl = gb * layer_params
+            above_top = red * head  # the final norm and output layer's reduce-scatter input (last stage)
+            above = red * layer_params if n_layers > 1 else above_top
+            frac = (lambda n: min(1.0, n / p.total)) if p.total else (lambda n: 0.0)
+            g_top = np.where(accumulated, g_act, g * frac(head))
+            g_second = np.where(accumulated, g_act, g * frac(head + layer_params))
+            g_done = np.where(accumulated, g_act, g * max(0.0, 1.0 - frac(layer_params + embedding)))
             rest = np.maximum(0.0, act - layers)
-            mid = w + gb * layer_params + g_done + rest + one_layer + transient + backward_bytes + tied
-            post = w + g_done + gb * layer_params + rest + rs_temps
-            first = w_layer + g_layer + layer_act + layer_temps
-            at_mid = rs & (mid > np.maximum(post, first))
-            at_post = rs & ~at_mid & (post > first)
-            w_layer = np.where(at_mid, w + gb * layer_params, w_layer)
-            g_layer = np.where(at_mid, g_done, np.where(at_post, g_done + gb * layer_params, g_layer))
-            layer_act = np.where(at_mid, rest + one_layer + transient, np.where(at_post, rest, layer_act))
-            layer_temps = np.where(at_mid, backward_bytes + tied + 0.0 * z, np.where(at_post, rs_temps, layer_temps))
+            below_top = np.maximum(0.0, act - one_layer)
+            # (weights, gradients, activations, temporaries) of each moment
+            moments = [
+                (w_layer, g_layer, layer_act, layer_temps),  # the top block's reduce-scatter (above)
+                (w + gl, g_done, rest + one_layer + transient, backward_bytes + tied + above),  # the bottom block's backward
+                (w, g_done + gl, rest, rs_temps),  # the bottom block's reduce-scatter
+            ]
+            if one_unit:
+                moments += [(w + gl, g_top, act + transient, backward_bytes + above_top + tied),  # the top block's backward
+                            (w + gl, g_top, act, gl + above_top)]  # the top block's copy-out
+            if one_unit and n_layers > 1:
+                moments += [(w + gl, g_second, below_top, gl + above),  # the second block's copy-out
+                            (w + gl, g_done, rest + one_layer, gl + above)]  # the bottom block's copy-out
+            totals = [sum(m) for m in moments]
+            best = totals[0]
+            cats = list(moments[0])
+            for m, t in zip(moments[1:], totals[1:]):
+                take = rs & (t > best)
+                best = np.where(take, t, best)
+                cats = [np.where(take, new_c + 0.0 * z, old_c) for new_c, old_c in zip(m, cats)]
+            w_layer, g_layer, layer_act, layer_temps = cats
     if shape.last:  # final norm and output-layer input, and the loss peak (runtime.yaml loss)
         act = act + head_act_bytes * inflight_mb
         logits = tokens * model.vocab_size / tp
