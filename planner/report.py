@@ -46,7 +46,7 @@ def priced(run: Run, result: StepResult) -> dict[str, object]:
     out.update({"model": plan.model.name, "gpu": cluster.gpu.id, "nic": cluster.nic.id, "topology": cluster.topology,
                 "framework": run.framework.id if run.runnable else None, "attention": plan.attention,
                 "attention_kernel": plan.attention_kernel, "model_states_layout": plan.model_states_layout,
-                "nvls": plan.nvls,
+                "nvls": plan.nvls, "fsdp_experts_unit": plan.fsdp_experts_unit,
                 "fp8_recipe": plan.strategy.fp8_recipe if plan.strategy.precision == "fp8" else None,
                 "bound_by": bound(out)[0]})
     warnings = list(run.notes) + list(out["warnings"])  # type: ignore[arg-type]

@@ -204,7 +204,7 @@ def test_every_reference_row_with_memory_states_its_level():
 torch = pytest.importorskip("torch")
 
 
-@pytest.mark.parametrize("index", [0, 5, 8, 13, 14, 16, 18, 21, 25, 28, 29, 34, 36])
+@pytest.mark.parametrize("index", [0, 5, 8, 13, 14, 16, 18, 21, 25, 28, 29, 34, 35, 36])
 def test_tracker_agrees_with_the_planner_per_category(index):
     """A fixed sample of the grid (the rest: ``planner validate memory``): each category and the
     total within 3% of PyTorch's MemTracker/FSDPMemTracker (tolerance: issue 22)."""
@@ -652,3 +652,30 @@ def test_fsdp2_holds_the_block_above_s_reduce_scatter_input_through_a_block_s_co
     assert m.weights_bytes == pytest.approx(4 * total / 8 + 2 * block, rel=1e-3)  # fp32 shards + the gathered block
     assert m.temporaries_bytes == pytest.approx(2 * block + 4 * block, rel=1e-3)  # all-gather buffer + held RS input
     assert m.gradients_bytes == pytest.approx(4 * (block + head) / 8, rel=1e-3)
+
+
+def test_fsdp2_expert_parallel_block_as_one_unit_gathers_its_local_experts_at_the_copy_out(capsys):
+    """torchtitan (since 18a46d4) keeps an expert-parallel MoE block one FSDP2 unit, its routed
+    experts placed on the expert data-parallel mesh (profile ``fsdp_experts_unit: block``): the
+    block's copy-out gathers the attention and the rank's local experts twice and holds the
+    block above's fp32 reduce-scatter input (the tracker agrees: grid index 35).  With the
+    experts a unit of their own (``own``: Automodel, torchtitan before) those moments are
+    smaller, and ``simulate --json`` says which wrapping priced the plan."""
+    import dataclasses
+    import json
+
+    from planner.cli import main
+    from validate.memgrid import build_plan
+    from sim.cost.memory import plan_memory
+
+    plan = build_plan("mixtral-8x7b", 2, 8, "dp=8,ep=2,mbs=1,gbs=8,seq=4096,zero=3,recompute=none")
+    assert plan.fsdp_experts_unit == "block"
+    h, f = 4096, 14336
+    block = h * (h + 2 * 1024 + h) + h * 8 + 4 * 3 * h * f + 2 * h  # attention, router, 4 local experts, norms
+    m = plan_memory(plan)
+    assert m.temporaries_bytes == pytest.approx(2 * block + 4 * block, rel=1e-3)
+    own = plan_memory(dataclasses.replace(plan, fsdp_experts_unit="own"))
+    assert own.allocated_bytes < m.allocated_bytes
+    main(["simulate", "--model", "mixtral-8x7b", "--gpu", "h100-80gb", "--num-gpus", "64", "--strategy",
+          "dp=64,ep=8,mbs=1,gbs=64,zero=3,recompute=full", "--framework", "torchtitan", "--json"])
+    assert json.loads(capsys.readouterr().out)["fsdp_experts_unit"] == "block"

@@ -89,6 +89,73 @@ class LocalFusedAdamW(torch.optim.Optimizer):
                                     maximize=False)
 
 
+class _Groups:
+    """A module's FSDP2 parameter groups presented as one, for FSDPMemTracker (torch 2.13
+    fsdp2_mem_tracker.py), which reads ``FSDPState._fsdp_param_group`` (one group per module; the
+    property raises for the two groups of a per-parameter mesh, torchtitan's MoE blocks since
+    18a46d4).  ``fsdp_params`` is every group's; the tracker's wrapper of ``pre_backward`` /
+    ``post_backward`` goes on the first group around a call of every group's own (post-backward
+    last group first, as FSDP's final callback orders them: the last group gates the held
+    reduce-scatter inputs' release), the other groups' own calls become no-ops, and restoring
+    gives each group its own back."""
+
+    _HOOKS = ("pre_backward", "post_backward")
+
+    def __init__(self, groups) -> None:  # noqa: ANN001
+        object.__setattr__(self, "_groups", list(groups))
+
+    @property
+    def fsdp_params(self) -> list:
+        return [p for g in self._groups for p in g.fsdp_params]
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        if name in self._HOOKS:
+            own = [getattr(g, name) for g in self._groups]
+            order = own[::-1] if name == "post_backward" else own
+
+            def call_all(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+                for fn in order:
+                    fn(*args, **kwargs)
+
+            call_all.own = own  # type: ignore[attr-defined]
+            return call_all
+        return getattr(self._groups[0], name)
+
+    def __setattr__(self, name: str, value) -> None:  # noqa: ANN001
+        if name not in self._HOOKS:
+            setattr(self._groups[0], name, value)
+            return
+        own = getattr(value, "own", None)
+        if own is not None:  # restoring: each group its own
+            for g, fn in zip(self._groups, own):
+                setattr(g, name, fn)
+            return
+        setattr(self._groups[0], name, value)
+        for g in self._groups[1:]:
+            setattr(g, name, lambda *args, **kwargs: None)
+
+
+@contextmanager
+def _param_groups_as_one():
+    """``FSDPState._fsdp_param_group`` returns the groups as one (``_Groups``) where a module has
+    several, while the tracker runs."""
+    from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+
+    original = FSDPState.__dict__["_fsdp_param_group"]
+
+    def one(self):  # noqa: ANN001, ANN202
+        groups = self._fsdp_param_groups
+        if len(groups) > 1:
+            return _Groups(groups)
+        return original.fget(self)
+
+    FSDPState._fsdp_param_group = property(one)
+    try:
+        yield
+    finally:
+        FSDPState._fsdp_param_group = original
+
+
 def _tracker_class(fsdp: bool, events: list | None = None):
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType
     from torch.distributed._tools.mem_tracker import MemTracker, _UpdateType
@@ -206,7 +273,7 @@ def _track(plan: Plan, *, stage: int | None = None, events: list | None = None, 
     apply_ac(st, s.recompute, num_layers=s.recompute_num_layers, method=s.recompute_method)
     if fsdp:
         apply_fsdp(st, mesh["dp_shard_cp"], pipelined=s.pp > 1 or s.zero == 2,
-                   expert_mesh=expert_mesh)
+                   expert_mesh=expert_mesh, experts_own_unit=plan.fsdp_experts_unit == "own")
     else:
         st.autocast = True
     with fake:
@@ -220,7 +287,8 @@ def _track(plan: Plan, *, stage: int | None = None, events: list | None = None, 
         if not fsdp:
             tracker.track_external(st, opt)
         run.tracker = tracker
-        with tracker, _sharding_propagation_off_the_books(), _leaf_input_hooks_without_cycles():
+        with _param_groups_as_one(), tracker, _sharding_propagation_off_the_books(), \
+                _leaf_input_hooks_without_cycles():
             for _ in range(steps):
                 run.step(opt, k, m)
         peak = tracker.get_tracker_snapshot("peak")

@@ -306,18 +306,21 @@ def apply_tp(stage: Stage, tp_mesh) -> None:
         parallelize_module(block, tp_mesh, plan)
 
 
-def apply_fsdp(stage: Stage, dp_mesh, *, pipelined: bool, expert_mesh=None) -> None:
+def apply_fsdp(stage: Stage, dp_mesh, *, pipelined: bool, expert_mesh=None, experts_own_unit: bool = False) -> None:
     """torchtitan's FSDP2 wrapping (``apply_fsdp``; torchtitan/distributed/fsdp.py at HEAD): the
     embedding, the final norm with the output layer (never resharded after forward: FSDP would
     prefetch them again at once), each block as one unit (the last not resharded either), then
     the root; nothing is resharded after forward with pipelining.  An MoE block without expert
     parallelism is one unit like any other (every torchtitan version).  With expert parallelism
-    (``expert_mesh``, the expert data-parallel mesh) its routed experts are a unit of their own
-    over that mesh, as torchtitan wrapped them until 18a46d4 (2026-03-26, "enable per-param mesh
-    FSDP2 for MoE", one unit with a per-parameter mesh since): FSDPMemTracker (torch 2.13
-    fsdp2_mem_tracker.py ``_instrument_fsdp_module``) reads one parameter group per module and
-    cannot follow the per-parameter mesh's two."""
+    (``expert_mesh``, the expert data-parallel mesh) the block is still one unit and its routed
+    experts are sharded over that mesh by a per-parameter placement (``ShardPlacementResult``;
+    torchtitan 18a46d4, 2026-03-26, "enable per-param mesh FSDP2 for MoE"); with
+    ``experts_own_unit`` they are a unit of their own over it instead, as torchtitan wrapped them
+    before that commit and Automodel does (``Plan.fsdp_experts_unit``)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp._fully_shard._fsdp_common import ShardPlacementResult
+    from torch.distributed.fsdp._fully_shard._fsdp_init import _get_mesh_info
+    from torch.distributed.tensor import Shard
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     reshard = not pipelined
@@ -338,9 +341,17 @@ def apply_fsdp(stage: Stage, dp_mesh, *, pipelined: bool, expert_mesh=None) -> N
     for i, block in enumerate(blocks):
         keep = reshard and i < len(blocks) - 1
         inner = getattr(block, "_checkpoint_wrapped_module", block)
+        placement = None
         if getattr(inner, "moe_enabled", False) and expert_mesh is not None:
-            fully_shard(inner.feed_forward.experts, mesh=expert_mesh, mp_policy=mp, reshard_after_forward=keep)
-        fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=keep)
+            if experts_own_unit:
+                fully_shard(inner.feed_forward.experts, mesh=expert_mesh, mp_policy=mp, reshard_after_forward=keep)
+            else:
+                experts = set(inner.feed_forward.experts.parameters())
+                on_edp, on_dp = _get_mesh_info(expert_mesh), _get_mesh_info(dp_mesh)
+
+                def placement(param, experts=experts, on_edp=on_edp, on_dp=on_dp):  # noqa: ANN001, ANN202
+                    return ShardPlacementResult(placement=Shard(0), mesh_info=on_edp if param in experts else on_dp)
+        fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=keep, shard_placement_fn=placement)
     fully_shard(stage, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
 
 

@@ -370,7 +370,8 @@ class FastModel:
                                    eager=probe.eager_activations, norm_tokens=norm_tok, selective_op=selective,
                                    fp8_cached_weights=fp8_weight_cache_of(layout.precision, probe.fp8_weight_cache),
                                    bf16_optimizer=probe.deepspeed_bf16_optimizer and layout.precision == "bf16",
-                                   allocator=probe.allocator)
+                                   allocator=probe.allocator,
+                                   experts_own_unit=probe.fsdp_experts_unit == "own")
                 stacked = len(idxs) > 1
                 peak = np.maximum(peak, _stage_max(mem.total_bytes, stacked))
                 if any_offload:

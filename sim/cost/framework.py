@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from sim.data.catalog import catalog_document
 from sim.layers.compute import ATTENTION_LIBRARIES, default_efficiency
 from sim.base.errors import InfeasibleError, InputError
-from sim.cost.plan import (ATTENTION_IMPLS, GRAD_ACCUMULATION, LOSS_IMPLS, MOE_DISPATCHERS, OPTIMIZER_IMPLS,
+from sim.cost.plan import (ATTENTION_IMPLS, FSDP_EXPERTS_UNITS, GRAD_ACCUMULATION, LOSS_IMPLS, MOE_DISPATCHERS,
+                           OPTIMIZER_IMPLS,
                       SELECTIVE_POLICIES, TP_OVERLAP_KINDS, ZERO3_GATHERS, HostSyncs)
 from sim.data.specs import (DEFAULT_ORDER, DP_IMPLS, FP8_RECIPES, OFFLOAD_DEVICES, OFFLOADS, ORDERS, SCHEDULES,
                        TRAIN_PRECISIONS, Strategy)
@@ -262,6 +263,10 @@ class Framework:
     attention_library: str = ""
     # NCCL's NVLink SHARP left on (NCCL's default) or switched off by the launcher (NCCL_NVLS_ENABLE=0), Plan.nvls
     nvls: bool = True
+    # how FSDP2 wraps an expert-parallel MoE block's routed experts (Plan.fsdp_experts_unit):
+    # "own" a unit of their own over the expert data-parallel mesh (Automodel; torchtitan before
+    # 18a46d4), "block" with the block, placed by a per-parameter mesh (torchtitan since)
+    fsdp_experts_unit: str = "own"
     aliases: tuple[str, ...] = ()
     source: str = ""
     notes: str = ""
@@ -273,7 +278,7 @@ _KEYS = ("id", "name", "aliases", "attention", "dp_overlap", "elementwise", "sel
          "fp8_saved_inputs", "deepspeed_bf16_optimizer", "zero3_gather", "tp_overlap_kind", "host_syncs", "source",
          "notes", "fused_ops", "pipeline_schedule_per", "allocator", "grad_buckets",
          "saved_activations", "fused_attention_max_head_dim", "fp8_model_states", "fp8_params_recipes",
-         "attention_library", "nvls", "loss_tp")
+         "attention_library", "nvls", "loss_tp", "fsdp_experts_unit")
 _BUCKETS_BY_STATES = {"megatron": "megatron", "deepspeed": "deepspeed", **{name: "ddp" for name in FSDP2_LAYOUTS}}
 
 
@@ -316,6 +321,7 @@ def _frameworks() -> dict[str, Framework]:
                        grad_buckets=r.text("grad_buckets", choices=GRAD_BUCKETS,
                                            default=_BUCKETS_BY_STATES.get(r.text("model_states"), "megatron")),
                        nvls=r.flag("nvls", default=True),
+                       fsdp_experts_unit=r.text("fsdp_experts_unit", default="own", choices=FSDP_EXPERTS_UNITS),
                        aliases=r.strings("aliases", lower=False),
                        source=r.text("source"), notes=r.text("notes", default=""))
         for key in (fw.id, *fw.aliases):
@@ -347,7 +353,7 @@ def apply_framework(plan_kwargs: dict, fw: Framework) -> dict:
             "tp_overlap_kind": fw.tp_overlap_kind, "host_syncs": fw.host_syncs, "fused_ops": fw.fused_ops,
             "allocator": fw.allocator, "grad_buckets": fw.grad_buckets,
             "fused_attention_max_head_dim": fw.fused_attention_max_head_dim, "attention_library": fw.attention_library,
-            "nvls": fw.nvls}
+            "nvls": fw.nvls, "fsdp_experts_unit": fw.fsdp_experts_unit}
 
 
 def list_frameworks() -> list[Framework]:

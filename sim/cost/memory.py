@@ -334,7 +334,8 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
                  offload_layers: Num | None = None, backward_bytes: Num = 0.0, head_act_bytes: Num = 0.0,
                  device_extra_bytes: Num = 0.0, eager: bool = False, norm_tokens: Num = 0.0,
                  selective_op: Num = False, fp8_cached_weights: Num = False,
-                 bf16_optimizer: bool = False, allocator: str = "caching", fp8_params: Num = False) -> StageMemory:
+                 bf16_optimizer: bool = False, allocator: str = "caching", fp8_params: Num = False,
+                 experts_own_unit: bool = True) -> StageMemory:
     """Peak bytes of one GPU of a stage of ``shape`` for one plan or over arrays (module
     docstring): the larger of two moments, the start of the stage's first backward with
     ``inflight_mb`` micro-batches' activations held (the loss of the last stage, or a layer's
@@ -357,7 +358,8 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
     BF16_Optimizer (``state_bytes``); ``allocator`` the caching allocator's mode
     (``sim.data.runtime.ALLOCATORS``), which with the recomputation mode sets its slack
     (``MemoryRuntime.fragmentation_of``); ``fp8_params`` the layers' linear weights kept in fp8
-    as the parameters (``Strategy.fp8_params``)."""
+    as the parameters (``Strategy.fp8_params``); ``experts_own_unit`` whether FSDP2 wraps an
+    expert-parallel block's routed experts as a unit of their own (``Plan.fsdp_experts_unit``)."""
     lay = layout or state_layout("deepspeed")
     z = np.asarray(zero)
     p = shape.params
@@ -492,12 +494,13 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
         # reduced so far have appeared one by one while the other blocks' activations went, so
         # that end is the higher one where a block's sharded gradients outweigh its saved
         # activations: full recomputation; experts that FSDP does not shard, ep = dp).
-        # The routed experts of an expert-parallel block are modelled as a unit of their own (as
-        # torchtitan wrapped them before 18a46d4, 2026-03-26, and as the tracker runs them:
-        # validate.titan.apply_fsdp); the held inputs and copy-outs are counted where a block is
-        # one unit (dense blocks, and MoE blocks without expert parallelism).
+        # The held inputs and copy-outs are counted where a block is one unit: dense blocks, MoE
+        # blocks without expert parallelism, and expert-parallel ones whose framework wraps the
+        # experts with the block (torchtitan since 18a46d4, 2026-03-26: a per-parameter mesh);
+        # where the experts are a unit of their own (Automodel; torchtitan before) the block's
+        # moments are those above.
         if np.any(rs):  # (the search evaluates many plans that have no such moment)
-            one_unit = shape.num_moe_layers == 0 or expert_shard == shard
+            one_unit = shape.num_moe_layers == 0 or expert_shard == shard or not experts_own_unit
             red = lay.reduce_bytes_per_param if one_unit else 0.0
             gl = gb * layer_params
             above_top = red * head  # the final norm and output layer's reduce-scatter input (last stage)
@@ -617,7 +620,8 @@ def plan_memory(plan: "Plan") -> MemoryBreakdown:
                             fp8_saved_inputs=plan.fp8_saved_inputs, layout=state_layout(plan.model_states_layout),
                             moe_imbalance=plan.moe_imbalance, bf16_optimizer=plan.deepspeed_bf16_optimizer,
                             fp8_weight_cache=fp8_weight_cache_of(plan.strategy.precision, plan.fp8_weight_cache),
-                            allocator=plan.allocator, dispatcher=plan.moe_dispatcher, nvls=plan.nvls)
+                            allocator=plan.allocator, dispatcher=plan.moe_dispatcher, nvls=plan.nvls,
+                            experts_own_unit=plan.fsdp_experts_unit == "own")
 
 
 def layer_activations(model: Model, s: Strategy, *, attention: str = "flash", selective_policy: str = "attention",
@@ -656,13 +660,15 @@ def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
                      fp8_saved_inputs: bool = False, layout: StateLayout | None = None,
                      moe_imbalance: float = 1.0, fp8_weight_cache: bool = False,
                      bf16_optimizer: bool = False, allocator: str = "caching",
-                     dispatcher: str = "alltoall", nvls: bool = True) -> MemoryBreakdown:
+                     dispatcher: str = "alltoall", nvls: bool = True, experts_own_unit: bool = True
+                     ) -> MemoryBreakdown:
     """Memory of the most loaded GPU (the pipeline stage with the largest device-level peak),
     with the three levels of every stage in ``by_stage``; ``fp8_weight_cache``: fp8 weight
     copies held for the step (``fp8_weight_cache_of``); ``bf16_optimizer``: a bf16 plan of a
     DeepSpeed profile (``state_bytes``); ``allocator``: the caching allocator's mode;
     ``dispatcher``: the MoE dispatcher, whose buffers the device level holds; ``nvls``: NCCL's
-    NVLink SHARP on (``Plan.nvls``)."""
+    NVLink SHARP on (``Plan.nvls``); ``experts_own_unit``: FSDP2 wraps an expert-parallel
+    block's routed experts as a unit of their own (``Plan.fsdp_experts_unit``)."""
     rt = runtime or default_runtime()
     s = strategy
     lay = layout or state_layout("deepspeed")
@@ -693,7 +699,7 @@ def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
                            norm_tokens=s.mbs * s.seq_len // s.cp / (s.tp if s.sp else 1),
                            selective_op=s.recompute == "selective", fp8_cached_weights=fp8_weight_cache,
                            bf16_optimizer=bf16_optimizer and s.precision == "bf16", allocator=allocator,
-                           fp8_params=s.fp8_params)
+                           fp8_params=s.fp8_params, experts_own_unit=experts_own_unit)
         by_stage.append({"stage": i, "memory_peak_bytes": float(mem.allocated_bytes),
                          "memory_reserved_bytes": float(mem.reserved_bytes),
                          "memory_device_bytes": float(mem.total_bytes)})

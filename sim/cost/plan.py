@@ -24,6 +24,8 @@ LOSS_IMPLS: tuple[str, ...] = ("upcast", "inplace", "megatron_fused", "fused", "
 FUSED_LOSS_IMPLS: frozenset[str] = frozenset({"megatron_fused", "fused"})  # run as fused kernels, eager or not
 # MoE token dispatch (Megatron-Core --moe-token-dispatcher-type alltoall|allgather|flex with DeepEP)
 MOE_DISPATCHERS: tuple[str, ...] = ("alltoall", "allgather", "deepep")
+# how FSDP2 wraps an expert-parallel MoE block's routed experts (Plan.fsdp_experts_unit)
+FSDP_EXPERTS_UNITS: tuple[str, ...] = ("own", "block")
 # How a ZeRO-3 engine gathers parameters: coalesced buckets with prefetch (FSDP, DeepSpeed >= 0.5.10)
 # or one synchronous collective per parameter tensor (DeepSpeed ZeRO-3 of 2021)
 ZERO3_GATHERS: tuple[str, ...] = ("bucketed", "per_tensor_sync")
@@ -148,6 +150,11 @@ class Plan:
     # nvls): off, all-reduces run without the in-switch reduction (sim.cost.costs.nvls_algorithm)
     # and no communicator maps NVLS buffers (sim.cost.memory.cluster_extra_bytes)
     nvls: bool = True
+    # FSDP2's unit for an expert-parallel MoE block's routed experts (a framework's
+    # fsdp_experts_unit): "own" (over the expert data-parallel mesh) or "block" (one unit with the
+    # block, a per-parameter mesh); decides the block's copy-out and held reduce-scatter input
+    # (sim.cost.memory.stage_memory)
+    fsdp_experts_unit: str = "own"
 
     @property
     def attention_kernel(self) -> str:
@@ -203,6 +210,8 @@ class Plan:
                              f"must be one of {', '.join(GRAD_ACCUMULATION)}")
         if self.loss not in LOSS_IMPLS:
             raise InputError("loss", self.loss, f"must be one of {', '.join(LOSS_IMPLS)}")
+        if self.fsdp_experts_unit not in FSDP_EXPERTS_UNITS:
+            raise InputError("fsdp_experts_unit", self.fsdp_experts_unit, f"must be one of {', '.join(FSDP_EXPERTS_UNITS)}")
         if self.loss_tp and self.loss_tp not in LOSS_IMPLS:
             raise InputError("loss_tp", self.loss_tp, f"must be one of {', '.join(LOSS_IMPLS)}")
         if self.attention not in ATTENTION_IMPLS:
