@@ -288,7 +288,7 @@ def _track(plan: Plan, *, stage: int | None = None, events: list | None = None, 
             tracker.track_external(st, opt)
         run.tracker = tracker
         with _param_groups_as_one(), tracker, _sharding_propagation_off_the_books(), \
-                _leaf_input_hooks_without_cycles():
+                _single_input_hooks_without_cycles():
             for _ in range(steps):
                 run.step(opt, k, m)
         peak = tracker.get_tracker_snapshot("peak")
@@ -335,7 +335,7 @@ def _sharding_propagation_off_the_books():
 
 
 @contextmanager
-def _leaf_input_hooks_without_cycles():
+def _single_input_hooks_without_cycles():
     """ModTracker (inside MemTracker) marks a module's backward done with a multi-grad hook on the
     module's inputs that require grad, in "all" mode (torch/distributed/_tools/mod_tracker.py
     ``_fw_pre_hook``).  That mode's closure holds each input's gradient node

@@ -505,10 +505,13 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
             gl = gb * layer_params
             above_top = red * head  # the final norm and output layer's reduce-scatter input (last stage)
             above = red * layer_params if n_layers > 1 else above_top
-            frac = (lambda n: min(1.0, n / p.total)) if p.total else (lambda n: 0.0)
-            g_top = np.where(accumulated, g_act, g * frac(head))
-            g_second = np.where(accumulated, g_act, g * frac(head + layer_params))
-            g_done = np.where(accumulated, g_act, g * max(0.0, 1.0 - frac(layer_params + embedding)))
+            def reduced(params: float) -> float:  # the share of the stage's parameters reduced so far
+                return min(1.0, params / p.total) if p.total else 0.0
+
+            g_top = np.where(accumulated, g_act, g * reduced(head))
+            g_second = np.where(accumulated, g_act, g * reduced(head + layer_params))
+            done = max(0.0, 1.0 - (layer_params + embedding) / p.total) if p.total else 0.0
+            g_done = np.where(accumulated, g_act, g * done)
             rest = np.maximum(0.0, act - layers)
             below_top = np.maximum(0.0, act - one_layer)
             # (weights, gradients, activations, temporaries) of each moment
