@@ -89,6 +89,17 @@ class LocalFusedAdamW(torch.optim.Optimizer):
                                     maximize=False)
 
 
+@contextmanager
+def _replaced(owner, name: str, replacement):  # noqa: ANN001
+    """``owner.name`` is ``replacement`` inside the block, its own value again after it."""
+    original = vars(owner).get(name, getattr(owner, name))  # a class keeps its descriptor (a property) as is
+    setattr(owner, name, replacement)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
 class _Groups:
     """A module's FSDP2 parameter groups presented as one, for FSDPMemTracker (torch 2.13
     fsdp2_mem_tracker.py), which reads ``FSDPState._fsdp_param_group`` (one group per module; the
@@ -149,11 +160,8 @@ def _param_groups_as_one():
             return _Groups(groups)
         return original.fget(self)
 
-    FSDPState._fsdp_param_group = property(one)
-    try:
+    with _replaced(FSDPState, "_fsdp_param_group", property(one)):
         yield
-    finally:
-        FSDPState._fsdp_param_group = original
 
 
 def _tracker_class(fsdp: bool, events: list | None = None):
@@ -327,11 +335,8 @@ def _sharding_propagation_off_the_books():
         with _disable_current_modes():
             return original(self, op_schema)
 
-    ShardingPropagator._propagate_tensor_meta_non_cached = propagate
-    try:
+    with _replaced(ShardingPropagator, "_propagate_tensor_meta_non_cached", propagate):
         yield
-    finally:
-        ShardingPropagator._propagate_tensor_meta_non_cached = original
 
 
 @contextmanager
@@ -359,11 +364,8 @@ def _single_input_hooks_without_cycles():
             mode = "any"
         return original(tensors, fn, mode=mode)
 
-    mod_tracker.register_multi_grad_hook = register
-    try:
+    with _replaced(mod_tracker, "register_multi_grad_hook", register):
         yield
-    finally:
-        mod_tracker.register_multi_grad_hook = original
 
 
 class _Runner:
