@@ -436,7 +436,15 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
         host_act = np.where(off_act, layers * frac, 0.0)
         layers = np.where(off_act, layers * (1 - frac) + np.minimum(2, n_off) * one, layers)
     act = layers
-    transient = np.where(full_recompute, recompute_transient * recomputed_layer_bytes, 0.0) if shape.num_layers else 0.0
+    # A layer's backward rebuilds what its recomputation dropped (``layer_activations``): under
+    # full recomputation the whole layer (``recompute_transient`` layers at once with uniform
+    # groups), counted with the activations; under selective recomputation what the save list
+    # does not keep (op-level: the element-wise and routing ops, the unsaved matmuls), counted with
+    # the temporaries, as PyTorch's MemTracker splits them (planner validate memory: a Mixtral
+    # block under torchtitan's op-level policy, FSDP2, ep 2).
+    rebuilt = recomputed_layer_bytes if shape.num_layers else 0.0
+    transient = np.where(full_recompute, recompute_transient * rebuilt, 0.0)
+    rebuilt_temps = np.where(full_recompute, 0.0, rebuilt)
     if lay.name == "torch_amp":  # torch.autocast caches a 16-bit copy of every linear weight per forward, saved for backward;
         # the residual stream stays fp32 (the embedding is not autocast), so each eager norm keeps
         # its scaled output in fp32 (2 more bytes per element)
@@ -460,7 +468,7 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
         act = act + tokens * model.hidden_size * inflight_mb  # embedding dropout mask
     # a layer's backward: the layer being recomputed holds its full activations once, with the
     # layer's backward temporaries (FSDP2 without pipelining: its reduce-scatter, below)
-    layer_temps = backward_bytes + 0.0 * z
+    layer_temps = backward_bytes + rebuilt_temps + 0.0 * z
     layer_act = act + transient
     w_layer, g_layer = w_act, g_act
     if fsdp2:
@@ -512,16 +520,23 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
             g_second = np.where(accumulated, g_act, g * reduced(head + layer_params))
             done = max(0.0, 1.0 - (layer_params + embedding) / p.total) if p.total else 0.0
             g_done = np.where(accumulated, g_act, g * done)
+            # the 16-bit gradient of the FFN weight whose backward is running, unsharded until the
+            # block's post-backward reduce-scatter (FSDP2 computes gradients into the unsharded
+            # parameters, _fsdp_param_group.py post_backward; measured: a Mixtral block's local
+            # experts' w1 gradient, 448 MiB at ep 2, live in its expert backward)
+            ffn = max(model.dense_ffn_params / tp if shape.num_dense_layers else 0.0,
+                      p.expert_params / shape.num_moe_layers if shape.num_moe_layers else 0.0)
+            wgrad = gb * ffn / model.num_ffn_matrices
             rest = np.maximum(0.0, act - layers)
             below_top = np.maximum(0.0, act - one_layer)
             # (weights, gradients, activations, temporaries) of each moment
             moments = [
                 (w_layer, g_layer, layer_act, layer_temps),  # the top block's reduce-scatter (above)
-                (w + gl, g_done, rest + one_layer + transient, backward_bytes + tied + above),  # the bottom block's backward
+                (w + gl, g_done, rest + one_layer + transient, backward_bytes + wgrad + rebuilt_temps + tied + above),  # the bottom block's backward
                 (w, g_done + gl, rest, rs_temps),  # the bottom block's reduce-scatter
             ]
             if one_unit:
-                moments += [(w + gl, g_top, act + transient, backward_bytes + above_top + tied),  # the top block's backward
+                moments += [(w + gl, g_top, act + transient, backward_bytes + wgrad + rebuilt_temps + above_top + tied),  # the top block's backward
                             (w + gl, g_top, act, gl + above_top)]  # the top block's copy-out
             if one_unit and n_layers > 1:
                 moments += [(w + gl, g_second, below_top, gl + above),  # the second block's copy-out
@@ -637,11 +652,13 @@ def layer_activations(model: Model, s: Strategy, *, attention: str = "flash", se
     is_moe = model.moe is not None
     dense = activation_bytes_per_layer(model, s, moe=False, **kw)
     moe = activation_bytes_per_layer(model, s, moe=True, **kw) if is_moe else 0.0
-    if s.recompute != "full":
+    if s.recompute == "none":
         return dense, moe, dense, moe, 0.0
     plain = s.with_(recompute="none", recompute_num_layers=None, recompute_method="uniform")
     dense_full = activation_bytes_per_layer(model, plain, moe=False, **kw)
     moe_full = activation_bytes_per_layer(model, plain, moe=True, **kw) if is_moe else 0.0
+    if s.recompute == "selective":
+        return dense, moe, dense, moe, max(dense_full - dense, moe_full - moe)
     return dense, moe, dense_full, moe_full, max(dense_full, moe_full)
 
 
