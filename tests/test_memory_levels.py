@@ -679,3 +679,28 @@ def test_fsdp2_expert_parallel_block_as_one_unit_gathers_its_local_experts_at_th
     main(["simulate", "--model", "mixtral-8x7b", "--gpu", "h100-80gb", "--num-gpus", "64", "--strategy",
           "dp=64,ep=8,mbs=1,gbs=64,zero=3,recompute=full", "--framework", "torchtitan", "--json"])
     assert json.loads(capsys.readouterr().out)["fsdp_experts_unit"] == "block"
+
+
+def test_a_layers_backward_rebuilds_what_its_recomputation_dropped():
+    """``layer_activations``' last entry: the full activations of the largest layer under full
+    recomputation, full less kept under selective (torchtitan's op-level policy keeps little of
+    a Mixtral block, which rebuilds the rest in its backward), zero for Megatron-Core's
+    attention-only policy with a flash kernel (it drops nothing a flash kernel saves) and
+    without recomputation."""
+    from sim.cost.memory import layer_activations
+
+    base = "tp=1,pp=1,dp=8,ep=2,mbs=1,gbs=8,seq=4096,zero=3,recompute="
+
+    def acts(recompute: str, framework: str) -> tuple:
+        p = _plan("mixtral-8x7b", 8, base + recompute, framework)
+        return layer_activations(p.model, p.strategy, attention=p.attention_kernel, selective_policy=p.selective_policy,
+                                 eager=p.eager_activations, fp8_saved_inputs=p.fp8_saved_inputs)
+
+    for fw in ("torchtitan", "megatron-core"):
+        none, full = acts("none", fw), acts("full", fw)
+        assert none[4] == 0.0
+        assert full[4] == pytest.approx(max(none[0], none[1]))
+    none, op = acts("none", "torchtitan"), acts("selective", "torchtitan")
+    assert op[4] == pytest.approx(max(none[0] - op[0], none[1] - op[1]))
+    assert op[1] < 0.1 * none[1] and op[4] > 0.9 * none[1]
+    assert acts("selective", "megatron-core")[4] == 0.0

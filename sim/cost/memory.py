@@ -344,7 +344,8 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
     ``zero`` (ZeRO stage), per-layer activations ``dense_act_bytes`` / ``moe_act_bytes`` as the
     recomputation keeps them and ``dense_full_bytes`` / ``moe_full_bytes`` without it;
     ``recompute_inputs`` / ``recompute_full`` / ``recompute_transient`` from
-    ``recompute_split``; ``recomputed_layer_bytes`` the largest layer rebuilt in backward;
+    ``recompute_split``; ``recomputed_layer_bytes`` what the largest layer rebuilds in its backward
+    (``layer_activations``);
     ``microbatches`` per step (gradients accumulated from earlier micro-batches exist at the
     peak when there are more than are in flight); ``layout`` the framework's model states
     (``sim.data.runtime.StateLayout``); ``offload_*`` (bools) what leaves the GPU, ``offload_layers``
@@ -646,7 +647,9 @@ def layer_activations(model: Model, s: Strategy, *, attention: str = "flash", se
                       eager: bool = False, fp8_saved_inputs: bool = False, moe_imbalance: float = 1.0
                       ) -> tuple[float, float, float, float, float]:
     """(dense, MoE) saved bytes per layer as ``s`` recomputes, (dense, MoE) without
-    recomputation, and the largest layer rebuilt in backward."""
+    recomputation (with ``recompute=full``; otherwise the saved bytes again), and what the
+    largest layer rebuilds in its backward: its full activations under full recomputation, what
+    the save list dropped (full less kept) under selective recomputation, nothing without."""
     kw = {"attention": attention, "selective_policy": selective_policy, "eager": eager,
           "fp8_saved_inputs": fp8_saved_inputs, "moe_imbalance": moe_imbalance}
     is_moe = model.moe is not None
