@@ -132,3 +132,49 @@ def test_megatron_fused_loss_priced_at_its_benchmark():
     a, b = op_time(gpu, "bf16", native, eff), op_time(gpu, "bf16", te, eff)
     assert (a.fwd_s / b.fwd_s, a.bwd_s / b.bwd_s) == pytest.approx((1 / frac[0], 1 / frac[1]))
     assert 0.2 < frac[0] < 0.5 < frac[1] <= 1.0
+
+
+def test_compiled_float8_casts_are_what_inductor_generates():
+    """torchao's tensorwise float8 casts inside a compiled block (validate/compiled_traffic.py),
+    re-measured at small shapes for an element-wise producer (torchtitan's RMSNorm): known
+    answers counted by hand, and the stored table (measured at larger shapes, where the amax's
+    partial reductions weigh less)."""
+    from validate.compiled_traffic import measure_producer
+
+    m = measure_producer("elementwise", hidden=64, shapes=((512, 64), (1024, 64), (512, 128), (1024, 128)))
+    # forward: the amax and the cast recompute the norm from its 2-byte input (read 2 + read 2 +
+    # write 1) where the 16-bit block reads 2 and writes the norm's 2-byte output: 3 B more
+    assert m.input_fwd == pytest.approx(3.0, abs=0.15)
+    assert m.input_bwd == pytest.approx(1.0, abs=0.05)
+    # output gradient: amax (read 2), cast (2 + 1), transposed cast (2 + 1)
+    assert m.grad_bwd == pytest.approx(8.0, abs=0.05)
+    stored = catalog_document("efficiency.yaml")["compiled_fp8_casts"]["recipes"]["tensorwise"]["elementwise"]
+    for term in ("input_fwd", "input_bwd", "grad_bwd"):
+        assert stored[term] == pytest.approx(getattr(m, term), abs=0.15), term
+
+
+def test_compiled_casts_price_the_torchtitan_compile_profile_only():
+    """``fp8_cast_kernels: inductor`` (torchtitan-compile) prices a linear's casts at inductor's
+    bytes by the input's producer; Transformer Engine profiles keep the recipe's standalone cost."""
+    from sim.cost.costs import plan_layer_ops
+    from sim.cost.framework import apply_framework, get_framework
+    from sim.cost.plan import Plan, parse_strategy
+    from sim.data.catalog import get_model
+    from sim.net.clusters import cluster_from_catalog
+
+    eff = kernel_efficiency(catalog_fitted())
+    s = parse_strategy("tp=1,dp=8,mbs=1,gbs=8,seq=8192,zero=3,precision=fp8,fp8_recipe=tensorwise", num_gpus=8)
+
+    def casts(fw: str) -> dict:
+        plan = Plan(**apply_framework({"model": get_model("llama3-8b"), "cluster": cluster_from_catalog(
+            gpu="h100-80gb", num_gpus=8), "strategy": s}, get_framework(fw)))
+        lops = plan_layer_ops(plan, s, eff, moe=False)
+        return {op.name: op for op in lops.ops if op.name.startswith("fp8_cast_")}
+
+    compiled, te = casts("torchtitan-compile"), casts("megatron-core")
+    table = eff.compiled_fp8_casts["tensorwise"]
+    tok, h = 8192, 4096
+    assert compiled["fp8_cast_ffn_up"].hbm_bytes == pytest.approx(table["elementwise"][0] * tok * h)  # after the norm
+    assert compiled["fp8_cast_out_proj"].hbm_bytes == pytest.approx(table["extern"][0] * tok * h)  # after attention
+    q = eff.fp8_recipe("tensorwise").quantize_bytes_per_element
+    assert te["fp8_cast_ffn_up"].hbm_bytes == pytest.approx(q * tok * h)

@@ -465,8 +465,11 @@ def plan_layer_ops(plan: Plan, strategy: Strategy, eff: KernelEfficiency, *, moe
     """``sim.layers.ops.layer_ops`` with the plan's framework settings and the fp8 recipe's fitted
     quantization cost."""
     q = eff.fp8_recipe(strategy.fp8_recipe).quantize_bytes_per_element if strategy.precision == "fp8" else 0.0
+    # torchao's casts under torch.compile, where inductor's traffic for the recipe was measured
+    # (the others, e.g. MX casts with kernels of their own, keep the recipe's standalone cost)
+    compiled = eff.compiled_fp8_casts.get(strategy.fp8_recipe) if plan.fp8_cast_kernels == "inductor" else None
     return layer_ops(plan.model, strategy, moe=moe, attention=plan.attention_kernel, fp8_quantize_bytes_per_element=q,
-                     moe_imbalance=plan.moe_imbalance)
+                     moe_imbalance=plan.moe_imbalance, fp8_compiled_casts=compiled)
 
 
 def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | None = None) -> StepCosts:

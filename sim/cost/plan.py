@@ -26,6 +26,10 @@ FUSED_LOSS_IMPLS: frozenset[str] = frozenset({"megatron_fused", "fused"})  # run
 MOE_DISPATCHERS: tuple[str, ...] = ("alltoall", "allgather", "deepep")
 # how FSDP2 wraps an expert-parallel MoE block's routed experts (Plan.fsdp_experts_unit)
 FSDP_EXPERTS_UNITS: tuple[str, ...] = ("own", "block")
+# what runs a float8 linear's activation casts (Plan.fp8_cast_kernels): the recipe's kernels of their
+# own (Transformer Engine) or inductor's, fused with the block's other element-wise code (torchao
+# under torch.compile)
+FP8_CAST_KERNELS: tuple[str, ...] = ("standalone", "inductor")
 # How a ZeRO-3 engine gathers parameters: coalesced buckets with prefetch (FSDP, DeepSpeed >= 0.5.10)
 # or one synchronous collective per parameter tensor (DeepSpeed ZeRO-3 of 2021)
 ZERO3_GATHERS: tuple[str, ...] = ("bucketed", "per_tensor_sync")
@@ -155,6 +159,10 @@ class Plan:
     # block, a per-parameter mesh); decides the block's copy-out and held reduce-scatter input
     # (sim.cost.memory.stage_memory)
     fsdp_experts_unit: str = "own"
+    # what runs the fp8 linears' activation casts (a framework's fp8_cast_kernels): "standalone"
+    # (the recipe's own kernels, catalogs/efficiency.yaml fp8_recipes) or "inductor" (fused into the
+    # compiled block, catalogs/efficiency.yaml compiled_fp8_casts; sim.layers.ops._with_fp8_casts)
+    fp8_cast_kernels: str = "standalone"
 
     @property
     def attention_kernel(self) -> str:
@@ -210,6 +218,8 @@ class Plan:
                              f"must be one of {', '.join(GRAD_ACCUMULATION)}")
         if self.loss not in LOSS_IMPLS:
             raise InputError("loss", self.loss, f"must be one of {', '.join(LOSS_IMPLS)}")
+        if self.fp8_cast_kernels not in FP8_CAST_KERNELS:
+            raise InputError("fp8_cast_kernels", self.fp8_cast_kernels, f"must be one of {', '.join(FP8_CAST_KERNELS)}")
         if self.fsdp_experts_unit not in FSDP_EXPERTS_UNITS:
             raise InputError("fsdp_experts_unit", self.fsdp_experts_unit, f"must be one of {', '.join(FSDP_EXPERTS_UNITS)}")
         if self.loss_tp and self.loss_tp not in LOSS_IMPLS:

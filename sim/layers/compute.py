@@ -29,6 +29,10 @@ from sim.layers.variability import slowest_rank_factor
 ATTENTION_LIBRARIES: tuple[str, ...] = ("cudnn-9.13",)
 
 
+# bytes per element of a compiled float8 cast (KernelEfficiency.compiled_fp8_casts), in this order
+COMPILED_FP8_CAST_TERMS: tuple[str, ...] = ("input_fwd", "input_bwd", "grad_bwd")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Fp8Recipe:
     """One fp8 scaling recipe (``Strategy.fp8_recipe``): the HBM bytes its quantization moves per
@@ -109,6 +113,10 @@ class KernelEfficiency:
     attention_curves_by_library: Mapping[str, Mapping[str, Mapping[str, tuple[SaturatingCurve, SaturatingCurve]]]] = \
         field(default_factory=dict)
     fp8_recipes: Mapping[str, Fp8Recipe] = field(default_factory=dict)
+    # torchao's float8 activation casts fused into a compiled block by inductor (catalogs/efficiency.yaml
+    # compiled_fp8_casts, validate/compiled_traffic.py): recipe -> the input's producer ("elementwise"
+    # or "extern") -> bytes per element (input forward, input backward, output gradient backward)
+    compiled_fp8_casts: Mapping[str, Mapping[str, tuple[float, float, float]]] = field(default_factory=dict)
     # Ring (context-parallel) attention: architecture -> (fwd, bwd) relative overhead of each
     # ring step after the first, at ``ring_reference_tokens`` local tokens, scaling as 1/tokens
     # (planner.fitting.fit_kernels.fit_ring_attention); architectures without a benchmark use the mean.
@@ -278,6 +286,12 @@ def kernel_efficiency(fitted: Mapping | None) -> KernelEfficiency:
                               gemm_rate=got.number("gemm_rate", optional=True, default=1.0),
                               architectures=r.strings("architectures"))
     d["fp8_recipes"] = out
+    if doc.has("compiled_fp8_casts"):
+        cc = doc.mapping("compiled_fp8_casts", allowed=("recipes", "source", "notes")).mapping("recipes")
+        d["compiled_fp8_casts"] = {
+            recipe: {producer: tuple(cc.mapping(recipe).mapping(producer).req(k) for k in COMPILED_FP8_CAST_TERMS)
+                     for producer in cc.mapping(recipe).rec}
+            for recipe in cc.rec}
     if doc.has("eager_traffic"):
         kernels = doc.mapping("eager_traffic", allowed=("kernels", "source", "notes")).mapping("kernels")
         d["eager_traffic"] = {k: (kernels.mapping(k).req("fwd", positive=True), kernels.mapping(k).req("bwd", positive=True))

@@ -19,7 +19,7 @@ gets above the mean.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, Mapping
 
 from sim.data.conventions import conventions
 from sim.data.specs import Model, Strategy
@@ -117,14 +117,16 @@ def _mem(name: str, hbm_bytes: float, **kw: object) -> Op:
 
 
 def layer_ops(model: Model, strategy: Strategy, *, moe: bool, attention: str = "flash",
-              fp8_quantize_bytes_per_element: float = 0.0, moe_imbalance: float = 1.0) -> LayerOps:
+              fp8_quantize_bytes_per_element: float = 0.0, moe_imbalance: float = 1.0,
+              fp8_compiled_casts: Mapping[str, tuple[float, float, float]] | None = None) -> LayerOps:
     """Forward ops of one layer on one GPU for one micro-batch.
 
     ``attention`` is ``"flash"`` / ``"flash2"`` (fused, causal blocks skipped, no s^2 tensor
     in HBM; the best kernel for the GPU, or FlashAttention-2 specifically) or ``"unfused"`` (score matrix materialised, softmax and dropout as memory passes, as
     Megatron-LM did before FlashAttention).  With ``precision=fp8`` every linear layer pays its
     recipe's quantization of activations and gradients (``fp8_quantize_bytes_per_element``,
-    ``catalogs/efficiency.yaml`` ``fp8_recipes``); the weights' share is per-parameter work
+    ``catalogs/efficiency.yaml`` ``fp8_recipes``), or with ``fp8_compiled_casts`` the bytes of the
+    casts inductor fuses into the compiled block (``_with_fp8_casts``); the weights' share is per-parameter work
     (``sim.layers.compute.fp8_weight_cast_bytes_per_param``).  ``moe_imbalance`` is the busiest
     expert-parallel rank's routed tokens over the mean (1: balanced routing, as benchmarks that
     force load balancing run, e.g. Megatron-Core ``--moe-router-force-load-balancing``): that
@@ -232,7 +234,7 @@ def layer_ops(model: Model, strategy: Strategy, *, moe: bool, attention: str = "
     ops.append(_mem("residual_dropout_mlp", 4 * act * norm_tokens * h, kernel=residual_k))
 
     if strategy.precision == "fp8":
-        ops = _with_fp8_casts(ops, strategy.fp8_recipe, fp8_quantize_bytes_per_element)
+        ops = _with_fp8_casts(ops, strategy.fp8_recipe, fp8_quantize_bytes_per_element, fp8_compiled_casts)
 
     tp_bytes = act * tokens * h if tp > 1 else 0.0
     # Two TP collectives per pass (attention, MLP); an MoE layer whose experts use another
@@ -253,22 +255,36 @@ def _eager_kernels(model: Model) -> tuple[str, str, str]:
 BF16_GEMMS = frozenset({"scores_qk", "attn_v", "logits", "router"})
 
 
-def _with_fp8_casts(ops: list[Op], recipe: str, bytes_per_element: float) -> list[Op]:
+def _with_fp8_casts(ops: list[Op], recipe: str, bytes_per_element: float,
+                    compiled: Mapping[str, tuple[float, float, float]] | None = None) -> list[Op]:
     """Mark the fp8 linear layers with their recipe and add the quantization of their
     activations: the input x (M x K) before the forward GEMM and the output gradient dy
     (M x N) before the backward GEMMs, each with the transposed copy the other GEMM needs
     (Micikevicius et al. 2022, "FP8 Formats for Deep Learning", Sec. 4; Transformer Engine).
     The bytes per element are the recipe's fitted cost (amax, scale, cast, transpose); the
-    weights (K x N) are cast as per-parameter work (``sim.cost.step.stage_pieces``)."""
+    weights (K x N) are cast as per-parameter work (``sim.cost.step.stage_pieces``).
+
+    ``compiled``: the casts run inside a compiled block (torchao under torch.compile), at the
+    bytes inductor's kernels move for them (``validate/compiled_traffic.py``: per input element
+    forward and backward, per output-gradient element), by the input's producer: an element-wise
+    op (listed just before the GEMM: a norm, activation or permutation), whose kernel the amax and
+    cast recompute from its own input, or an extern kernel (attention, another GEMM) whose output
+    they read."""
     out: list[Op] = []
+    prev: Op | None = None
     for op in ops:
         if op.kind == "matmul" and op.name not in BF16_GEMMS:
             fwd_elems = op.batch * op.m * op.k
             bwd_elems = op.batch * op.m * op.n
-            out.append(_mem(f"fp8_cast_{op.name}", bytes_per_element * fwd_elems,
-                            backward_bytes_per_forward=bwd_elems / fwd_elems))
+            if compiled is None:
+                fwd_bytes, ratio = bytes_per_element * fwd_elems, bwd_elems / fwd_elems
+            else:
+                x_fwd, x_bwd, dy = compiled["elementwise" if prev is not None and prev.kind == "memory" else "extern"]
+                fwd_bytes, ratio = x_fwd * fwd_elems, (x_bwd * fwd_elems + dy * bwd_elems) / (x_fwd * fwd_elems)
+            out.append(_mem(f"fp8_cast_{op.name}", fwd_bytes, backward_bytes_per_forward=ratio))
             op = replace(op, kernel=recipe)
         out.append(op)
+        prev = op
     return out
 
 

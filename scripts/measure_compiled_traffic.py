@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""Measure the HBM traffic of torchao's float8 activation casts fused by torch.compile (inductor)
+into the compiled block (validate/compiled_traffic.py: inductor's generated kernels' read and
+written bytes, the float8 block less the 16-bit one, at four shapes).
+
+Prints the table; ``--write`` stores it as the ``compiled_fp8_casts`` section of
+catalogs/efficiency.yaml (read by sim.layers.compute.kernel_efficiency, priced by
+sim.layers.ops._with_fp8_casts for profiles with ``fp8_cast_kernels: inductor``).
+tests/test_eager_traffic.py re-measures one producer at small shapes.  Needs torch and torchao
+(the ``torch`` extra); about three minutes on 2 CPU cores (it compiles 16 blocks).
+
+    python scripts/measure_compiled_traffic.py [--write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from validate.compiled_traffic import measure  # noqa: E402
+
+BEGIN = "# --- measured by scripts/measure_compiled_traffic.py; do not edit by hand ---\n"
+END = "# --- end of measured compiled traffic ---\n"
+SOURCE = ("bytes read and written by inductor's generated kernels (Scheduler nodes' get_read_write_buffers_sizes, "
+          "extern GEMMs excluded) of a compiled block with torchao Float8Linear (recipe tensorwise) less the same "
+          "block with nn.Linear, at 4 shapes separating per-token from per-weight terms (validate/compiled_traffic.py); "
+          "torch 2.13 CPU, torchao 0.18")
+
+
+def section(rows: list) -> str:
+    lines = [BEGIN,
+             "# torchao float8 activation casts under torch.compile: bytes per element of the GEMM input (forward,\n",
+             "# backward) and of its output gradient (backward), by the input's producer (an element-wise kernel the\n",
+             "# casts fuse into, or an extern kernel such as attention).\n",
+             "compiled_fp8_casts:\n", f"  source: \"{SOURCE}\"\n", "  recipes:\n", "    tensorwise:\n"]
+    for r in rows:
+        lines.append(f"      {r.producer}: {{input_fwd: {r.input_fwd:.4f}, input_bwd: {r.input_bwd:.4f}, "
+                     f"grad_bwd: {r.grad_bwd:.4f}}}\n")
+    return "".join(lines) + END
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--write", action="store_true", help="store the table in catalogs/efficiency.yaml")
+    args = ap.parse_args()
+    text = section(measure())
+    print(text, end="")
+    if args.write:
+        path = ROOT / "catalogs" / "efficiency.yaml"
+        doc = path.read_text(encoding="utf-8")
+        if BEGIN in doc:
+            doc = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: text, doc, flags=re.S)
+        else:  # after the measured eager traffic
+            doc = doc.replace("# --- end of measured eager traffic ---\n",
+                              "# --- end of measured eager traffic ---\n" + text, 1)
+        path.write_text(doc, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

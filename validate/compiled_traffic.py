@@ -1,0 +1,124 @@
+"""HBM traffic of torchao's float8 casts when torch.compile (inductor) fuses them into the
+layer's other element-wise kernels, counted from inductor's own scheduler.
+
+Transformer Engine quantizes each fp8 GEMM's input and output gradient in kernels of its own
+(amax, scale, cast and the transposed copy): ``catalogs/efficiency.yaml`` ``fp8_recipes`` prices
+them from TE's profiled kernel times.  torchtitan's float8 training (torchao ``Float8Linear``,
+recipe ``tensorwise``) runs the same steps as PyTorch ops inside the compiled transformer block,
+so inductor fuses them with their neighbours: the amax and the cast recompute a norm's output
+from its input instead of reading a stored copy, and no 16-bit copy of that output is written.
+
+``measure()`` compiles a block (an element-wise producer, RMSNorm as torchtitan writes it, or an
+extern one, a matmul standing for attention, then one linear ``H -> N``) twice, with torchao's
+``Float8Linear`` and with ``nn.Linear``, and sums ``get_read_write_buffers_sizes()`` over the
+scheduler's generated kernels (extern kernels, the GEMMs, are not counted), forward and
+backward.  The float8 block's extra bytes at four shapes (tokens ``T`` and output width ``N``
+each at two values) separate the per-token terms from the per-weight ones (the weight's casts,
+which ``sim.layers.compute.fp8_weight_cast_bytes_per_param`` prices per parameter): bytes per
+input element forward (``input_fwd``) and backward (``input_bwd``) and per output-gradient
+element (``grad_bwd``).  Measured on CPU: the fusion decisions are the scheduler's, shared by
+the CPU and GPU backends; the bytes are those of the kernels it generates, read and written
+once each (a GPU's Triton kernels may read a tile twice where a reduction does not fit).
+
+Known answers (torch 2.13, torchao 0.18): with an element-wise producer, forward 3 B per input
+element (amax and cast recompute the norm from its 2-byte input: 2 + 2 + 1 read/written where
+the 16-bit block writes 2), backward 1; with an extern producer, forward 5 (amax read 2, cast
+read 2 + write 1); output gradient 8 (amax 2, cast 2 + 1, transposed cast 2 + 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch._functorch.config
+import torch._inductor.config
+import torch._inductor.scheduler as inductor_scheduler
+
+SHAPES = ((2048, 256), (4096, 256), (2048, 512), (4096, 512))  # (tokens, output width) at hidden 256
+HIDDEN = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Fp8CastTraffic:
+    """Bytes per element of one fp8 linear's activation casts under inductor."""
+
+    producer: str  # "elementwise" (a norm, activation or permutation kernel) or "extern" (attention)
+    input_fwd: float  # per input element, forward
+    input_bwd: float  # per input element, backward
+    grad_bwd: float  # per output-gradient element, backward
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, hidden: int, out: int, producer: str) -> None:
+        super().__init__()
+        self.producer = producer
+        self.norm_weight = torch.nn.Parameter(torch.ones(hidden))
+        self.mix = torch.nn.Parameter(torch.randn(hidden, hidden) / hidden ** 0.5)
+        self.linear = torch.nn.Linear(hidden, out, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.producer == "extern":
+            y = x @ self.mix.to(x.dtype)
+        else:  # torchtitan's RMSNorm
+            xf = x.float()
+            y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).type_as(x) * self.norm_weight.to(x.dtype)
+        return self.linear(y)
+
+
+def _kernel_bytes(tokens: int, hidden: int, out: int, producer: str, fp8: bool) -> tuple[float, float]:
+    """(forward, backward) bytes of the generated kernels of one compiled block."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    counted: list[float] = []
+    original = inductor_scheduler.Scheduler._codegen
+
+    def codegen(self, nodes):  # the kernels inductor generates, in order
+        for n in nodes:
+            if type(n).__name__ not in ("ExternKernelSchedulerNode", "NopKernelSchedulerNode"):
+                counted.append(float(n.get_read_write_buffers_sizes()))
+        return original(self, nodes)
+
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    block = _Block(hidden, out, producer).to(torch.bfloat16)
+    if fp8:
+        convert_to_float8_training(block, config=Float8LinearConfig.from_recipe_name("tensorwise"),
+                                   module_filter_fn=lambda m, fqn: fqn == "linear")
+    inductor_scheduler.Scheduler._codegen = codegen
+    try:  # the compile caches would skip the scheduler on a second run of the same graph
+        with torch._inductor.config.patch(force_disable_caches=True), \
+                torch._functorch.config.patch(enable_autograd_cache=False):
+            x = torch.randn(tokens, hidden, dtype=torch.bfloat16, requires_grad=True)
+            y = torch.compile(block, dynamic=False)(x)
+            forward = sum(counted)
+            if fp8 and not counted:  # (a 16-bit block with an extern producer has no kernels of its own)
+                raise RuntimeError("inductor generated no kernels for the float8 block (a compile cache answered?)")
+            y.backward(torch.ones_like(y))
+            backward = sum(counted) - forward
+    finally:
+        inductor_scheduler.Scheduler._codegen = original
+        torch._dynamo.reset()
+    return forward, backward
+
+
+def _extra(tokens: int, hidden: int, out: int, producer: str) -> tuple[float, float]:
+    f8, b16 = _kernel_bytes(tokens, hidden, out, producer, True), _kernel_bytes(tokens, hidden, out, producer, False)
+    return f8[0] - b16[0], f8[1] - b16[1]
+
+
+def measure_producer(producer: str, hidden: int = HIDDEN,
+                     shapes: tuple[tuple[int, int], ...] = SHAPES) -> Fp8CastTraffic:
+    """The per-element terms (module docstring) from the float8 block's extra bytes at ``shapes``
+    ((tokens, output width): two token counts by two widths): per token, forward ``H a_f`` and
+    backward ``H a_b + N g``, linear in the output width ``N``."""
+    (t1, n1), (t2, _), (_, n2), _ = shapes
+    extra = {(t, n): _extra(t, hidden, n, producer) for t, n in shapes}
+    slope = {n: [(extra[(t2, n)][i] - extra[(t1, n)][i]) / (t2 - t1) for i in (0, 1)] for n in (n1, n2)}
+    grad = (slope[n2][1] - slope[n1][1]) / (n2 - n1)
+    return Fp8CastTraffic(producer=producer, input_fwd=slope[n1][0] / hidden,
+                          input_bwd=(slope[n1][1] - n1 * grad) / hidden, grad_bwd=grad)
+
+
+def measure() -> list[Fp8CastTraffic]:
+    return [measure_producer(p) for p in ("elementwise", "extern")]
