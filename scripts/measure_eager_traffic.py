@@ -13,13 +13,13 @@ re-measures and checks that the stored values are what this computes.  Needs tor
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _measured_section import store_section  # noqa: E402
 from validate.eager_traffic import measure  # noqa: E402
 
 BEGIN = "# --- measured by scripts/measure_eager_traffic.py; do not edit by hand ---\n"
@@ -45,14 +45,9 @@ def main() -> int:
     args = ap.parse_args()
     text = section(measure())
     print(text, end="")
-    if args.write:
-        path = ROOT / "catalogs" / "efficiency.yaml"
-        doc = path.read_text(encoding="utf-8")
-        if BEGIN in doc:
-            doc = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: text, doc, flags=re.S)
-        else:  # before the fitted block, after the hand-written sections
-            doc = doc.replace("# --- fitted by scripts/fit_efficiency.py", text + "# --- fitted by scripts/fit_efficiency.py", 1)
-        path.write_text(doc, encoding="utf-8")
+    if args.write:  # before the fitted block, after the hand-written sections
+        store_section(ROOT / "catalogs" / "efficiency.yaml", text, BEGIN, END,
+                      "# --- fitted by scripts/fit_efficiency.py")
     return 0
 
 
