@@ -12,14 +12,13 @@ re-measures and checks that the stored values are what this computes.  Needs tor
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from _measured_section import store_section  # noqa: E402
+from _measured_section import main  # noqa: E402
 from validate.eager_traffic import measure  # noqa: E402
 
 BEGIN = "# --- measured by scripts/measure_eager_traffic.py; do not edit by hand ---\n"
@@ -39,17 +38,5 @@ def section(rows: list) -> str:
     return "".join(lines) + END
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--write", action="store_true", help="store the table in catalogs/efficiency.yaml")
-    args = ap.parse_args()
-    text = section(measure())
-    print(text, end="")
-    if args.write:  # before the fitted block, after the hand-written sections
-        store_section(ROOT / "catalogs" / "efficiency.yaml", text, BEGIN, END,
-                      "# --- fitted by scripts/fit_efficiency.py")
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(__doc__, lambda: section(measure()), BEGIN, END))

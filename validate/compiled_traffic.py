@@ -35,6 +35,8 @@ import torch._functorch.config
 import torch._inductor.config
 import torch._inductor.scheduler as inductor_scheduler
 
+from validate.patching import replaced
+
 SHAPES = ((2048, 256), (4096, 256), (2048, 512), (4096, 512))  # (tokens, output width) at hidden 256
 HIDDEN = 256
 
@@ -85,9 +87,9 @@ def _kernel_bytes(tokens: int, hidden: int, out: int, producer: str, fp8: bool) 
     if fp8:
         convert_to_float8_training(block, config=Float8LinearConfig.from_recipe_name("tensorwise"),
                                    module_filter_fn=lambda m, fqn: fqn == "linear")
-    inductor_scheduler.Scheduler._codegen = codegen
     try:  # the compile caches would skip the scheduler on a second run of the same graph
-        with torch._inductor.config.patch(force_disable_caches=True), \
+        with replaced(inductor_scheduler.Scheduler, "_codegen", codegen), \
+                torch._inductor.config.patch(force_disable_caches=True), \
                 torch._functorch.config.patch(enable_autograd_cache=False):
             x = torch.randn(tokens, hidden, dtype=torch.bfloat16, requires_grad=True)
             y = torch.compile(block, dynamic=False)(x)
@@ -97,7 +99,6 @@ def _kernel_bytes(tokens: int, hidden: int, out: int, producer: str, fp8: bool) 
             y.backward(torch.ones_like(y))
             backward = sum(counted) - forward
     finally:
-        inductor_scheduler.Scheduler._codegen = original
         torch._dynamo.reset()
     return forward, backward
 

@@ -37,6 +37,7 @@ import torch.distributed as dist
 from sim.cost.memory import inflight_microbatches
 from sim.cost.plan import Plan
 
+from validate.patching import replaced
 from validate.titan import Stage, apply_ac, apply_fsdp, apply_tp, stage_of
 
 CATEGORIES = ("weights", "gradients", "optimizer", "activations", "temporaries")
@@ -87,17 +88,6 @@ class LocalFusedAdamW(torch.optim.Optimizer):
                 torch._fused_adamw_([local], [grad], [st["exp_avg"]], [st["exp_avg_sq"]], [], [st["step"]],
                                     lr=group["lr"], beta1=0.9, beta2=0.95, weight_decay=0.1, eps=1e-8, amsgrad=False,
                                     maximize=False)
-
-
-@contextmanager
-def _replaced(owner, name: str, replacement):  # noqa: ANN001
-    """``owner.name`` is ``replacement`` inside the block, its own value again after it."""
-    original = vars(owner).get(name, getattr(owner, name))  # a class keeps its descriptor (a property) as is
-    setattr(owner, name, replacement)
-    try:
-        yield
-    finally:
-        setattr(owner, name, original)
 
 
 class _Groups:
@@ -160,7 +150,7 @@ def _param_groups_as_one():
             return _Groups(groups)
         return original.fget(self)
 
-    with _replaced(FSDPState, "_fsdp_param_group", property(one)):
+    with replaced(FSDPState, "_fsdp_param_group", property(one)):
         yield
 
 
@@ -335,7 +325,7 @@ def _sharding_propagation_off_the_books():
         with _disable_current_modes():
             return original(self, op_schema)
 
-    with _replaced(ShardingPropagator, "_propagate_tensor_meta_non_cached", propagate):
+    with replaced(ShardingPropagator, "_propagate_tensor_meta_non_cached", propagate):
         yield
 
 
@@ -364,7 +354,7 @@ def _single_input_hooks_without_cycles():
             mode = "any"
         return original(tensors, fn, mode=mode)
 
-    with _replaced(mod_tracker, "register_multi_grad_hook", register):
+    with replaced(mod_tracker, "register_multi_grad_hook", register):
         yield
 
 
