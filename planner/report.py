@@ -49,6 +49,7 @@ def priced(run: Run, result: StepResult) -> dict[str, object]:
                 "nvls": plan.nvls, "fsdp_experts_unit": plan.fsdp_experts_unit,
                 "fp8_recipe": plan.strategy.fp8_recipe if plan.strategy.precision == "fp8" else None,
                 "fp8_cast_kernels": plan.fp8_cast_kernels if plan.strategy.precision == "fp8" else None,
+                "rope_kernels": plan.rope_kernels,
                 "bound_by": bound(out)[0]})
     warnings = list(run.notes) + list(out["warnings"])  # type: ignore[arg-type]
     precision = "bf16" if plan.strategy.precision == "fp16" else plan.strategy.precision

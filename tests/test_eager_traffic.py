@@ -153,6 +153,47 @@ def test_compiled_float8_casts_are_what_inductor_generates():
         assert stored[term] == pytest.approx(getattr(m, term), abs=0.15), term
 
 
+@pytest.mark.parametrize("q_heads,kv_heads,hidden,head_dim", [(8, 2, 1024, 128), (8, 8, 512, 64)])
+def test_compiled_rope_is_what_inductor_runs(q_heads, kv_heads, hidden, head_dim):
+    """torchtitan's Attention compiled whole (validate/compiled_traffic.py attention_bytes): the
+    element-wise kernels inductor generates plus the ATen complex multiplies it falls back to move
+    the bytes catalogs/efficiency.yaml compiled_rope counts, at a grouped-query (Llama 3 8B's
+    head ratio and head dim) and a multi-head shape, within 3% (small reductions are not counted)."""
+    from sim.layers.ops import compiled_rope_bytes
+    from validate.compiled_traffic import ROPE_TOKENS, attention_bytes
+
+    fwd, bwd = attention_bytes(q_heads, kv_heads, hidden, head_dim)
+    want = compiled_rope_bytes(kernel_efficiency(catalog_fitted()).compiled_rope, q=q_heads * head_dim,
+                               kv=kv_heads * head_dim, hidden=hidden, head_dim=head_dim, grouped=kv_heads < q_heads)
+    assert fwd / ROPE_TOKENS == pytest.approx(want[0], rel=0.03)
+    assert bwd / ROPE_TOKENS == pytest.approx(want[1], rel=0.03)
+
+
+def test_compiled_rope_prices_the_torchtitan_compile_profile_only():
+    """``rope_kernels: inductor`` (torchtitan-compile) prices the rotary embedding at the compiled
+    complex code's bytes, several times one fused kernel's; other profiles keep the fused kernel."""
+    from sim.cost.costs import plan_layer_ops
+    from sim.cost.framework import apply_framework, get_framework
+    from sim.cost.plan import Plan, parse_strategy
+    from sim.data.catalog import get_model
+    from sim.net.clusters import cluster_from_catalog
+
+    eff = kernel_efficiency(catalog_fitted())
+    s = parse_strategy("tp=1,dp=8,mbs=1,gbs=8,seq=8192,zero=3", num_gpus=8)
+    kw = {"model": get_model("llama3-8b"), "cluster": cluster_from_catalog("h100-80gb", 8), "strategy": s}
+    rope = {}
+    for fw in ("torchtitan-compile", "torchtitan", "megatron-core"):
+        plan = Plan(**apply_framework(dict(kw), get_framework(fw))).checked()
+        assert plan.rope_kernels == ("inductor" if fw == "torchtitan-compile" else "fused")
+        rope[fw] = next(op for op in plan_layer_ops(plan, s, eff, moe=False).ops if op.name == "rope")
+    q, kv, h, d = 4096, 1024, 4096, 128  # Llama 3 8B: 32 query heads, 8 key/value heads of 128
+    assert rope["torchtitan-compile"].hbm_bytes == pytest.approx(8192 * (24 * q + 20 * kv + 8 * d))
+    assert rope["torchtitan-compile"].hbm_bytes * rope["torchtitan-compile"].backward_bytes_factor == \
+        pytest.approx(8192 * (24 * q + 24 * kv + 8 * h + 8 * d))
+    assert rope["megatron-core"].hbm_bytes == pytest.approx(8192 * 2 * 2 * (q + kv))
+    assert rope["torchtitan"].hbm_bytes == rope["megatron-core"].hbm_bytes
+
+
 def test_compiled_casts_price_the_torchtitan_compile_profile_only():
     """``fp8_cast_kernels: inductor`` (torchtitan-compile) prices a linear's casts at inductor's
     bytes by the input's producer; Transformer Engine profiles keep the recipe's standalone cost."""

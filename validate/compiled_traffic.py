@@ -20,6 +20,12 @@ element (``grad_bwd``).  Measured on CPU: the fusion decisions are the scheduler
 the CPU and GPU backends; the bytes are those of the kernels it generates, read and written
 once each (a GPU's Triton kernels may read a tile twice where a reduction does not fit).
 
+``attention_bytes()`` counts the element-wise kernels of torchtitan's ``Attention`` (``validate.titan``)
+compiled whole, forward and backward: inductor's generated kernels and the ATen fallbacks tagged
+pointwise (the complex multiplies of torchtitan's rotary embedding, which inductor cannot generate),
+not the GEMMs, the attention kernel or views.  ``catalogs/efficiency.yaml`` ``compiled_rope`` holds
+the per-element counts those kernels add up to (tests/test_eager_traffic.py compares them).
+
 Known answers (torch 2.13, torchao 0.18): with an element-wise producer, forward 3 B per input
 element (amax and cast recompute the norm from its 2-byte input: 2 + 2 + 1 read/written where
 the 16-bit block writes 2), backward 1; with an extern producer, forward 5 (amax read 2, cast
@@ -28,6 +34,7 @@ read 2 + write 1); output gradient 8 (amax 2, cast 2 + 1, transposed cast 2 + 1)
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -123,3 +130,59 @@ def measure_producer(producer: str, hidden: int = HIDDEN,
 
 def measure() -> list[Fp8CastTraffic]:
     return [measure_producer(p) for p in ("elementwise", "extern")]
+
+
+# ------------------------------------------------------------ torchtitan's attention, compiled
+
+ROPE_TOKENS = 1024
+
+
+def _counted(node) -> float:
+    """A scheduler node's bytes if it is an element-wise kernel: one inductor generates, or an ATen
+    fallback tagged pointwise (the complex multiplies inductor cannot generate code for:
+    torch/_inductor/lowering.py falls back on complex dtypes); GEMMs, attention and views are not."""
+    kind = type(node).__name__
+    if kind == "NopKernelSchedulerNode":
+        return 0.0
+    if kind == "ExternKernelSchedulerNode":
+        op = getattr(node.node, "op_overload", None)
+        if op is None or op.is_view or torch.Tag.pointwise not in op.tags:
+            return 0.0
+    return float(node.get_read_write_buffers_sizes())
+
+
+def attention_bytes(q_heads: int, kv_heads: int, hidden: int, head_dim: int,
+                    tokens: int = ROPE_TOKENS) -> tuple[float, float]:
+    """(forward, backward) element-wise bytes of one compiled ``validate.titan.Attention``."""
+    from sim.data.specs import Model
+    from validate.titan import Attention
+
+    model = Model(name="probe", num_layers=1, hidden_size=hidden, num_attention_heads=q_heads,
+                  ffn_hidden_size=4 * hidden, vocab_size=128, num_kv_heads=kv_heads, head_dim=head_dim,
+                  ffn_type="swiglu")
+    counted: list[float] = []
+    original = inductor_scheduler.Scheduler._codegen
+
+    def codegen(self, nodes):
+        counted.extend(_counted(n) for n in nodes)
+        return original(self, nodes)
+
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    attention = Attention(model).to(torch.bfloat16)
+    freqs = torch.polar(torch.ones(tokens, head_dim // 2), torch.rand(tokens, head_dim // 2))
+    try:
+        with replaced(inductor_scheduler.Scheduler, "_codegen", codegen), \
+                torch._inductor.config.patch(force_disable_caches=True), \
+                torch._functorch.config.patch(enable_autograd_cache=False), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*does not support code generation for complex")
+            x = torch.randn(1, tokens, hidden, dtype=torch.bfloat16, requires_grad=True)
+            y = torch.compile(attention, dynamic=False)(x, freqs)
+            forward = sum(counted)
+            if not any(counted):
+                raise RuntimeError("inductor generated no kernels for the attention block (a compile cache answered?)")
+            y.backward(torch.ones_like(y))
+            backward = sum(counted) - forward
+    finally:
+        torch._dynamo.reset()
+    return forward, backward

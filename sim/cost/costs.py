@@ -468,8 +468,9 @@ def plan_layer_ops(plan: Plan, strategy: Strategy, eff: KernelEfficiency, *, moe
     # torchao's casts under torch.compile, where inductor's traffic for the recipe was measured
     # (the others, e.g. MX casts with kernels of their own, keep the recipe's standalone cost)
     compiled = eff.compiled_fp8_casts.get(strategy.fp8_recipe) if plan.fp8_cast_kernels == "inductor" else None
+    rope = eff.compiled_rope if plan.rope_kernels == "inductor" and eff.compiled_rope else None
     return layer_ops(plan.model, strategy, moe=moe, attention=plan.attention_kernel, fp8_quantize_bytes_per_element=q,
-                     moe_imbalance=plan.moe_imbalance, fp8_compiled_casts=compiled)
+                     moe_imbalance=plan.moe_imbalance, fp8_compiled_casts=compiled, compiled_rope=rope)
 
 
 def step_costs(plan: Plan, net: Network | None = None, eff: KernelEfficiency | None = None) -> StepCosts:

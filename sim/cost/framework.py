@@ -15,7 +15,7 @@ from sim.data.catalog import catalog_document
 from sim.layers.compute import ATTENTION_LIBRARIES, default_efficiency
 from sim.base.errors import InfeasibleError, InputError
 from sim.cost.plan import (ATTENTION_IMPLS, FP8_CAST_KERNELS, FSDP_EXPERTS_UNITS, GRAD_ACCUMULATION, LOSS_IMPLS, MOE_DISPATCHERS,
-                           OPTIMIZER_IMPLS,
+                           OPTIMIZER_IMPLS, ROPE_KERNELS,
                       SELECTIVE_POLICIES, TP_OVERLAP_KINDS, ZERO3_GATHERS, HostSyncs)
 from sim.data.specs import (DEFAULT_ORDER, DP_IMPLS, FP8_RECIPES, OFFLOAD_DEVICES, OFFLOADS, ORDERS, SCHEDULES,
                        TRAIN_PRECISIONS, Strategy)
@@ -270,6 +270,9 @@ class Framework:
     # what runs the fp8 linears' activation casts (Plan.fp8_cast_kernels): "standalone" kernels
     # (Transformer Engine) or "inductor" (torchao's casts fused into the compiled block)
     fp8_cast_kernels: str = "standalone"
+    # what runs the rotary embedding (Plan.rope_kernels): "fused" or "inductor" (torchtitan's
+    # complex rope compiled by inductor)
+    rope_kernels: str = "fused"
     aliases: tuple[str, ...] = ()
     source: str = ""
     notes: str = ""
@@ -281,7 +284,8 @@ _KEYS = ("id", "name", "aliases", "attention", "dp_overlap", "elementwise", "sel
          "fp8_saved_inputs", "deepspeed_bf16_optimizer", "zero3_gather", "tp_overlap_kind", "host_syncs", "source",
          "notes", "fused_ops", "pipeline_schedule_per", "allocator", "grad_buckets",
          "saved_activations", "fused_attention_max_head_dim", "fp8_model_states", "fp8_params_recipes",
-         "attention_library", "nvls", "loss_tp", "fsdp_experts_unit", "fp8_cast_kernels")
+         "attention_library", "nvls", "loss_tp", "fsdp_experts_unit", "fp8_cast_kernels",
+         "rope_kernels")
 _BUCKETS_BY_STATES = {"megatron": "megatron", "deepspeed": "deepspeed", **{name: "ddp" for name in FSDP2_LAYOUTS}}
 
 
@@ -326,6 +330,7 @@ def _frameworks() -> dict[str, Framework]:
                        nvls=r.flag("nvls", default=True),
                        fsdp_experts_unit=r.text("fsdp_experts_unit", default="own", choices=FSDP_EXPERTS_UNITS),
                        fp8_cast_kernels=r.text("fp8_cast_kernels", default="standalone", choices=FP8_CAST_KERNELS),
+                       rope_kernels=r.text("rope_kernels", default="fused", choices=ROPE_KERNELS),
                        aliases=r.strings("aliases", lower=False),
                        source=r.text("source"), notes=r.text("notes", default=""))
         for key in (fw.id, *fw.aliases):
@@ -358,7 +363,7 @@ def apply_framework(plan_kwargs: dict, fw: Framework) -> dict:
             "allocator": fw.allocator, "grad_buckets": fw.grad_buckets,
             "fused_attention_max_head_dim": fw.fused_attention_max_head_dim, "attention_library": fw.attention_library,
             "nvls": fw.nvls, "fsdp_experts_unit": fw.fsdp_experts_unit,
-            "fp8_cast_kernels": fw.fp8_cast_kernels}
+            "fp8_cast_kernels": fw.fp8_cast_kernels, "rope_kernels": fw.rope_kernels}
 
 
 def list_frameworks() -> list[Framework]:

@@ -30,6 +30,11 @@ FSDP_EXPERTS_UNITS: tuple[str, ...] = ("own", "block")
 # own (Transformer Engine) or inductor's, fused with the block's other element-wise code (torchao
 # under torch.compile)
 FP8_CAST_KERNELS: tuple[str, ...] = ("standalone", "inductor")
+# what runs the rotary embedding (Plan.rope_kernels): one fused kernel (Transformer Engine, Liger,
+# an element-wise rope inductor generates) or torchtitan's complex-fp32 rotary embedding compiled by
+# inductor, which falls back to ATen for the complex multiplies and adds dtype conversions, with
+# repeat_kv's copies and the three projections' input-gradient sum (catalogs/efficiency.yaml compiled_rope)
+ROPE_KERNELS: tuple[str, ...] = ("fused", "inductor")
 # How a ZeRO-3 engine gathers parameters: coalesced buckets with prefetch (FSDP, DeepSpeed >= 0.5.10)
 # or one synchronous collective per parameter tensor (DeepSpeed ZeRO-3 of 2021)
 ZERO3_GATHERS: tuple[str, ...] = ("bucketed", "per_tensor_sync")
@@ -163,6 +168,9 @@ class Plan:
     # (the recipe's own kernels, catalogs/efficiency.yaml fp8_recipes) or "inductor" (fused into the
     # compiled block, catalogs/efficiency.yaml compiled_fp8_casts; sim.layers.ops._with_fp8_casts)
     fp8_cast_kernels: str = "standalone"
+    # what runs the rotary embedding (a framework's rope_kernels, ROPE_KERNELS): "fused" or
+    # "inductor" (torchtitan's complex rope in a compiled block; sim.layers.ops.layer_ops)
+    rope_kernels: str = "fused"
 
     @property
     def attention_kernel(self) -> str:
@@ -220,6 +228,8 @@ class Plan:
             raise InputError("loss", self.loss, f"must be one of {', '.join(LOSS_IMPLS)}")
         if self.fp8_cast_kernels not in FP8_CAST_KERNELS:
             raise InputError("fp8_cast_kernels", self.fp8_cast_kernels, f"must be one of {', '.join(FP8_CAST_KERNELS)}")
+        if self.rope_kernels not in ROPE_KERNELS:
+            raise InputError("rope_kernels", self.rope_kernels, f"must be one of {', '.join(ROPE_KERNELS)}")
         if self.fsdp_experts_unit not in FSDP_EXPERTS_UNITS:
             raise InputError("fsdp_experts_unit", self.fsdp_experts_unit, f"must be one of {', '.join(FSDP_EXPERTS_UNITS)}")
         if self.loss_tp and self.loss_tp not in LOSS_IMPLS:

@@ -31,6 +31,11 @@ ATTENTION_LIBRARIES: tuple[str, ...] = ("cudnn-9.13",)
 
 # bytes per element of a compiled float8 cast (KernelEfficiency.compiled_fp8_casts), in this order
 COMPILED_FP8_CAST_TERMS: tuple[str, ...] = ("input_fwd", "input_bwd", "grad_bwd")
+# bytes per token per element of each width of torchtitan's compiled rotary embedding
+# (KernelEfficiency.compiled_rope, sim.layers.ops.compiled_rope_bytes): the query and key widths,
+# the block input's width, the head dimension (the rotary table), and with grouped-query attention
+# (repeat_kv) the query and key widths again
+COMPILED_ROPE_TERMS: tuple[str, ...] = ("q", "kv", "hidden", "head_dim", "repeat_q", "repeat_kv")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -117,6 +122,9 @@ class KernelEfficiency:
     # compiled_fp8_casts, validate/compiled_traffic.py): recipe -> the input's producer ("elementwise"
     # or "extern") -> bytes per element (input forward, input backward, output gradient backward)
     compiled_fp8_casts: Mapping[str, Mapping[str, tuple[float, float, float]]] = field(default_factory=dict)
+    # torchtitan's complex rotary embedding compiled by inductor (catalogs/efficiency.yaml
+    # compiled_rope): "fwd" / "bwd" -> COMPILED_ROPE_TERMS -> bytes per token per width element
+    compiled_rope: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     # Ring (context-parallel) attention: architecture -> (fwd, bwd) relative overhead of each
     # ring step after the first, at ``ring_reference_tokens`` local tokens, scaling as 1/tokens
     # (planner.fitting.fit_kernels.fit_ring_attention); architectures without a benchmark use the mean.
@@ -292,6 +300,10 @@ def kernel_efficiency(fitted: Mapping | None) -> KernelEfficiency:
             recipe: {producer: tuple(cc.mapping(recipe).mapping(producer).req(k) for k in COMPILED_FP8_CAST_TERMS)
                      for producer in cc.mapping(recipe).rec}
             for recipe in cc.rec}
+    if doc.has("compiled_rope"):
+        cr = doc.mapping("compiled_rope", allowed=("fwd", "bwd", "source", "notes"))
+        d["compiled_rope"] = {p: {k: cr.mapping(p, allowed=COMPILED_ROPE_TERMS).number(k, optional=True, default=0.0)
+                                  for k in COMPILED_ROPE_TERMS} for p in ("fwd", "bwd")}
     if doc.has("eager_traffic"):
         kernels = doc.mapping("eager_traffic", allowed=("kernels", "source", "notes")).mapping("kernels")
         d["eager_traffic"] = {k: (kernels.mapping(k).req("fwd", positive=True), kernels.mapping(k).req("bwd", positive=True))

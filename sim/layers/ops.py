@@ -118,7 +118,8 @@ def _mem(name: str, hbm_bytes: float, **kw: object) -> Op:
 
 def layer_ops(model: Model, strategy: Strategy, *, moe: bool, attention: str = "flash",
               fp8_quantize_bytes_per_element: float = 0.0, moe_imbalance: float = 1.0,
-              fp8_compiled_casts: Mapping[str, tuple[float, float, float]] | None = None) -> LayerOps:
+              fp8_compiled_casts: Mapping[str, tuple[float, float, float]] | None = None,
+              compiled_rope: Mapping[str, Mapping[str, float]] | None = None) -> LayerOps:
     """Forward ops of one layer on one GPU for one micro-batch.
 
     ``attention`` is ``"flash"`` / ``"flash2"`` (fused, causal blocks skipped, no s^2 tensor
@@ -130,7 +131,9 @@ def layer_ops(model: Model, strategy: Strategy, *, moe: bool, attention: str = "
     (``sim.layers.compute.fp8_weight_cast_bytes_per_param``).  ``moe_imbalance`` is the busiest
     expert-parallel rank's routed tokens over the mean (1: balanced routing, as benchmarks that
     force load balancing run, e.g. Megatron-Core ``--moe-router-force-load-balancing``): that
-    rank's expert GEMMs and the tokens it receives set the pace of the layer.
+    rank's expert GEMMs and the tokens it receives set the pace of the layer.  With ``compiled_rope``
+    (``catalogs/efficiency.yaml`` ``compiled_rope``) the rotary embedding moves the bytes of
+    torchtitan's complex-fp32 code under inductor (``compiled_rope_bytes``) instead of one fused kernel's.
     """
     tp, cp = strategy.tp, strategy.cp
     b, s = strategy.mbs, strategy.seq_len
@@ -162,7 +165,11 @@ def layer_ops(model: Model, strategy: Strategy, *, moe: bool, attention: str = "
         ops.append(_gemm("qkv_proj", tokens, (a_loc + 2 * kv_loc) * model.dim_per_head, h))
         kv_width = 2 * kv_loc * model.dim_per_head
 
-    if model.uses_rope:  # rotary embedding of q and k: read and write both once (fused)
+    if model.uses_rope and compiled_rope is not None and not model.is_mla:
+        fwd_b, bwd_b = compiled_rope_bytes(compiled_rope, q=a_loc * d_qk, kv=kv_loc * d_qk, hidden=h, head_dim=d_qk,
+                                           grouped=kv_loc < a_loc)
+        ops.append(_mem("rope", tokens * fwd_b, kernel="rope", backward_bytes_per_forward=bwd_b / fwd_b))
+    elif model.uses_rope:  # rotary embedding of q and k: read and write both once (fused)
         ops.append(_mem("rope", 2 * act * tokens * (a_loc * d_qk + (kv_width // 2 if not model.is_mla else a_loc * d_qk)),
                         kernel="rope"))
 
@@ -242,6 +249,20 @@ def layer_ops(model: Model, strategy: Strategy, *, moe: bool, attention: str = "
     tp_count = 0 if tp == 1 else (1 if moe and strategy.expert_tp != tp else 2)
     cp_bytes = act * b * s_loc * kv_width if cp > 1 else 0.0
     return LayerOps(tuple(ops), tp_bytes, tp_count, cp_bytes, ep_bytes, ep_count, etp_bytes)
+
+
+def compiled_rope_bytes(terms: Mapping[str, Mapping[str, float]], *, q: float, kv: float, hidden: float,
+                        head_dim: float, grouped: bool) -> tuple[float, float]:
+    """(forward, backward) bytes per token of torchtitan's attention element-wise code compiled by
+    inductor (``catalogs/efficiency.yaml`` ``compiled_rope``, counted from inductor's kernels by
+    ``validate.compiled_traffic``): the complex-fp32 rotary embedding (a conversion to fp32, an
+    ATen complex multiply inductor cannot generate, a conversion back, for Q and K), repeat_kv's
+    copies of K and V at the query width (``grouped``), and the sum of the three projections'
+    input gradients; ``q``/``kv`` are the local query and key widths, ``hidden`` the block input's."""
+    def side(t: Mapping[str, float]) -> float:
+        return (t["q"] * q + t["kv"] * kv + t["hidden"] * hidden + t["head_dim"] * head_dim
+                + (t["repeat_q"] * q + t["repeat_kv"] * kv if grouped else 0.0))
+    return side(terms["fwd"]), side(terms["bwd"])
 
 
 def _eager_kernels(model: Model) -> tuple[str, str, str]:
