@@ -452,12 +452,13 @@ def test_zero_engine_step_keeps_a_segment_for_the_fp32_gradient_copy():
     assert meg.reserved_bytes == pytest.approx(meg.allocated_bytes * (1 + frag) + rt.workspace_bytes, rel=1e-9)
 
 
-def test_nemo_performance_scripts_keep_bf16_gradients_for_fp8_runs():
-    """NeMo's scripts/performance (nemo-2025h1) set grad_reduce_in_fp32=False for fp8 runs: a bf16
-    main_grad buffer and an fp32 copy of the gradient shard in the distributed optimizer,
+def test_nemo_performance_scripts_keep_bf16_gradients():
+    """NeMo's scripts/performance (nemo-2025h1) set grad_reduce_in_fp32=False: for fp8 runs in
+    set_primary_perf_configs, for every run through the performance_mode recipes' optimizations:
+    a bf16 main_grad buffer and an fp32 copy of the gradient shard in the distributed optimizer,
     Megatron-LM's 'float16 parameters, float16 gradients: 4 + 16/d' bytes per parameter, and a
-    reduce-scatter of half the bytes; bf16 runs of the same profile keep fp32 gradients (6 + 12/d).
-    fp8 parameters gather 1 byte per parameter."""
+    reduce-scatter of half the bytes; the nemo profile keeps fp32 gradients (6 + 12/d).  fp8
+    parameters gather 1 byte per parameter."""
     from dataclasses import replace
 
     from sim.cost.costs import plan_comm_runtime
@@ -466,8 +467,10 @@ def test_nemo_performance_scripts_keep_bf16_gradients_for_fp8_runs():
     from sim.data.specs import Strategy
 
     fp8 = _plan("llama3-8b", 16, "tp=2,dp=8,mbs=1,gbs=64,seq=8192,zero=1,sp=1,precision=fp8", "nemo-2025h1")
-    bf16 = _plan("llama3-8b", 16, "tp=2,dp=8,mbs=1,gbs=64,seq=8192,zero=1,sp=1", "nemo-2025h1")
-    assert fp8.model_states_layout == "megatron_bf16_grads" and bf16.model_states_layout == "megatron"
+    bf16_perf = _plan("llama3-8b", 16, "tp=2,dp=8,mbs=1,gbs=64,seq=8192,zero=1,sp=1", "nemo-2025h1")
+    bf16 = _plan("llama3-8b", 16, "tp=2,dp=8,mbs=1,gbs=64,seq=8192,zero=1,sp=1", "nemo")
+    assert fp8.model_states_layout == bf16_perf.model_states_layout == "megatron_bf16_grads"
+    assert bf16.model_states_layout == "megatron"
     assert _plan("llama3-8b", 16, "tp=2,dp=8,mbs=1,gbs=64,seq=8192,zero=1,sp=1,precision=fp8",
                  "nemo").model_states_layout == "megatron"
     p = StageParams(1e9, 0.0)

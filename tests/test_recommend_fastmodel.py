@@ -192,12 +192,15 @@ def test_space_validates_its_values():
 
 
 def test_fast_model_prices_a_profiles_fp8_states_layout_like_simulate():
-    """nemo-2025h1 keeps fp8 plans' gradients in bf16 (Plan.states_layout_for): the search's memory
-    and data-parallel bytes follow each candidate's precision exactly as simulate does."""
+    """A layout for fp8 plans of its own (``fp8_state_layout``: bf16 gradients for fp8 only, as NeMo's
+    DeepSeek-V3 performance script ran, planner.fitting.reference.strategy_of; Plan.states_layout_for):
+    the search's memory and data-parallel bytes follow each candidate's precision exactly as
+    simulate does."""
     model, cl = get_model("llama3-8b"), cluster("h100-80gb", 32)
     st = Settings.from_framework("nemo-2025h1")
+    kwargs = {**st.kwargs, "state_layout": "megatron", "fp8_state_layout": "megatron_bf16_grads"}
     r = search(model, cl, gbs=64, seq_len=8192, space=SearchSpace(max_mbs=2, precision=("bf16", "fp8")),
-               plan_kwargs=st.kwargs, dp_overlap=st.dp_overlap)
+               plan_kwargs=kwargs, dp_overlap=st.dp_overlap)
     seen = set()
     for i in range(r.evaluated):
         s = r.strategy(i)
