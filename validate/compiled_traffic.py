@@ -75,39 +75,53 @@ class _Block(torch.nn.Module):
         return self.linear(y)
 
 
-def _kernel_bytes(tokens: int, hidden: int, out: int, producer: str, fp8: bool) -> tuple[float, float]:
-    """(forward, backward) bytes of the generated kernels of one compiled block."""
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+def _generated(node) -> float:
+    """A scheduler node's bytes if inductor generates its kernel (extern kernels, the GEMMs, are not counted)."""
+    if type(node).__name__ in ("ExternKernelSchedulerNode", "NopKernelSchedulerNode"):
+        return 0.0
+    return float(node.get_read_write_buffers_sizes())
 
+
+def _compiled_bytes(module: torch.nn.Module, args: tuple, count, *, expect_kernels: bool) -> tuple[float, float]:
+    """(forward, backward) sums of ``count`` over the scheduler nodes of ``module`` compiled by inductor
+    and run forward and backward on ``args`` (the first requires grad).  The compile caches are off:
+    they would skip the scheduler on a second run of the same graph."""
     counted: list[float] = []
     original = inductor_scheduler.Scheduler._codegen
 
-    def codegen(self, nodes):  # the kernels inductor generates, in order
-        for n in nodes:
-            if type(n).__name__ not in ("ExternKernelSchedulerNode", "NopKernelSchedulerNode"):
-                counted.append(float(n.get_read_write_buffers_sizes()))
+    def codegen(self, nodes):  # the kernels inductor schedules, in order
+        counted.extend(count(n) for n in nodes)
         return original(self, nodes)
 
-    torch.manual_seed(0)
     torch._dynamo.reset()
-    block = _Block(hidden, out, producer).to(torch.bfloat16)
-    if fp8:
-        convert_to_float8_training(block, config=Float8LinearConfig.from_recipe_name("tensorwise"),
-                                   module_filter_fn=lambda m, fqn: fqn == "linear")
-    try:  # the compile caches would skip the scheduler on a second run of the same graph
+    try:
         with replaced(inductor_scheduler.Scheduler, "_codegen", codegen), \
                 torch._inductor.config.patch(force_disable_caches=True), \
-                torch._functorch.config.patch(enable_autograd_cache=False):
-            x = torch.randn(tokens, hidden, dtype=torch.bfloat16, requires_grad=True)
-            y = torch.compile(block, dynamic=False)(x)
+                torch._functorch.config.patch(enable_autograd_cache=False), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*does not support code generation for complex")
+            y = torch.compile(module, dynamic=False)(*args)
             forward = sum(counted)
-            if fp8 and not counted:  # (a 16-bit block with an extern producer has no kernels of its own)
-                raise RuntimeError("inductor generated no kernels for the float8 block (a compile cache answered?)")
+            if expect_kernels and not any(counted):
+                raise RuntimeError(f"inductor generated no kernels for {type(module).__name__} (a compile cache answered?)")
             y.backward(torch.ones_like(y))
             backward = sum(counted) - forward
     finally:
         torch._dynamo.reset()
     return forward, backward
+
+
+def _kernel_bytes(tokens: int, hidden: int, out: int, producer: str, fp8: bool) -> tuple[float, float]:
+    """(forward, backward) bytes of the generated kernels of one compiled block."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    torch.manual_seed(0)
+    block = _Block(hidden, out, producer).to(torch.bfloat16)
+    if fp8:
+        convert_to_float8_training(block, config=Float8LinearConfig.from_recipe_name("tensorwise"),
+                                   module_filter_fn=lambda m, fqn: fqn == "linear")
+    x = torch.randn(tokens, hidden, dtype=torch.bfloat16, requires_grad=True)
+    # (a 16-bit block with an extern producer has no kernels of its own)
+    return _compiled_bytes(block, (x,), _generated, expect_kernels=fp8)
 
 
 def _extra(tokens: int, hidden: int, out: int, producer: str) -> tuple[float, float]:
@@ -137,18 +151,16 @@ def measure() -> list[Fp8CastTraffic]:
 ROPE_TOKENS = 1024
 
 
-def _counted(node) -> float:
+def _elementwise(node) -> float:
     """A scheduler node's bytes if it is an element-wise kernel: one inductor generates, or an ATen
     fallback tagged pointwise (the complex multiplies inductor cannot generate code for:
     torch/_inductor/lowering.py falls back on complex dtypes); GEMMs, attention and views are not."""
-    kind = type(node).__name__
-    if kind == "NopKernelSchedulerNode":
-        return 0.0
-    if kind == "ExternKernelSchedulerNode":
+    if type(node).__name__ == "ExternKernelSchedulerNode":
         op = getattr(node.node, "op_overload", None)
         if op is None or op.is_view or torch.Tag.pointwise not in op.tags:
             return 0.0
-    return float(node.get_read_write_buffers_sizes())
+        return float(node.get_read_write_buffers_sizes())
+    return _generated(node)
 
 
 def attention_bytes(q_heads: int, kv_heads: int, hidden: int, head_dim: int,
@@ -160,29 +172,8 @@ def attention_bytes(q_heads: int, kv_heads: int, hidden: int, head_dim: int,
     model = Model(name="probe", num_layers=1, hidden_size=hidden, num_attention_heads=q_heads,
                   ffn_hidden_size=4 * hidden, vocab_size=128, num_kv_heads=kv_heads, head_dim=head_dim,
                   ffn_type="swiglu")
-    counted: list[float] = []
-    original = inductor_scheduler.Scheduler._codegen
-
-    def codegen(self, nodes):
-        counted.extend(_counted(n) for n in nodes)
-        return original(self, nodes)
-
     torch.manual_seed(0)
-    torch._dynamo.reset()
     attention = Attention(model).to(torch.bfloat16)
     freqs = torch.polar(torch.ones(tokens, head_dim // 2), torch.rand(tokens, head_dim // 2))
-    try:
-        with replaced(inductor_scheduler.Scheduler, "_codegen", codegen), \
-                torch._inductor.config.patch(force_disable_caches=True), \
-                torch._functorch.config.patch(enable_autograd_cache=False), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*does not support code generation for complex")
-            x = torch.randn(1, tokens, hidden, dtype=torch.bfloat16, requires_grad=True)
-            y = torch.compile(attention, dynamic=False)(x, freqs)
-            forward = sum(counted)
-            if not any(counted):
-                raise RuntimeError("inductor generated no kernels for the attention block (a compile cache answered?)")
-            y.backward(torch.ones_like(y))
-            backward = sum(counted) - forward
-    finally:
-        torch._dynamo.reset()
-    return forward, backward
+    x = torch.randn(1, tokens, hidden, dtype=torch.bfloat16, requires_grad=True)
+    return _compiled_bytes(attention, (x, freqs), _elementwise, expect_kernels=True)
