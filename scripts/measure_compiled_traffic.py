@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""Measure the HBM traffic of torchao's float8 activation casts fused by torch.compile (inductor)
-into the compiled block (validate/compiled_traffic.py: inductor's generated kernels' read and
-written bytes, the float8 block less the 16-bit one, at four shapes).
+"""Measure the HBM traffic of torchao's float8 casts (of activations, gradients and weights) fused
+by torch.compile (inductor) into the compiled block (validate/compiled_traffic.py: inductor's
+generated kernels' read and written bytes, the float8 block less the 16-bit one, at four shapes).
 
 Prints the table; ``--write`` stores it as the ``compiled_fp8_casts`` section of
 catalogs/efficiency.yaml (read by sim.layers.compute.kernel_efficiency, priced by
-sim.layers.ops._with_fp8_casts for profiles with ``fp8_cast_kernels: inductor``).
+sim.layers.ops._with_fp8_casts and sim.layers.compute.fp8_weight_cast_bytes_per_param for
+profiles with ``fp8_cast_kernels: inductor``).
 tests/test_eager_traffic.py re-measures one producer at small shapes.  Needs torch and torchao
 (the ``torch`` extra); about three minutes on 2 CPU cores (it compiles 16 blocks).
 
@@ -33,13 +34,14 @@ SOURCE = ("bytes read and written by inductor's generated kernels (Scheduler nod
 
 def section(rows: list) -> str:
     lines = [BEGIN,
-             "# torchao float8 activation casts under torch.compile: bytes per element of the GEMM input (forward,\n",
-             "# backward) and of its output gradient (backward), by the input's producer (an element-wise kernel the\n",
-             "# casts fuse into, or an extern kernel such as attention).\n",
+             "# torchao float8 casts under torch.compile: bytes per element of the GEMM input (forward, backward)\n",
+             "# and of its output gradient (backward), by the input's producer (an element-wise kernel the casts\n",
+             "# fuse into, or an extern kernel such as attention), and per weight element (forward + backward, per\n",
+             "# micro-batch: the weight's amax, cast and transposed cast).\n",
              "compiled_fp8_casts:\n", f"  source: \"{SOURCE}\"\n", "  recipes:\n", "    tensorwise:\n"]
     for r in rows:
         lines.append(f"      {r.producer}: {{input_fwd: {r.input_fwd:.4f}, input_bwd: {r.input_bwd:.4f}, "
-                     f"grad_bwd: {r.grad_bwd:.4f}}}\n")
+                     f"grad_bwd: {r.grad_bwd:.4f}, weight: {r.weight:.4f}}}\n")
     return "".join(lines) + END
 
 

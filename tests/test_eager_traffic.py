@@ -148,8 +148,11 @@ def test_compiled_float8_casts_are_what_inductor_generates():
     assert m.input_bwd == pytest.approx(1.0, abs=0.05)
     # output gradient: amax (read 2), cast (2 + 1), transposed cast (2 + 1)
     assert m.grad_bwd == pytest.approx(8.0, abs=0.05)
+    # the weight, per element and micro-batch: amax (read 2) and cast (2 + 1) forward, the
+    # transposed cast (2 + 1) backward
+    assert m.weight == pytest.approx(8.0, abs=0.25)
     stored = catalog_document("efficiency.yaml")["compiled_fp8_casts"]["recipes"]["tensorwise"]["elementwise"]
-    for term in ("input_fwd", "input_bwd", "grad_bwd"):
+    for term in ("input_fwd", "input_bwd", "grad_bwd", "weight"):
         assert stored[term] == pytest.approx(getattr(m, term), abs=0.15), term
 
 
@@ -219,3 +222,10 @@ def test_compiled_casts_price_the_torchtitan_compile_profile_only():
     assert compiled["fp8_cast_out_proj"].hbm_bytes == pytest.approx(table["extern"][0] * tok * h)  # after attention
     q = eff.fp8_recipe("tensorwise").quantize_bytes_per_element
     assert te["fp8_cast_ffn_up"].hbm_bytes == pytest.approx(q * tok * h)
+    # the weights' casts, per parameter and micro-batch: inductor's measured bytes, not the recipe's
+    from sim.layers.compute import fp8_weight_cast_bytes_per_param
+    assert fp8_weight_cast_bytes_per_param(eff, "fp8", "tensorwise", False, 1, compiled=True) == \
+        pytest.approx(eff.compiled_fp8_weight_casts["tensorwise"]) == pytest.approx(8.0, abs=0.25)
+    assert fp8_weight_cast_bytes_per_param(eff, "fp8", "tensorwise", False, 1) == pytest.approx(q)
+    assert fp8_weight_cast_bytes_per_param(eff, "fp8", "mxfp8", False, 1, compiled=True) == \
+        pytest.approx(eff.fp8_recipe("mxfp8").quantize_bytes_per_element)

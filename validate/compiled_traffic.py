@@ -13,10 +13,11 @@ extern one, a matmul standing for attention, then one linear ``H -> N``) twice, 
 ``Float8Linear`` and with ``nn.Linear``, and sums ``get_read_write_buffers_sizes()`` over the
 scheduler's generated kernels (extern kernels, the GEMMs, are not counted), forward and
 backward.  The float8 block's extra bytes at four shapes (tokens ``T`` and output width ``N``
-each at two values) separate the per-token terms from the per-weight ones (the weight's casts,
-which ``sim.layers.compute.fp8_weight_cast_bytes_per_param`` prices per parameter): bytes per
-input element forward (``input_fwd``) and backward (``input_bwd``) and per output-gradient
-element (``grad_bwd``).  Measured on CPU: the fusion decisions are the scheduler's, shared by
+each at two values) separate the per-token terms from the per-weight ones: bytes per input
+element forward (``input_fwd``) and backward (``input_bwd``), per output-gradient element
+(``grad_bwd``), and per weight element, forward and backward (``weight``: the weight's amax, cast
+and transposed cast, which ``sim.layers.compute.fp8_weight_cast_bytes_per_param`` prices per
+parameter and micro-batch).  Measured on CPU: the fusion decisions are the scheduler's, shared by
 the CPU and GPU backends; the bytes are those of the kernels it generates, read and written
 once each (a GPU's Triton kernels may read a tile twice where a reduction does not fit).
 
@@ -56,6 +57,7 @@ class Fp8CastTraffic:
     input_fwd: float  # per input element, forward
     input_bwd: float  # per input element, backward
     grad_bwd: float  # per output-gradient element, backward
+    weight: float  # per weight element, forward and backward (the weight's amax, cast and transposed cast)
 
 
 class _Block(torch.nn.Module):
@@ -138,8 +140,11 @@ def measure_producer(producer: str, hidden: int = HIDDEN,
     extra = {(t, n): _extra(t, hidden, n, producer) for t, n in shapes}
     slope = {n: [(extra[(t2, n)][i] - extra[(t1, n)][i]) / (t2 - t1) for i in (0, 1)] for n in (n1, n2)}
     grad = (slope[n2][1] - slope[n1][1]) / (n2 - n1)
+    # what does not grow with the tokens is the weight's: its amax and casts, per weight element
+    # (hidden x n), forward plus backward, the mean of the two widths
+    weight = sum(sum(extra[(t1, n)][i] - t1 * slope[n][i] for i in (0, 1)) / (hidden * n) for n in (n1, n2)) / 2
     return Fp8CastTraffic(producer=producer, input_fwd=slope[n1][0] / hidden,
-                          input_bwd=(slope[n1][1] - n1 * grad) / hidden, grad_bwd=grad)
+                          input_bwd=(slope[n1][1] - n1 * grad) / hidden, grad_bwd=grad, weight=weight)
 
 
 def measure() -> list[Fp8CastTraffic]:

@@ -403,7 +403,8 @@ def piece_settings(plan: Plan, eff: KernelEfficiency, *, precision: str, pp: int
         accum_bytes_per_param=rt.grad_accumulation_bytes(plan.grad_accumulation, num_microbatches),
         fp16=precision == "fp16", fsdp_copies=plan.fsdp_copies, optimizer_impl=plan.optimizer_impl,
         weight_cast_bytes_per_param=fp8_weight_cast_bytes_per_param(eff, precision, fp8_recipe,
-                                                                    plan.fp8_weight_cache, num_microbatches),
+                                                                    plan.fp8_weight_cache, num_microbatches,
+                                                                    compiled=plan.fp8_cast_kernels == "inductor"),
         pipelined_fsdp=pp > 1 and plan.state_layout in FSDP2_LAYOUTS,
         bf16_optimizer=plan.deepspeed_bf16_optimizer and precision == "bf16",
         per_tensor_gather=plan.zero3_gather == "per_tensor_sync", host_syncs=host_sync_counts(plan.host_syncs, pp))

@@ -122,6 +122,9 @@ class KernelEfficiency:
     # compiled_fp8_casts, validate/compiled_traffic.py): recipe -> the input's producer ("elementwise"
     # or "extern") -> bytes per element (input forward, input backward, output gradient backward)
     compiled_fp8_casts: Mapping[str, Mapping[str, tuple[float, float, float]]] = field(default_factory=dict)
+    # the weights' casts in the same compiled blocks: recipe -> bytes per weight element per
+    # micro-batch, forward and backward (amax, cast, transposed cast; measured in the element-wise block)
+    compiled_fp8_weight_casts: Mapping[str, float] = field(default_factory=dict)
     # torchtitan's complex rotary embedding compiled by inductor (catalogs/efficiency.yaml
     # compiled_rope): "fwd" / "bwd" -> COMPILED_ROPE_TERMS -> bytes per token per width element
     compiled_rope: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
@@ -300,6 +303,8 @@ def kernel_efficiency(fitted: Mapping | None) -> KernelEfficiency:
             recipe: {producer: tuple(cc.mapping(recipe).mapping(producer).req(k) for k in COMPILED_FP8_CAST_TERMS)
                      for producer in cc.mapping(recipe).rec}
             for recipe in cc.rec}
+        d["compiled_fp8_weight_casts"] = {recipe: cc.mapping(recipe).mapping("elementwise").req("weight", positive=True)
+                                          for recipe in cc.rec if cc.mapping(recipe).has("elementwise")}
     if doc.has("compiled_rope"):
         cr = doc.mapping("compiled_rope", allowed=("fwd", "bwd", "source", "notes"))
         d["compiled_rope"] = {p: {k: cr.mapping(p, allowed=COMPILED_ROPE_TERMS).number(k, optional=True, default=0.0)
@@ -318,14 +323,17 @@ def kernel_efficiency(fitted: Mapping | None) -> KernelEfficiency:
 
 
 def fp8_weight_cast_bytes_per_param(eff: KernelEfficiency, precision: str, recipe: str, cached: bool,
-                                    microbatches):
+                                    microbatches, *, compiled: bool = False):
     """HBM bytes per local weight per micro-batch of casting the weights to fp8 (and their
     transposes) with ``recipe``: every micro-batch, or once per step when the framework caches
     them (``Plan.fp8_weight_cache``), averaged over the step's ``microbatches`` (a number or
-    an array)."""
+    an array).  ``compiled``: the casts run inside a compiled block (torchao under torch.compile,
+    ``Plan.fp8_cast_kernels``), at the bytes inductor's kernels move where they were measured
+    (``catalogs/efficiency.yaml`` ``compiled_fp8_casts`` ``weight``), else the recipe's kernels'."""
     if precision != "fp8":
         return 0.0
-    q = eff.fp8_recipe(recipe).quantize_bytes_per_element
+    measured = eff.compiled_fp8_weight_casts.get(recipe) if compiled else None
+    q = measured if measured is not None else eff.fp8_recipe(recipe).quantize_bytes_per_element
     return q / microbatches if cached else q + 0.0 * microbatches
 
 
