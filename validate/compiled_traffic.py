@@ -43,7 +43,9 @@ import torch._functorch.config
 import torch._inductor.config
 import torch._inductor.scheduler as inductor_scheduler
 
+from sim.data.specs import Model
 from validate.patching import replaced
+from validate.titan import Attention
 
 SHAPES = ((2048, 256), (4096, 256), (2048, 512), (4096, 512))  # (tokens, output width) at hidden 256
 HIDDEN = 256
@@ -171,9 +173,6 @@ def _elementwise(node) -> float:
 def attention_bytes(q_heads: int, kv_heads: int, hidden: int, head_dim: int,
                     tokens: int = ROPE_TOKENS) -> tuple[float, float]:
     """(forward, backward) element-wise bytes of one compiled ``validate.titan.Attention``."""
-    from sim.data.specs import Model
-    from validate.titan import Attention
-
     model = Model(name="probe", num_layers=1, hidden_size=hidden, num_attention_heads=q_heads,
                   ffn_hidden_size=4 * hidden, vocab_size=128, num_kv_heads=kv_heads, head_dim=head_dim,
                   ffn_type="swiglu")

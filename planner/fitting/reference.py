@@ -427,7 +427,7 @@ def strategy_of(row: dict, fw: Framework, *, unstated_vp_searched: bool) -> Mapp
         per = 64 // pp
         values["pipeline_layout"] = megatron_layout(int(row["model"]["layers"]), pp, first=per - 1, last=per - 2)
         notes.append(f"NeMo DeepSeek-V3 recipe's pipeline split: {per - 1} layers first, {per - 2} last, MTP depth 1")
-    if _nemo_deepseek_v3_recipe(row) and fw.model_states == "megatron_bf16_grads":
+    if _nemo_deepseek_v3_recipe(row):
         # NeMo 2's performance script for DeepSeek-V3 at dgxc-benchmarking 25.05's commit (7a8f1cc)
         # calls pretrain_recipe() without performance_mode, so its bf16 runs keep the recipe's fp32
         # gradient buffer (fp8 runs still get grad_reduce_in_fp32=False from set_primary_perf_configs)
