@@ -78,3 +78,27 @@ def test_deepep_dispatch_pays_distinct_destinations_only():
     assert remote_destinations(8, 2, 4) == pytest.approx(3 * (1 - math.comb(6, 2) / math.comb(8, 2)))
     with pytest.raises(Exception, match="moe_routing"):
         Plan(model=model, cluster=cl, strategy=s, moe_routing="zipf")
+
+
+def test_deepep_internode_remote_bytes_at_the_nic_rate():
+    """DeepEP over two 8-GPU H100 nodes (ep 16, one 400G NIC per GPU): the remote-node bytes (a
+    random token reaches the other node with the probability its top-2 of 8 experts miss this
+    node's 4) go at the NIC's nominal rate x DeepEP's fitted fraction of it, not at the
+    all-to-all's send rate over all 15 peers (which counts the 7 on this node's NVLink)."""
+    from sim.cost.costs import default_network, moe_dispatch_s
+    from sim.cost.plan import Plan, parse_strategy
+    from sim.data.catalog import get_model
+    from sim.layers.compute import default_efficiency
+    from tests.conftest import cluster
+
+    model, cl = get_model("mixtral-8x7b"), cluster("h100-80gb", 16, gpn=8)
+    s = parse_strategy("ep=16,mbs=1,gbs=16,recompute=full,zero=1", num_gpus=16)
+    plan = Plan(model=model, cluster=cl, strategy=s, moe_dispatcher="deepep", moe_routing="random")
+    net, eff = default_network(cl), default_efficiency()
+    nbytes = 2 * 4096 * 4096 * 2.0  # top-2 copies of 4096 tokens of hidden 4096 in bf16
+    link = net.dim_link(s, "ep", pattern="all_to_all")
+    remote = nbytes / 2 * (1 - math.comb(4, 2) / math.comb(8, 2))
+    rate = cl.nic_bytes_per_s_per_gpu * eff.deepep_dispatch["scale-out"]
+    want = link.latency_s + remote / rate + eff.collective_overhead_s
+    assert link.tier == "scale-out"
+    assert moe_dispatch_s(plan, net, eff, nbytes) == pytest.approx(want, rel=1e-6)

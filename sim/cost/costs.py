@@ -436,7 +436,8 @@ def moe_dispatch_s(plan: Plan, net: Network, eff: KernelEfficiency, nbytes: floa
     unique tokens (``nbytes / top_k`` each) over the ep group, and reduce-scatters them back
     on combine (the mean of the two per pass); ``deepep``: fused kernels at DeepEP's achieved
     fraction of the nominal link rate of the tier the group crosses
-    (``KernelEfficiency.deepep_dispatch``), no per-chunk size penalty, sending each token once
+    (``KernelEfficiency.deepep_dispatch``, the README's rates less the bytes that stay on the
+    source's own node or rank), no per-chunk size penalty, sending each token once
     per remote destination rank (NVLink) or node (RDMA) rather than once per routed copy
     (``sim.layers.moe_routing.remote_destinations`` under the plan's ``moe_routing``)."""
     s = plan.strategy
@@ -449,12 +450,16 @@ def moe_dispatch_s(plan: Plan, net: Network, eff: KernelEfficiency, nbytes: floa
         link = net.dim_link(s, "ep", pattern="all_to_all")
         if link.tier == "local" or not math.isfinite(link.bytes_per_s):
             return 0.0
-        rate = link.bytes_per_s / net.bandwidth_efficiency[link.tier] * eff.deepep_dispatch.get(link.tier, 1.0)
         # one copy per destination rank (NVLink) or node (RDMA), not per expert (sim.layers.moe_routing)
         stride, size = group_shape(s, "ep")
         domain = net.fabric.nvlink_domain
         per_domain = max(1, min(size, domain // stride)) if link.tier != "scale-up" and stride < domain else 1
         units = s.ep if link.tier == "scale-up" else -(-size // per_domain)
+        # the all-to-all link is the rank's send rate over all size - 1 peers; the remote bytes
+        # below cross the tier at the share of it the size - per_domain remote peers get
+        crossing = (size - per_domain) / max(1, size - 1)
+        rate = (link.bytes_per_s * crossing / net.bandwidth_efficiency[link.tier]
+                * eff.deepep_dispatch.get(link.tier, 1.0))
         moe = plan.model.moe
         assert moe is not None
         sent = nbytes / moe.top_k * remote_destinations(moe.num_experts, moe.top_k, units, plan.moe_routing)
