@@ -263,6 +263,8 @@ PARAM_COUNTS = [
     ("deepseek-v3", 671.0, 0.005, "DeepSeek-V3 report: 671B without the 14B MTP module"),
     ("qwen3-235b-a22b", 235.0, 0.01, "Qwen3 report label (235B; QK-norm weights uncounted)"),
     ("qwen3-30b-a3b", 30.5, 0.01, "Qwen3-30B-A3B model card: 30.5B total"),
+    ("gpt-oss-120b", 116.83, 0.002, "gpt-oss model card Table 1 (biases and attention sinks uncounted)"),
+    ("gpt-oss-20b", 20.91, 0.002, "gpt-oss model card Table 1 (biases and attention sinks uncounted)"),
     ("gpt-22b", 22.0, 0.01, "Korthikanti Table 3 label"),
     ("gpt-1t", 1008.0, 0.005, "Narayanan Table 1"),
     ("gpt-530b", 529.6, 0.005, "Narayanan Table 1"),
@@ -289,6 +291,10 @@ def test_param_counts_match_published(model_id, billions, rel, why):
     ("deepseek-v3", 37.0, 0.02),    # DeepSeek-V3 report: 37B activated (latent norms, router bias uncounted)
     ("qwen3-235b-a22b", 22.0, 0.02),  # Qwen3 report: 22B activated
     ("qwen3-30b-a3b", 3.3, 0.03),     # model card: 3.3B activated
+    # gpt-oss model card: 5.13B / 3.61B active, counting the unembedding but not the embedding
+    # (Model.num_active_params counts both: 0.58B more)
+    ("gpt-oss-120b", 5.13 + 0.579, 0.002),
+    ("gpt-oss-20b", 3.61 + 0.579, 0.003),
 ])
 def test_active_params_match_published(model_id, billions, rel):
     assert catalog.get_model(model_id).num_active_params == pytest.approx(billions * 1e9, rel=rel)
@@ -297,7 +303,7 @@ def test_active_params_match_published(model_id, billions, rel):
 def test_narayanan_models_match_their_eq2():
     """P = 12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h)), Narayanan et al. 2021 eq. (2)."""
     for model_id, model in catalog.list_models():
-        if not model_id.startswith("gpt-"):
+        if not model_id.startswith("gpt-") or model.moe is not None:  # Megatron's GPTs, not gpt-oss
             continue
         l, h, v, s = model.num_layers, model.hidden_size, model.vocab_size, model.max_seq_len
         eq2 = 12 * l * h * h * (1 + 13 / (12 * h) + (v + s) / (12 * l * h))

@@ -156,6 +156,11 @@ def _architecture_args(spec: LaunchSpec, opt, var: Callable[[str], str]) -> None
         opt("--disable-bias-linear")
     if not m.tied_embeddings:
         opt("--untie-embeddings-and-output-weights")
+    if m.local_attention_layers:  # Megatron-Core core_v0.17 --window-size / --window-attn-skip-freq
+        opt("--window-size", f"{m.local_attention_window},0")
+        if m.local_attention_layers < m.num_layers:
+            opt("--window-attn-skip-freq", "[" + ",".join("1" if m.is_local_attention_layer(i) else "0"
+                                                        for i in range(m.num_layers)) + "]")
     if m.moe is not None:
         e = m.moe
         opt("--num-experts", e.num_experts)

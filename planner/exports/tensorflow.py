@@ -77,6 +77,10 @@ def _model_config(spec: LaunchSpec) -> dict[str, object]:
     if m.moe is not None or m.is_mla:
         raise InputError("export", "tensorflow", f"{m.name} has {'experts' if m.moe is not None else 'MLA'}: the "
                          "Keras skeleton builds dense decoder models (Keras has no MoE or MLA layers)")
+    if m.local_attention_layers:
+        raise InputError("export", "tensorflow", f"{m.name} has {m.local_attention_layers} sliding-window layers "
+                         f"(window {m.local_attention_window}): the Keras skeleton's layers attend the whole causal "
+                         "prefix")
     return {"num_layers": m.num_layers, "hidden_size": m.hidden_size, "num_heads": m.num_attention_heads,
             "num_kv_heads": m.kv_heads, "head_dim": m.dim_per_head, "ffn_hidden_size": m.ffn_hidden_size,
             "ffn_type": m.ffn_type, "vocab_size": m.vocab_size, "tied_embeddings": m.tied_embeddings,

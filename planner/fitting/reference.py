@@ -11,7 +11,9 @@ row states, never by a per-row value:
   usual system (NVL72 for GB200/GB300) unless the row says otherwise;
 * **model**: the row's shape (GQA, MLA, MoE with shared experts and leading dense layers; a
   gated activation (SwiGLU, GeGLU) has three matrices, an ungated one (GeLU, squared ReLU) two;
-  a GPT row's linears are biased unless it says ``linear_bias: false``);
+  a GPT row's linears are biased unless it says ``linear_bias: false``; an ``attention`` text
+  naming a "sliding-window (W)" gives those layers a window of W, half of them when it
+  alternates with full attention);
 * **framework**: a profile of ``catalogs/frameworks.yaml`` chosen from the row's ``framework``
   text (NeMo, Megatron-Core, Megatron-LM by code year, Megatron-DeepSpeed, DeepSpeed with HF
   transformers, torchtitan, MaxText, NeMo Automodel);
@@ -201,7 +203,22 @@ def model_of(row: dict) -> Model:
                  kv_lora_rank=int(mla["kv_lora_rank"]) if mla else None,
                  qk_rope_head_dim=int(mla.get("qk_rope_head_dim") or 0),
                  v_head_dim=int(mla["v_head_dim"]) if mla.get("v_head_dim") else None,
-                 mtp_layers=_mtp_layers(row), linear_bias=_linear_bias(m, act, gated, llama_like))
+                 mtp_layers=_mtp_layers(row), linear_bias=_linear_bias(m, act, gated, llama_like),
+                 **_local_attention(m))
+
+
+def _local_attention(m: dict) -> dict:
+    """Sliding-window layers (``Model.local_attention_window`` / ``local_attention_layers``) from
+    the row's ``attention`` text: "sliding-window (W)" on every layer, or on half of them when
+    it alternates with full attention (gpt-oss's config: ``layer_types`` alternating
+    sliding_attention and full_attention, ``sliding_window`` 128)."""
+    text = _text(m.get("attention"))
+    hit = re.search(r"sliding[- ]window\D{0,3}(\d+)", text)
+    if not hit:
+        return {}
+    layers = int(m["layers"])
+    return {"local_attention_window": int(hit.group(1)),
+            "local_attention_layers": layers // 2 if "alternating" in text else layers}
 
 
 def _linear_bias(m: dict, act: str, gated: bool, llama_like: bool) -> bool:

@@ -227,18 +227,7 @@ def _moe_layer_pattern(path: str, key: str, value: object, num_layers: int) -> t
     text = str(value).strip()
     if re.fullmatch(r"\d+", text):
         return 0, int(text)
-    if not re.fullmatch(r"[\[\]\(\)0-9,+*\s]+", text):
-        raise recipe_error(path, key, value, "must be an integer or a list expression such as [0]*3+[1]*58")
-    if any(int(n) > 1 << 16 for n in re.findall(r"\d+", text)):
-        raise recipe_error(path, key, value, "repeats more layers than a model has")
-    try:
-        pattern = eval(text, {"__builtins__": {}}, {})  # noqa: S307 digits, brackets, + and * only
-    except Exception:  # noqa: BLE001
-        raise recipe_error(path, key, value, "is not a valid list expression") from None
-    if not isinstance(pattern, (list, tuple)) or any(x not in (0, 1) for x in pattern):
-        raise recipe_error(path, key, value, "must be a list of 0 (dense) and 1 (MoE) per layer")
-    if len(pattern) != num_layers:
-        raise recipe_error(path, key, value, f"has {len(pattern)} entries for num_layers={num_layers}")
+    pattern = _layer_list(path, key, value, num_layers)
     first = next((i for i, x in enumerate(pattern) if x), num_layers)
     rest = pattern[first:]
     ones = [i for i, x in enumerate(rest) if x]
@@ -248,6 +237,51 @@ def _moe_layer_pattern(path: str, key: str, value: object, num_layers: int) -> t
         raise recipe_error(path, key, value, "MoE layers must repeat every k-th layer after the first dense ones "
                                              "(the planner's first_k_dense_layers / layer_frequency)")
     return first, freq
+
+
+def _window(path: str, r: "_Reader", num_layers: int) -> dict[str, int]:
+    """``--window-size LEFT,RIGHT`` (Megatron-Core core_v0.17 arguments.py: a tuple; -1 is an
+    unbounded side) and ``--window-attn-skip-freq`` (an int N: one full-attention layer after
+    N - 1 windowed ones; or a per-layer list of 1 = windowed, 0 = full) as the model's
+    ``local_attention_window`` and ``local_attention_layers``."""
+    size = r.text("--window-size", "model.local_attention_window")
+    if size is None:
+        return {}
+    sides = re.findall(r"-?\d+", size)
+    if len(sides) != 2:
+        raise recipe_error(path, "--window-size", size, "must be two integers LEFT,RIGHT")
+    left = int(sides[0])
+    if left < 0:  # unbounded on the left: full causal attention
+        return {}
+    if left == 0:
+        raise recipe_error(path, "--window-size", size, "the left window must be > 0 (or -1 for none)")
+    freq = r.get("--window-attn-skip-freq", "model.local_attention_layers")
+    if freq is None:
+        local = num_layers
+    elif re.fullmatch(r"\d+", str(freq).strip()):
+        local = num_layers - num_layers // max(1, int(str(freq).strip()))
+    else:
+        local = sum(_layer_list(path, "--window-attn-skip-freq", freq, num_layers))
+    return {"local_attention_window": left, "local_attention_layers": local} if local else {}
+
+
+def _layer_list(path: str, key: str, value: object, num_layers: int) -> list[int]:
+    """A per-layer list of 0 and 1, written as a Python list expression (``[1,0]*24``,
+    ``[0]*3+[1]*58``), with one entry per layer."""
+    text = str(value).strip()
+    if not re.fullmatch(r"[\[\]\(\)0-9,+*\s]+", text):
+        raise recipe_error(path, key, value, "must be an integer or a list expression such as [1,0]*24")
+    if any(int(n) > 1 << 16 for n in re.findall(r"\d+", text)):
+        raise recipe_error(path, key, value, "repeats more layers than a model has")
+    try:
+        pattern = eval(text, {"__builtins__": {}}, {})  # noqa: S307 digits, brackets, + and * only
+    except Exception:  # noqa: BLE001
+        raise recipe_error(path, key, value, "is not a valid list expression") from None
+    if not isinstance(pattern, (list, tuple)) or any(x not in (0, 1) for x in pattern):
+        raise recipe_error(path, key, value, "must be a list of 0 and 1 per layer")
+    if len(pattern) != num_layers:
+        raise recipe_error(path, key, value, f"has {len(pattern)} entries for num_layers={num_layers}")
+    return [int(x) for x in pattern]
 
 
 def _catalog_vocab(num_layers: int, hidden: int, heads: int) -> tuple[int, str] | None:
@@ -574,7 +608,7 @@ _ARCH_KEYS = ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-atten
               "--disable-bias-linear", "--add-bias-linear",
               "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
               "--moe-layer-freq", "--multi-latent-attention", "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim",
-              "--qk-pos-emb-head-dim", "--v-head-dim", "--tokenizer-type")
+              "--qk-pos-emb-head-dim", "--v-head-dim", "--tokenizer-type", "--window-size", "--window-attn-skip-freq")
 
 
 def _model(path: str, r: _Reader, tp: int, n_layers: int | None, warn: list[str]) -> tuple[Model | None, str]:
@@ -664,7 +698,8 @@ def _model(path: str, r: _Reader, tp: int, n_layers: int | None, warn: list[str]
         m = Model(name=path.rsplit("/", 1)[-1], num_layers=n_layers, hidden_size=hidden, num_attention_heads=heads,
                   ffn_hidden_size=ffn, vocab_size=padded, num_kv_heads=kv, head_dim=head_dim,
                   ffn_type="swiglu" if swiglu else "gelu", tied_embeddings=tied, moe=moe, max_seq_len=max_pos,
-                  position_embedding=position, linear_bias=bias, source=f"recipe {path}", **mla)
+                  position_embedding=position, linear_bias=bias, source=f"recipe {path}", **mla,
+                  **_window(path, r, n_layers))
     except InputError as exc:
         raise recipe_error(path, exc.field, exc.value, exc.message) from None
     return m, note

@@ -18,6 +18,9 @@ recognised by its keys:
   (``num_nextn_predict_layers``) is not part of the model.
 * GPT-2 / GPT-J / BigCode: ``n_layer``, ``n_embd``, ``n_head``, ``n_inner`` (default 4h).
 * GPT-NeoX / Pythia: Llama-style key names with a plain GELU MLP.
+* Sliding-window attention (Mistral, Gemma 2/3, gpt-oss): ``sliding_window`` on the layers
+  ``layer_types`` marks ``sliding_attention``, else all but every ``sliding_window_pattern``-th,
+  every other for Gemma 2, or all; ignored where ``use_sliding_window`` is false (Qwen2/3).
 
 Every malformed input raises ``InputError`` naming the key (``model.hidden_size``) and the
 value; nothing else escapes.
@@ -46,7 +49,8 @@ MAX_SEQ_LEN = 1 << 30
 MODEL_KEYS: tuple[str, ...] = (
     "name", "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
     "ffn_hidden_size", "ffn_type", "vocab_size", "tied_embeddings", "moe", "max_seq_len",
-    "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "mtp_layers", "linear_bias", "source",
+    "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "mtp_layers", "linear_bias",
+    "local_attention_window", "local_attention_layers", "source",
 )
 """Keys of the project model schema (see catalogs/README.md for defaults)."""
 
@@ -217,6 +221,8 @@ def _from_project(d: Mapping[str, Any], *, where: str, default_name: str) -> Mod
         v_head_dim=_int(d, "v_head_dim", where, required=False),
         mtp_layers=_int(d, "mtp_layers", where, required=False, minimum=0) or 0,
         linear_bias=_bool(d, "linear_bias", where, default=False),
+        local_attention_window=_int(d, "local_attention_window", where, required=False),
+        local_attention_layers=_int(d, "local_attention_layers", where, required=False, minimum=0) or 0,
         source=_str(d, "source", where, default="") or "",
     )
     if kwargs["q_lora_rank"] is not None and kwargs["kv_lora_rank"] is None:
@@ -260,6 +266,8 @@ _HF_FIELD_NAMES = {
     "model.ffn_hidden_size": "model.intermediate_size",
     "model.max_seq_len": "model.max_position_embeddings",
     "model.tied_embeddings": "model.tie_word_embeddings",
+    "model.local_attention_window": "model.sliding_window",
+    "model.local_attention_layers": "model.layer_types",
 }
 _GPT2_FIELD_NAMES = {
     "model.num_layers": "model.n_layer",
@@ -326,6 +334,8 @@ def _from_hf(d: Mapping[str, Any], *, where: str, default_name: str, nested: boo
         max_seq_len=_int(d, "max_position_embeddings", where, required=False, maximum=MAX_SEQ_LEN),
         source=f"Hugging Face config ({where})",
     )
+    kwargs["local_attention_window"], kwargs["local_attention_layers"] = _hf_sliding_window(d, where, model_type,
+                                                                                            num_layers)
     if mla:
         kwargs.update(
             q_lora_rank=_int(d, "q_lora_rank", where, required=False),
@@ -336,6 +346,36 @@ def _from_hf(d: Mapping[str, Any], *, where: str, default_name: str, nested: boo
         kwargs["field_map"] = {"model.head_dim": "model.qk_nope_head_dim"}
     field_map = {**_HF_FIELD_NAMES, **kwargs.pop("field_map", {})}
     return _build(kwargs, where, field_map)
+
+
+# Hugging Face model types whose sliding window applies to every other layer when the config
+# lists no layer_types (transformers' Gemma 2: even layers local)
+_ALTERNATING_WINDOW_MODEL_TYPES = frozenset({"gemma2"})
+
+
+def _hf_sliding_window(d: Mapping[str, Any], where: str, model_type: str, num_layers: int) -> tuple[int | None, int]:
+    """``(local_attention_window, local_attention_layers)`` of a Hugging Face config: the
+    ``sliding_window`` on the layers ``layer_types`` marks ``sliding_attention`` (gpt-oss,
+    recent transformers' Gemma 2/3), else on every layer but each ``sliding_window_pattern``-th
+    (Gemma 3), every other layer (Gemma 2), or all of them (Mistral); none when
+    ``use_sliding_window`` is false (Qwen2/3 configs carry a window they do not use)."""
+    window = d.get("sliding_window")
+    if window is None or d.get("use_sliding_window") is False:
+        return None, 0
+    window = _int(d, "sliding_window", where)
+    types = d.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+            raise _err("model.layer_types", types, f"{where}: must be a list of strings")
+        local = sum(t == "sliding_attention" for t in types)
+    elif d.get("sliding_window_pattern") is not None:
+        period = _int(d, "sliding_window_pattern", where)
+        local = num_layers - num_layers // period
+    elif model_type in _ALTERNATING_WINDOW_MODEL_TYPES:
+        local = num_layers // 2
+    else:
+        local = num_layers
+    return (window, min(local, num_layers)) if local else (None, 0)
 
 
 def _from_hf_gpt2(d: Mapping[str, Any], *, where: str, name: str, model_type: str) -> Model:

@@ -116,6 +116,15 @@ def _mem(name: str, hbm_bytes: float, **kw: object) -> Op:
     return Op(name, "memory", 0.0, hbm_bytes, **kw)  # type: ignore[arg-type]
 
 
+def windowed_keys(seq_len: int, window: int) -> float:
+    """Mean keys a query attends in causal attention over ``seq_len`` tokens limited to the last
+    ``window`` (itself included): ``sum_q min(q, w) / s = w - w^2 / (2 s)`` for ``s >= w``, the
+    causal ``s / 2`` otherwise (the convention ``layer_ops`` uses for full layers)."""
+    if window >= seq_len:
+        return seq_len / 2
+    return window - window * window / (2 * seq_len)
+
+
 def layer_ops(model: Model, strategy: Strategy, *, moe: bool, attention: str = "flash",
               fp8_quantize_bytes_per_element: float = 0.0, moe_imbalance: float = 1.0,
               fp8_compiled_casts: Mapping[str, tuple[float, float, float]] | None = None,
@@ -178,11 +187,29 @@ def layer_ops(model: Model, strategy: Strategy, *, moe: bool, attention: str = "
     full_flops = 2.0 * b * a_loc * s_loc * s * (d_qk + d_v)
     if attention in ("flash", "flash2"):
         hbm = act * tokens * (a_loc * d_qk + kv_width + a_loc * d_v) + 4 * b * a_loc * s_loc
-        # m: the per-kernel query length (with CP each ring step attends a local chunk), which
-        # decides the kernel's efficiency (sim.layers.compute attention curves)
-        ops.append(Op("attention", "attention", full_flops / 2, hbm, m=s_loc, n=s, k=d_qk, batch=b * a_loc,
-                      model_flops=full_flops, recompute_selective=True, kernel=attention,
-                      backward_flops_per_forward=conventions().attention_backward_per_forward))
+        bwd = conventions().attention_backward_per_forward
+        # sliding-window layers (Model.local_attention_layers): the layer op list stands for the
+        # stage's average layer, so their share of the layers attends the window (one no shorter
+        # than the sequence is full attention)
+        window = model.local_attention_window or s
+        local = model.local_attention_layers / model.num_layers if window < s else 0.0
+        if local < 1.0:
+            # m: the per-kernel query length (with CP each ring step attends a local chunk), which
+            # decides the kernel's efficiency (sim.layers.compute attention curves)
+            ops.append(Op("attention", "attention", (1 - local) * full_flops / 2, (1 - local) * hbm, m=s_loc, n=s,
+                          k=d_qk, batch=b * a_loc, model_flops=(1 - local) * full_flops, recompute_selective=True,
+                          kernel=attention, backward_flops_per_forward=bwd))
+        if local > 0.0:
+            w = window
+            keys = windowed_keys(s, w)
+            work = 2.0 * b * a_loc * s_loc * keys * (d_qk + d_v)
+            # a causal kernel over 2w tokens attends w keys per query on average: its efficiency
+            # curve point; one ring step (the window reaches at most the neighbour's chunk, whose
+            # exchange the CP pricing already counts)
+            m = min(s_loc, 2 * w)
+            ops.append(Op("attention_local", "attention", local * work, local * hbm, m=m, n=m, k=d_qk,
+                          batch=b * a_loc, model_flops=local * 2 * work, recompute_selective=True,
+                          kernel=attention, backward_flops_per_forward=bwd))
     else:
         sq = b * a_loc * s_loc * s  # score elements
         ops.append(_gemm("scores_qk", s_loc, s, d_qk, batch=b * a_loc, recompute_selective=True))
