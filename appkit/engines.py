@@ -124,7 +124,8 @@ def export_files(plan: Plan, *, steps: int | None = None, time_limit_s: float | 
     (``format/file name`` -> bytes, warnings about what a tool cannot express)."""
     c = plan.cluster
     spec = LaunchSpec(model=plan.model, strategy=plan.strategy, num_gpus=c.num_gpus, gpus_per_node=c.gpus_per_node,
-                      gpu=c.gpu.id, attention=plan.attention, job_name=job_name(plan.model, c.num_gpus),
+                      gpu=c.gpu.id, attention=plan.attention, cuda_graph_scope=plan.cuda_graph_scope,
+                      job_name=job_name(plan.model, c.num_gpus),
                       steps=steps, time_limit_s=time_limit_s)
     files: dict[str, bytes] = {}
     warnings: list[str] = []

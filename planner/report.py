@@ -50,6 +50,7 @@ def priced(run: Run, result: StepResult) -> dict[str, object]:
                 "fp8_recipe": plan.strategy.fp8_recipe if plan.strategy.precision == "fp8" else None,
                 "fp8_cast_kernels": plan.fp8_cast_kernels if plan.strategy.precision == "fp8" else None,
                 "rope_kernels": plan.rope_kernels,
+                "cuda_graph_scope": plan.cuda_graph_scope if plan.strategy.cuda_graphs else None,
                 "bound_by": bound(out)[0]})
     warnings = list(run.notes) + list(out["warnings"])  # type: ignore[arg-type]
     precision = "bf16" if plan.strategy.precision == "fp16" else plan.strategy.precision

@@ -379,7 +379,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
             steps = math.ceil(args.tokens / best.strategy.tokens_per_step)
         spec = LaunchSpec(model=model, strategy=best.strategy, num_gpus=best.num_gpus,
                           gpus_per_node=best.cluster.gpus_per_node, gpu=best.cluster.gpu.id,
-                          attention=best.plan.attention, job_name=job_name(model, best.num_gpus), steps=steps,
+                          attention=best.plan.attention, cuda_graph_scope=best.plan.cuda_graph_scope,
+                          job_name=job_name(model, best.num_gpus), steps=steps,
                           time_limit_s=best.step_time_s * steps if steps else None)
         for fmt in formats:
             if mismatched.get(fmt, (None,))[0] == "family":

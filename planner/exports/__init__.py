@@ -82,6 +82,7 @@ class LaunchSpec:
     gpus_per_node: int
     gpu: str = ""
     attention: str = "flash"
+    cuda_graph_scope: str = "layer"  # Plan.cuda_graph_scope: what the strategy's CUDA graphs capture
     job_name: str = "train"
     steps: int | None = None  # optimizer steps to run (from a token budget), None = unknown
     time_limit_s: float | None = None  # expected wall time (Slurm --time), None = unset
@@ -193,7 +194,8 @@ def launchable(plan: Plan, framework: str) -> bool:
     c = plan.cluster
     try:
         render(fmts[0], LaunchSpec(model=plan.model, strategy=plan.strategy, num_gpus=c.num_gpus,
-                                   gpus_per_node=c.gpus_per_node, gpu=c.gpu.id, attention=plan.attention))
+                                   gpus_per_node=c.gpus_per_node, gpu=c.gpu.id, attention=plan.attention,
+                                   cuda_graph_scope=plan.cuda_graph_scope))
     except InputError:
         return False
     return True

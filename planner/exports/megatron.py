@@ -95,8 +95,8 @@ def megatron_args(spec: LaunchSpec, var: Callable[[str], str] = shell_var) -> tu
 
     def opt(flag: str, value: object | None = None) -> None:
         a.append(flag)
-        if value is not None:
-            a.append(str(value))
+        if value is not None:  # a tuple: an nargs='+' option's values
+            a.extend(str(v) for v in (value if isinstance(value, tuple) else (value,)))
 
     _architecture_args(spec, opt, var)
     _parallel_args(spec, opt)
@@ -205,7 +205,12 @@ def _parallel_args(spec: LaunchSpec, opt) -> None:
     elif s.pp_overlap and s.vp == 1:
         raise InputError("export", "megatron", "pp_overlap=1 needs interleaving (vp > 1): Megatron-LM overlaps "
                          "pipeline sends only between model chunks (overlap_p2p_comm)")
-    if s.cuda_graphs:
+    if s.cuda_graphs and spec.cuda_graph_scope == "attention":
+        # Transformer Engine graphs of the attention block (and the MoE router): what a dropless
+        # MoE layer can capture (Plan.cuda_graph_scope)
+        opt("--cuda-graph-impl", "transformer_engine")
+        opt("--cuda-graph-scope", ("attn", "moe_router", "moe_preprocess") if m.moe is not None else ("attn",))
+    elif s.cuda_graphs:
         opt("--enable-cuda-graph")
 
 

@@ -23,7 +23,8 @@ row states, never by a per-row value:
   MaxText remat policies), precision and fp8 recipe (``precision`` text: delayed, tensorwise or
   blockwise scaling, MXFP8; fp8 parameters where it names ``fp8_params`` / ``FP8_PARAMS`` /
   fp8 param gather and the profile keeps them), overlap switches the ``overlap`` text names (TP comm overlap,
-  overlapped p2p, expert all-to-all overlap, CUDA graphs); an Automodel MoE row whose notes
+  overlapped p2p, expert all-to-all overlap, CUDA graphs, of the attention block and router only where
+  it says "CUDA graphs (attn, ...)"); an Automodel MoE row whose notes
   state its fake balanced gate routes each token to consecutive experts (``sim.layers.moe_routing``);
   a profile that runs one pipeline schedule per local batch (Automodel) with a stated local batch
   runs ``global_batch / (local_batch x dp)`` of them per step (``Plan.pipeline_flushes``);
@@ -434,6 +435,12 @@ def strategy_of(row: dict, fw: Framework, *, unstated_vp_searched: bool) -> Mapp
     plan: dict[str, Any] = {}
     if policy is not None:
         plan["selective_policy"] = policy
+    if values.get("cuda_graphs") and re.search(r"cuda graphs? \(attn\b", _text(s.get("overlap"))):
+        # Megatron-Core --cuda-graph-scope attn moe_router moe_preprocess: the attention block and
+        # the router are captured, the experts and their dispatch run eagerly
+        plan["cuda_graph_scope"] = "attention"
+        notes.append("CUDA graphs of the attention block and the MoE router only (--cuda-graph-scope attn "
+                     "moe_router moe_preprocess)")
     if row["model"].get("moe") and fw.id == "automodel" and "fake balanced gate" in _text(row.get("notes")):
         # NeMo Automodel's FakeBalancedGate routes token t to experts (t k + j) mod E (sim.layers.moe_routing)
         plan["moe_routing"] = "contiguous"

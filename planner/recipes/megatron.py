@@ -100,7 +100,6 @@ COSTLY: dict[str, str] = {
     "--step-batch-size-schedule": "batch-size ramp (early steps run smaller batches; the planner prices "
                                   "--global-batch-size)",
     "--rampup-batch-size": "batch-size ramp (the planner prices --global-batch-size)",
-    "--cuda-graph-scope": "which parts are captured",
     "--cuda-graph-modules": "which parts are captured",
     "--moe-token-drop-policy": "token dropping",
     "--num-experts-per-tok": "see --moe-router-topk",
@@ -481,6 +480,13 @@ def read_megatron(path: str, options: list[tuple[str, object]], *, dialect: str,
     impl = r.text("--cuda-graph-impl", "strategy.cuda_graphs")
     if impl is not None and impl != "none":
         st["cuda_graphs"] = True
+    scope = r.get("--cuda-graph-scope", "plan.cuda_graph_scope")
+    if scope is not None and scope is not True:
+        # Megatron-Core's scopes (transformer_config.py cuda_graph_scope): "full" or none = the whole
+        # layer; a subset of attn / moe_router / moe_preprocess = the attention block and the router
+        parts = {p for v in (scope if isinstance(scope, list) else [scope]) for p in re.split(r"[\s,]+", str(v)) if p}
+        if parts and parts <= {"attn", "moe_router", "moe_preprocess"}:
+            plan["cuda_graph_scope"] = "attention"
 
     # ---- precision
     if r.flag("--fp16", "strategy.precision", "fp16"):

@@ -159,6 +159,14 @@ class StepCosts:
 # Selective recomputation policies other than Megatron's core attention and torchtitan's op
 # level: the forward ops each recomputes in the backward (Megatron-Core --recompute-modules
 # mlp / moe_act / mla_up_proj; MaxText remat policy save_dot_except_mlpwi = mlp_up).
+# the ops Megatron-Core's attention-block and router CUDA graphs capture (Plan.cuda_graph_scope
+# "attention": --cuda-graph-scope attn moe_router moe_preprocess): the input norm through the
+# attention residual, the pre-MLP norm and the router (and their fp8 casts); the token permutation,
+# experts, MLP and MLP residual stay eager
+ATTENTION_BLOCK_OPS: frozenset[str] = frozenset({
+    "norm_attn", "qkv_proj", "q_proj", "q_down", "q_up", "kv_down", "kv_up", "rope", "attention", "attention_local",
+    "scores_qk", "softmax_dropout", "attn_v", "out_proj", "residual_dropout_attn", "norm_mlp", "router"})
+
 SELECTIVE_OPS: dict[str, frozenset[str]] = {
     "mlp_up": frozenset({"ffn_up", "activation", "expert_up", "expert_activation", "shared_up", "shared_activation"}),
     "mlp": frozenset({"ffn_up", "activation", "ffn_down", "expert_up", "expert_activation", "expert_down",
@@ -195,17 +203,24 @@ def _with_library(eff: KernelEfficiency, library: str) -> KernelEfficiency:
 def layer_cost(plan: Plan, net: Network, lops: LayerOps, eff: KernelEfficiency, layer_params: float) -> LayerCost:
     s, gpu = plan.strategy, plan.cluster.gpu
     eff = _with_library(eff, plan.attention_library)  # the framework's attention-kernel release
-    if s.cuda_graphs:
-        # the layers' kernels replay from a captured CUDA graph (Megatron-Core / TE
-        # make_graphed_callables): no per-op host dispatch, only the GPU-side launch cost
-        eff = _graphed(eff)
     eager = plan.eager_elementwise
     # GPU work runs at the pace of the job's slowest GPU (sim.layers.variability)
     slowest = eff.slowest_rank_factor(plan.cluster.num_gpus)
 
     # every op timed once (memoised across plans: sim.layers.compute.op_times), subsets summed in order
-    as_run = op_times(gpu, s.precision, lops.ops, eff, eager=eager, fused=plan.fused_ops)
-    plain = as_run if not eager else op_times(gpu, s.precision, lops.ops, eff)
+    def run_times(e: KernelEfficiency) -> tuple[tuple, tuple]:
+        as_run = op_times(gpu, s.precision, lops.ops, e, eager=eager, fused=plan.fused_ops)
+        return as_run, as_run if not eager else op_times(gpu, s.precision, lops.ops, e)
+
+    as_run, plain = run_times(eff)
+    if s.cuda_graphs:
+        # the captured ops replay from a CUDA graph (Megatron-Core / TE make_graphed_callables): no
+        # per-op host dispatch, only the GPU-side launch cost; the others are dispatched as before
+        g_run, g_plain = run_times(_graphed(eff))
+        captured = [plan.cuda_graph_scope == "layer" or op.name.removeprefix("fp8_cast_") in ATTENTION_BLOCK_OPS
+                    for op in lops.ops]
+        as_run = tuple(g if c else t for g, t, c in zip(g_run, as_run, captured))
+        plain = tuple(g if c else t for g, t, c in zip(g_plain, plain, captured))
     by_op = {id(op): (t, u) for op, t, u in zip(lops.ops, as_run, plain)}
 
     def timed(ops: tuple, eager: bool = False) -> tuple[float, float]:

@@ -35,6 +35,13 @@ FP8_CAST_KERNELS: tuple[str, ...] = ("standalone", "inductor")
 # inductor, which falls back to ATen for the complex multiplies and adds dtype conversions, with
 # repeat_kv's copies and the three projections' input-gradient sum (catalogs/efficiency.yaml compiled_rope)
 ROPE_KERNELS: tuple[str, ...] = ("fused", "inductor")
+# What a plan's CUDA graphs capture (Plan.cuda_graph_scope, with Strategy.cuda_graphs): every op of
+# the layer (Megatron-Core --enable-cuda-graph / TE graphs of the whole layer; an MoE layer only
+# when its experts' inputs are padded to capacity), or the attention block and the MoE router
+# (--cuda-graph-scope attn moe_router moe_preprocess: the most a dropless MoE layer can capture,
+# Megatron-LM core_v0.17.1 transformer_config.py "moe cuda graph is only supported with
+# drop-padding MoE"), the experts, their dispatch and the MLP running eagerly
+CUDA_GRAPH_SCOPES: tuple[str, ...] = ("layer", "attention")
 # How a ZeRO-3 engine gathers parameters: coalesced buckets with prefetch (FSDP, DeepSpeed >= 0.5.10)
 # or one synchronous collective per parameter tensor (DeepSpeed ZeRO-3 of 2021)
 ZERO3_GATHERS: tuple[str, ...] = ("bucketed", "per_tensor_sync")
@@ -171,6 +178,9 @@ class Plan:
     # what runs the rotary embedding (a framework's rope_kernels, ROPE_KERNELS): "fused" or
     # "inductor" (torchtitan's complex rope in a compiled block; sim.layers.ops.layer_ops)
     rope_kernels: str = "fused"
+    # what the CUDA graphs capture when the strategy has them (CUDA_GRAPH_SCOPES): "layer" or
+    # "attention" (the attention block and the MoE router; sim.cost.costs.layer_cost)
+    cuda_graph_scope: str = "layer"
 
     @property
     def attention_kernel(self) -> str:
@@ -230,6 +240,8 @@ class Plan:
             raise InputError("fp8_cast_kernels", self.fp8_cast_kernels, f"must be one of {', '.join(FP8_CAST_KERNELS)}")
         if self.rope_kernels not in ROPE_KERNELS:
             raise InputError("rope_kernels", self.rope_kernels, f"must be one of {', '.join(ROPE_KERNELS)}")
+        if self.cuda_graph_scope not in CUDA_GRAPH_SCOPES:
+            raise InputError("cuda_graph_scope", self.cuda_graph_scope, f"must be one of {', '.join(CUDA_GRAPH_SCOPES)}")
         if self.fsdp_experts_unit not in FSDP_EXPERTS_UNITS:
             raise InputError("fsdp_experts_unit", self.fsdp_experts_unit, f"must be one of {', '.join(FSDP_EXPERTS_UNITS)}")
         if self.loss_tp and self.loss_tp not in LOSS_IMPLS:
