@@ -455,10 +455,12 @@ def test_zero_engine_step_keeps_a_segment_for_the_fp32_gradient_copy():
 def test_nemo_performance_scripts_keep_bf16_gradients():
     """NeMo's scripts/performance (nemo-2025h1) set grad_reduce_in_fp32=False: for fp8 runs in
     set_primary_perf_configs, for every run through the performance_mode recipes' optimizations:
-    a bf16 main_grad buffer and an fp32 copy of the gradient shard in the distributed optimizer,
-    Megatron-LM's 'float16 parameters, float16 gradients: 4 + 16/d' bytes per parameter, and a
-    reduce-scatter of half the bytes; the nemo profile keeps fp32 gradients (6 + 12/d).  fp8
-    parameters gather 1 byte per parameter."""
+    a bf16 main_grad buffer, reduced in half the bytes.  fp8 runs keep the distributed optimizer's
+    fp32 copy of the gradient shard, Megatron-LM's 'float16 parameters, float16 gradients: 4 +
+    16/d' bytes per parameter; bf16 runs get the precision-aware optimizer (set_primary_perf_configs
+    line 423): master weights as 16-bit remainders beside the bf16 parameters, the bf16 gradient
+    shard read as it is, Adam m, v in fp32: 4 + 10/d.  The nemo profile keeps fp32 gradients
+    (6 + 12/d).  fp8 parameters gather 1 byte per parameter."""
     from dataclasses import replace
 
     from sim.cost.costs import plan_comm_runtime
@@ -469,7 +471,8 @@ def test_nemo_performance_scripts_keep_bf16_gradients():
     fp8 = _plan("llama3-8b", 16, "tp=2,dp=8,mbs=1,gbs=64,seq=8192,zero=1,sp=1,precision=fp8", "nemo-2025h1")
     bf16_perf = _plan("llama3-8b", 16, "tp=2,dp=8,mbs=1,gbs=64,seq=8192,zero=1,sp=1", "nemo-2025h1")
     bf16 = _plan("llama3-8b", 16, "tp=2,dp=8,mbs=1,gbs=64,seq=8192,zero=1,sp=1", "nemo")
-    assert fp8.model_states_layout == bf16_perf.model_states_layout == "megatron_bf16_grads"
+    assert fp8.model_states_layout == "megatron_bf16_grads"
+    assert bf16_perf.model_states_layout == "megatron_remainders"
     assert bf16.model_states_layout == "megatron"
     assert _plan("llama3-8b", 16, "tp=2,dp=8,mbs=1,gbs=64,seq=8192,zero=1,sp=1,precision=fp8",
                  "nemo").model_states_layout == "megatron"
@@ -478,6 +481,11 @@ def test_nemo_performance_scripts_keep_bf16_gradients():
         s = Strategy(dp=d, gbs=d, zero=1 if d > 1 else 0)
         w, g, o = model_state_bytes(p, s, state_layout("megatron_bf16_grads"))
         assert w + g + o == pytest.approx((4 + 16 / d) * 1e9 if d > 1 else 20e9)
+        w, g, o = model_state_bytes(p, s, state_layout("megatron_remainders"))
+        assert (w, g) == (2e9, 2e9) and o == pytest.approx(10e9 / d)
+        w, g, o = model_state_bytes(p, s, state_layout("megatron_remainders_fp32_grads"))
+        assert (w, g) == (2e9, 4e9) and o == pytest.approx(10e9 / d)
+    assert plan_comm_runtime(bf16_perf).grad_reduce_bytes_per_param == 2
     assert plan_comm_runtime(fp8).grad_reduce_bytes_per_param == 2
     assert plan_comm_runtime(bf16).grad_reduce_bytes_per_param == 4
     assert plan_comm_runtime(fp8).param_gather_bytes_per_param == 2
@@ -542,7 +550,7 @@ def test_launchers_that_turn_nvls_off_map_no_nvls_buffers_and_reduce_without_it(
     assert get_framework("megatron-core").nvls and get_framework("torchtitan").nvls
     strategy = "tp=8,dp=2,mbs=1,gbs=16,seq=4096,sp=1,zero=1"
     on = plan_memory(_plan("llama3-8b", 16, strategy, "megatron-core"))
-    off = plan_memory(_plan("llama3-8b", 16, strategy, "nemo-2025h1"))
+    off = plan_memory(_plan("llama3-8b", 16, strategy, "nemo"))  # the same model-state layout, NVLS off
     assert on.device_bytes - off.device_bytes >= 1.5 * 2**30  # at least the tp group's 8 heads
     assert on.allocated_bytes == off.allocated_bytes
     cl = cluster_from_catalog(gpu="h100-80gb", num_gpus=8)

@@ -307,3 +307,18 @@ def test_megatron_linears_are_biased_unless_disabled(tmp_path, args, biased):
     assert recipe.model.linear_bias is biased
     if args:
         assert any(k.key == args and k.maps_to == "model.linear_bias" for k in recipe.keys)
+
+
+@pytest.mark.parametrize("args,layout", [("", None), ("--grad-reduce-in-bf16", "megatron_bf16_grads"),
+                                         ("--use-precision-aware-optimizer", "megatron_remainders_fp32_grads"),
+                                         ("--use-precision-aware-optimizer --grad-reduce-in-bf16",
+                                          "megatron_remainders")])
+def test_megatron_gradient_dtype_and_precision_aware_optimizer_set_the_state_layout(tmp_path, args, layout):
+    """--grad-reduce-in-bf16 keeps a bf16 main_grad buffer; --use-precision-aware-optimizer holds the
+    master weights as 16-bit remainders in TE's FusedAdam and reads the gradient shard as it is
+    (Megatron-Core optimizer/__init__.py, distrib_optimizer.py): Plan.state_layout for either precision."""
+    path = tmp_path / "train.sh"
+    path.write_text(_TE_SCRIPT.format(env="", args=args))
+    recipe = read_recipe(str(path))
+    assert recipe.plan.get("state_layout") == layout
+    assert recipe.plan.get("fp8_state_layout") == layout

@@ -455,7 +455,7 @@ def strategy_of(row: dict, fw: Framework, *, unstated_vp_searched: bool) -> Mapp
         # NeMo 2's performance script for DeepSeek-V3 at dgxc-benchmarking 25.05's commit (7a8f1cc)
         # calls pretrain_recipe() without performance_mode, so its bf16 runs keep the recipe's fp32
         # gradient buffer (fp8 runs still get grad_reduce_in_fp32=False from set_primary_perf_configs)
-        plan["state_layout"] = "megatron"
+        plan["state_layout"] = "megatron_remainders_fp32_grads"  # its bf16 runs: precision-aware optimizer too
         plan["fp8_state_layout"] = "megatron_bf16_grads"
     if fw.pipeline_schedule_per == "local_batch" and pp > 1 and s.get("local_batch"):
         # one pipeline schedule (fill and drain) per gradient-accumulation step (sim.cost.step.compose)

@@ -50,7 +50,6 @@ COSTLY: dict[str, str] = {
     "--cross-entropy-fusion-impl": "fused loss kernel",
     "--fp8-amax-history-len": "delayed-scaling history (small)",
     "--fp8-amax-compute-algo": "delayed-scaling reduction (small)",
-    "--grad-reduce-in-bf16": "gradients reduced in bf16 (half the fp32 volume)",
     "--grad-reduce-in-fp32": "gradient reduction precision (volume)",
     "--accumulate-allreduce-grads-in-fp32": "gradient reduction precision",
     "--no-gradient-accumulation-fusion": "weight-gradient accumulation outside the GEMM",
@@ -63,7 +62,6 @@ COSTLY: dict[str, str] = {
                         "none for Llama-style)",
     "--attention-dropout": "dropout masks take activation memory (see --hidden-dropout)",
     "--qk-layernorm": "two small norms per layer",
-    "--use-precision-aware-optimizer": "optimizer state precision (memory)",
     "--exp-avg-dtype": "optimizer state precision (memory)",
     "--exp-avg-sq-dtype": "optimizer state precision (memory)",
     "--main-grads-dtype": "gradient buffer precision (memory)",
@@ -517,6 +515,15 @@ def read_megatron(path: str, options: list[tuple[str, object]], *, dialect: str,
     if "precision" not in st:  # Megatron-LM without --bf16/--fp16 trains in fp32
         raise recipe_error(path, "--bf16", None, "neither --bf16 nor --fp16: Megatron-LM trains in fp32, which the "
                            "planner does not model (add --bf16)")
+
+    # ---- model-state layout (sim.data.runtime.STATE_LAYOUTS): the gradient buffer's dtype and the
+    # precision-aware optimizer's 16-bit master-weight remainders (Megatron-Core optimizer/__init__.py)
+    bf16_grads = r.flag("--grad-reduce-in-bf16", "plan.state_layout")
+    if r.flag("--use-precision-aware-optimizer", "plan.state_layout"):
+        plan["state_layout"] = plan["fp8_state_layout"] = ("megatron_remainders" if bf16_grads
+                                                           else "megatron_remainders_fp32_grads")
+    elif bf16_grads:
+        plan["state_layout"] = plan["fp8_state_layout"] = "megatron_bf16_grads"
 
     # ---- kernels the framework profile does not fix
     backend = r.text("--attention-backend", "plan.attention")

@@ -138,7 +138,8 @@ class StateLayout:
         return self.grad_reduce_bytes_per_param or self.gradient_bytes_per_param
 
 
-STATE_LAYOUTS: tuple[str, ...] = ("megatron", "megatron_bf16_grads", "torch_amp", "torch_bf16", "deepspeed")
+STATE_LAYOUTS: tuple[str, ...] = ("megatron", "megatron_bf16_grads", "megatron_remainders", "megatron_remainders_fp32_grads",
+                                  "torch_amp", "torch_bf16", "deepspeed")
 # PyTorch-native layouts (FSDP2 under ZeRO-2/3, DDP otherwise): mixed precision with fp32 master
 # parameters (torch_amp) or bf16 parameters throughout (torch_bf16)
 FSDP2_LAYOUTS: tuple[str, ...] = ("torch_amp", "torch_bf16")
