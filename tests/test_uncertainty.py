@@ -190,3 +190,19 @@ def test_band_levels_carry_the_conformal_finite_sample_correction():
         lo, hi = band_levels(n)
         assert 0.0 <= lo <= 0.1 and 0.9 <= hi <= 1.0
     assert band_levels(10**6) == pytest.approx((0.1, 0.9), abs=1e-5)
+
+
+def test_recommend_and_simulate_report_the_same_band_for_an_moe_plan(capsys):
+    """One code path resolves a run: the band recommend shows for its winner is the one simulate
+    reports for the same plan (an MoE model: the moe spread, not the dense one)."""
+    assert main(["recommend", "--model", "mixtral-8x7b", "--gpu", "h100-80gb", "--num-gpus", "16", "--gbs", "64",
+                 "--seq-len", "2048", "--json", "--rerank", "0", "--framework", "megatron-core",
+                 ]) == 0
+    rec = json.loads(capsys.readouterr().out)
+    win = rec["plans"][0]
+    assert win["uncertainty"]["spread_class"] == "moe"
+    assert main(["simulate", "--model", "mixtral-8x7b", "--gpu", "h100-80gb", "--num-gpus", "16",
+                 "--strategy", win["strategy"], "--framework", "megatron-core", "--engine", "analytic", "--json"]) == 0
+    sim = json.loads(capsys.readouterr().out)
+    assert sim["uncertainty"] == win["uncertainty"]
+    assert sim["step_time_s_low"] == pytest.approx(win["step_time_s_low"], rel=1e-9)

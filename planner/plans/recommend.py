@@ -49,7 +49,8 @@ from planner.plans.explain import bound
 from planner.exports import launchable
 from planner.plans.rerank import DEFAULT_RERANK_PASSES, rerank_event, with_rank_orders
 from planner.plans.search import SearchResult, SearchSpace, search
-from planner.fitting.uncertainty import Band, above_published_note, band_from, headline, memory_headroom, stored_table
+from planner.fitting.uncertainty import (Band, above_published_note, band_for, band_from, headline, memory_headroom,
+                                         stored_table)
 
 Objective = Literal["throughput", "time", "cost"]
 OBJECTIVES: tuple[str, ...] = ("throughput", "time", "cost")
@@ -364,8 +365,10 @@ def framework_space(space: SearchSpace, fw_id: str, cluster: Cluster) -> SearchS
 
 
 def estimate_band(framework: str, cluster: Cluster) -> Band:
-    """The calibrated-estimate band of plans on ``cluster`` under ``framework`` (its class reads
-    the GPU architecture and framework family, ``planner.fitting.uncertainty``)."""
+    """The calibrated-estimate band of plans on ``cluster`` under ``framework``, for ranking: its
+    bias (the class center reads the GPU architecture and framework family,
+    ``planner.fitting.uncertainty``) is every such plan's; the spread a shown plan reports is its
+    own (``band_for``: the parallelism mix, MoE or long context, picks it)."""
     fw = get_framework(framework)
     return band_from(stored_table(), (fw.family, cluster.gpu.architecture or "unknown", "dense"))
 
@@ -582,11 +585,13 @@ def _shown_plans(ordered: list[tuple], searches: list[SearchResult], bands: list
         if not launchable(plan, r.framework):
             continue  # a plan its framework's launch format cannot state is not shown
         res = simulate_analytic(plan, net=fm.net, eff=fm.eff)
-        value = float(objective.values(np.array([bands[k].estimate(res.step_time_s)]), tokens_per_step,
+        band = band_for(plan, r.framework)  # the band `simulate` reports for this plan
+        assert band.bias == bands[k].bias  # the ranking's estimate is the same
+        value = float(objective.values(np.array([band.estimate(res.step_time_s)]), tokens_per_step,
                                        r.cluster.num_gpus)[0])
         ranked.append(RankedPlan(rank=0, plan=plan, result=res, objective_value=value, complexity=key[0],
                                  fast_step_time_s=float(r.candidates.step_time_s[i]),
-                                 analytic_step_time_s=res.step_time_s, band=bands[k], framework=r.framework,
+                                 analytic_step_time_s=res.step_time_s, band=band, framework=r.framework,
                                  search=r))
     return with_rank_orders(ranked, objective, tokens_per_step, top)
 
