@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from planner.exports import render
+from planner.exports.megatron import window_pattern
 from planner.recipes import read_recipe
 from sim.base.errors import InputError
 from sim.cost.plan import Plan, parse_strategy
@@ -39,7 +40,8 @@ def test_windowed_keys_closed_form():
 def test_model_fields_validated_and_read_from_project_files():
     m = model_from_dict({**BASE, "local_attention_window": 16, "local_attention_layers": 2}, where="m.yaml")
     assert (m.local_attention_window, m.local_attention_layers) == (16, 2)
-    assert [m.is_local_attention_layer(i) for i in range(4)] == [True, False, True, False]
+    assert window_pattern(4, 2) == "[1,0,1,0]" and window_pattern(6, 5) == "[1,1,1,1,1,0]"
+    assert window_pattern(3, 3) == "[1,1,1]"
     with pytest.raises(InputError) as e:
         model_from_dict({**BASE, "local_attention_layers": 2}, where="m.yaml")
     assert e.value.field == "model.local_attention_layers"

@@ -74,6 +74,15 @@ def shell_var(name: str) -> str:
     return "${" + name + "}"
 
 
+def window_pattern(num_layers: int, local_layers: int) -> str:
+    """``--window-attn-skip-freq``'s per-layer list (1 = sliding window, 0 = full attention) for
+    ``local_layers`` windowed layers spread evenly, each period's full layer last (gpt-oss: 1, 0,
+    1, 0, ...; Gemma 3: five 1s, then a 0)."""
+    full = num_layers - local_layers
+    return "[" + ",".join("1" if (i + 1) * full // num_layers == i * full // num_layers else "0"
+                          for i in range(num_layers)) + "]"
+
+
 def placeholder_block(spec: LaunchSpec, *, style: str = "shell") -> str:
     """The placeholder variables, one per line with what they are (shell assignments)."""
     lines = ["# ---- set these for your run (placeholders; the predicted plan does not depend on them) ----"]
@@ -159,8 +168,7 @@ def _architecture_args(spec: LaunchSpec, opt, var: Callable[[str], str]) -> None
     if m.local_attention_layers:  # Megatron-Core core_v0.17 --window-size / --window-attn-skip-freq
         opt("--window-size", f"{m.local_attention_window},0")
         if m.local_attention_layers < m.num_layers:
-            opt("--window-attn-skip-freq", "[" + ",".join("1" if m.is_local_attention_layer(i) else "0"
-                                                        for i in range(m.num_layers)) + "]")
+            opt("--window-attn-skip-freq", window_pattern(m.num_layers, m.local_attention_layers))
     if m.moe is not None:
         e = m.moe
         opt("--num-experts", e.num_experts)

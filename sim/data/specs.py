@@ -238,13 +238,9 @@ class Model:
     # and their kernels' time is not separable in the layer timings the GEMM model is fitted on:
     # docs/accuracy.md).
     linear_bias: bool = False
-    # Sliding-window (local) attention: on ``local_attention_layers`` of the layers each query
-    # attends only the ``local_attention_window`` keys up to itself, the others the whole causal
-    # prefix (gpt-oss: 128 on every other layer; Mistral 7B v0.1: 4096 on all; Gemma 2: 4096 on
-    # every other; Gemma 3: 1024 on five of six).  Fused kernels skip the key tiles outside the
-    # window (flash-attn ``window_size``, Transformer Engine / cuDNN ``window_size``,
-    # FlexAttention block masks; Megatron-Core ``--window-size`` / ``--window-attn-skip-freq``):
-    # ``sim.layers.ops`` prices those layers' attention at the keys they attend.
+    # Sliding-window attention: ``local_attention_layers`` of the layers attend only the last
+    # ``local_attention_window`` keys (gpt-oss: 128 on half; Gemma 3: 1024 on five of six), priced
+    # at the keys they attend (sim.layers.ops.windowed_keys; fused kernels skip the other tiles).
     local_attention_window: int | None = None
     local_attention_layers: int = 0
     source: str = ""
@@ -279,24 +275,13 @@ class Model:
             raise InputError("model.linear_bias", self.linear_bias, "must be true or false")
         if self.local_attention_window is not None:
             _positive_int("model.local_attention_window", self.local_attention_window, limit=1 << 30)
-        if isinstance(self.local_attention_layers, bool) or not isinstance(self.local_attention_layers, int) \
-                or not 0 <= self.local_attention_layers <= self.num_layers:
-            raise InputError("model.local_attention_layers", self.local_attention_layers,
-                             f"must be an integer in [0, num_layers={self.num_layers}]")
-        if self.local_attention_layers and self.local_attention_window is None:
-            raise InputError("model.local_attention_layers", self.local_attention_layers,
-                             "needs local_attention_window (the window those layers attend)")
+        if self.local_attention_layers != 0:  # 0: every layer attends the full prefix
+            _positive_int("model.local_attention_layers", self.local_attention_layers, limit=self.num_layers)
+            if self.local_attention_window is None:
+                raise InputError("model.local_attention_layers", self.local_attention_layers, "needs local_attention_window")
         if self.moe is not None and self.moe.first_k_dense_layers > self.num_layers:
             raise InputError("moe.first_k_dense_layers", self.moe.first_k_dense_layers,
                              f"exceeds num_layers={self.num_layers}")
-
-    def is_local_attention_layer(self, layer: int) -> bool:
-        """Whether 0-based ``layer`` attends a sliding window: the ``local_attention_layers``
-        spread evenly with the full-attention ones last in each period (gpt-oss: local, full,
-        local, ...; Gemma 3: five local, then one full), Megatron-Core ``--window-attn-skip-freq``'s
-        pattern."""
-        full = self.num_layers - self.local_attention_layers
-        return (layer + 1) * full // self.num_layers == layer * full // self.num_layers
 
     # Derived shapes ------------------------------------------------------------------
     @property
