@@ -263,6 +263,7 @@ PARAM_COUNTS = [
     ("deepseek-v3", 671.0, 0.005, "DeepSeek-V3 report: 671B without the 14B MTP module"),
     ("qwen3-235b-a22b", 235.0, 0.01, "Qwen3 report label (235B; QK-norm weights uncounted)"),
     ("qwen3-30b-a3b", 30.5, 0.01, "Qwen3-30B-A3B model card: 30.5B total"),
+    ("mistral-7b", 7.2417, 0.001, "mistralai/Mistral-7B-v0.1: 7,241,732,096 weights"),
     ("gpt-oss-120b", 116.83, 0.002, "gpt-oss model card Table 1 (biases and attention sinks uncounted)"),
     ("gpt-oss-20b", 20.91, 0.002, "gpt-oss model card Table 1 (biases and attention sinks uncounted)"),
     ("gpt-22b", 22.0, 0.01, "Korthikanti Table 3 label"),
