@@ -253,10 +253,11 @@ def _window(path: str, r: "_Reader", num_layers: int) -> dict[str, int]:
     if left == 0:
         raise recipe_error(path, "--window-size", size, "the left window must be > 0 (or -1 for none)")
     freq = r.get("--window-attn-skip-freq", "model.local_attention_layers")
+    text = str(freq).strip()
     if freq is None:
         local = num_layers
-    elif re.fullmatch(r"\d+", str(freq).strip()):
-        local = num_layers - num_layers // max(1, int(str(freq).strip()))
+    elif text.isdigit():
+        local = num_layers - num_layers // max(1, int(text))
     else:
         local = sum(_layer_list(path, "--window-attn-skip-freq", freq, num_layers))
     return {"local_attention_window": left, "local_attention_layers": local} if local else {}

@@ -200,13 +200,11 @@ def layer_ops(model: Model, strategy: Strategy, *, moe: bool, attention: str = "
                           k=d_qk, batch=b * a_loc, model_flops=(1 - local) * full_flops, recompute_selective=True,
                           kernel=attention, backward_flops_per_forward=bwd))
         if local > 0.0:
-            w = window
-            keys = windowed_keys(s, w)
-            work = 2.0 * b * a_loc * s_loc * keys * (d_qk + d_v)
+            work = 2.0 * b * a_loc * s_loc * windowed_keys(s, window) * (d_qk + d_v)
             # a causal kernel over 2w tokens attends w keys per query on average: its efficiency
             # curve point; one ring step (the window reaches at most the neighbour's chunk, whose
             # exchange the CP pricing already counts)
-            m = min(s_loc, 2 * w)
+            m = min(s_loc, 2 * window)
             ops.append(Op("attention_local", "attention", local * work, local * hbm, m=m, n=m, k=d_qk,
                           batch=b * a_loc, model_flops=local * 2 * work, recompute_selective=True,
                           kernel=attention, backward_flops_per_forward=bwd))
