@@ -35,8 +35,8 @@ import numpy as np
 from sim.layers.compute import KernelEfficiency, default_efficiency
 from sim.cost.costs import (LayerCost, default_network, dp_collectives, end_costs, plan_layer_ops, layer_cost, p2p_bytes,
                        p2p_time_s, piece_settings, plan_comm_runtime)
-from sim.cost.memory import (cluster_extra_bytes, head_activation_bytes, inflight, layer_activations, layer_backward_bytes,
-                        recompute_time_fraction, split_of, offloaded_activation_bytes, stage_memory,
+from sim.cost.memory import (cluster_extra_bytes, eager_attention_block_bytes, head_activation_bytes, inflight,
+                        layer_activations, layer_backward_bytes, recompute_time_fraction, split_of, offloaded_activation_bytes, stage_memory,
                         fp8_weight_cache_of, gpus_sharing_a_host, within_host)
 from sim.net.network import Network
 from sim.layers.ops import LayerOps
@@ -150,7 +150,7 @@ _EXPOSED_BWD = ("exposed_tp_bwd_s", "exposed_cp_bwd_s", "exposed_ep_bwd_s")
 _LAYER = ("fwd_s", "bwd_s", "recompute_s", "exposed_fwd_s", "exposed_bwd_s")
 _ENDS = ("embedding_fwd_s", "embedding_bwd_s", "head_fwd_s", "head_bwd_s")
 _ACTS = ("dense_act_bytes", "moe_act_bytes", "dense_full_bytes", "moe_full_bytes", "recomputed_layer_bytes",
-         "backward_bytes", "head_act_bytes")
+         "backward_bytes", "head_act_bytes", "attention_block_bytes")
 _FIELDS = tuple(f"dense_{n}" for n in _LAYER) + tuple(f"moe_{n}" for n in _LAYER) + _ENDS + _ACTS
 _COLUMN = {name: i for i, name in enumerate(_FIELDS)}
 
@@ -276,7 +276,8 @@ class FastModel:
                    layer_backward_bytes(model, s, moe=True, moe_imbalance=probe.moe_imbalance) if is_moe else 0.0)
         nl = len(_LAYER)
         vec = (dense[:nl] + _layer_vector(cost(True) if is_moe else None) + dense[nl:]
-               + list(acts) + [back, head_activation_bytes(model, s, eager=probe.eager_activations)])
+               + list(acts) + [back, head_activation_bytes(model, s, eager=probe.eager_activations),
+                               eager_attention_block_bytes(model, s) if probe.eager_activations else 0.0])
         got = np.array(vec, dtype=float)
         self._micro[key] = got
         return got
@@ -338,7 +339,7 @@ class FastModel:
 
         # ---- memory: sim.cost.memory.stage_memory per stage shape -----------------------------
         tokens = np.array([mbs * self.seq_len // layout.cp for mbs in grid.mbs], dtype=float).reshape(M, 1, 1, 1, 1)
-        dense_act, moe_act, dense_full, moe_full, recomputed, back, head_act = (msr(n) for n in _ACTS)
+        dense_act, moe_act, dense_full, moe_full, recomputed, back, head_act, attn_block = (msr(n) for n in _ACTS)
         oc, hs, _ = self._host() if any_offload else (None, None, None)
         lay = state_layout(probe.states_layout_for(layout.precision))
         stage_list = stage_index_shapes(model, self.representative(layout))
@@ -371,7 +372,7 @@ class FastModel:
                                    fp8_cached_weights=fp8_weight_cache_of(layout.precision, probe.fp8_weight_cache),
                                    bf16_optimizer=probe.deepspeed_bf16_optimizer and layout.precision == "bf16",
                                    allocator=probe.allocator,
-                                   experts_own_unit=probe.fsdp_experts_unit == "own")
+                                   experts_own_unit=probe.fsdp_experts_unit == "own", attention_block_bytes=attn_block)
                 stacked = len(idxs) > 1
                 peak = np.maximum(peak, _stage_max(mem.total_bytes, stacked))
                 if any_offload:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sim.layers.activations import BYTES_ACT, activation_bytes_per_layer, model_has_dropout
+from sim.layers.activations import BYTES_ACT, activation_bytes_per_layer, eager_attention_block_bytes, model_has_dropout
 from sim.cost.offload import OffloadConstants, host_spec, offload_constants
 from sim.net.netefficiency import nvls_gain
 from sim.data.runtime import MemoryRuntime, StateLayout, default_runtime, device_extra_bytes, nvls_buffers, state_layout
@@ -49,7 +49,7 @@ BYTES_FP32 = 4
 if TYPE_CHECKING:
     from sim.cost.plan import Plan
 
-__all__ = ["BYTES_ACT", "activation_bytes_per_layer", "model_has_dropout", "MemoryBreakdown", "StageMemory",
+__all__ = ["BYTES_ACT", "activation_bytes_per_layer", "eager_attention_block_bytes", "model_has_dropout", "MemoryBreakdown", "StageMemory",
            "stage_memory", "plan_memory", "fp8_weight_cache_of", "memory_breakdown", "inflight", "inflight_microbatches"]
 
 
@@ -335,7 +335,7 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
                  device_extra_bytes: Num = 0.0, eager: bool = False, norm_tokens: Num = 0.0,
                  selective_op: Num = False, fp8_cached_weights: Num = False,
                  bf16_optimizer: bool = False, allocator: str = "caching", fp8_params: Num = False,
-                 experts_own_unit: bool = True) -> StageMemory:
+                 experts_own_unit: bool = True, attention_block_bytes: Num = 0.0) -> StageMemory:
     """Peak bytes of one GPU of a stage of ``shape`` for one plan or over arrays (module
     docstring): the larger of two moments, the start of the stage's first backward with
     ``inflight_mb`` micro-batches' activations held (the loss of the last stage, or a layer's
@@ -360,7 +360,9 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
     (``sim.data.runtime.ALLOCATORS``), which with the recomputation mode sets its slack
     (``MemoryRuntime.fragmentation_of``); ``fp8_params`` the layers' linear weights kept in fp8
     as the parameters (``Strategy.fp8_params``); ``experts_own_unit`` whether FSDP2 wraps an
-    expert-parallel block's routed experts as a unit of their own (``Plan.fsdp_experts_unit``)."""
+    expert-parallel block's routed experts as a unit of their own (``Plan.fsdp_experts_unit``);
+    ``attention_block_bytes`` what a layer's norms and attention save (eager accounting,
+    ``sim.layers.activations.eager_attention_block_bytes``)."""
     lay = layout or state_layout("deepspeed")
     z = np.asarray(zero)
     p = shape.params
@@ -529,11 +531,38 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
                       p.expert_params / shape.num_moe_layers if shape.num_moe_layers else 0.0)
             wgrad = gb * ffn / model.num_ffn_matrices
             rest = np.maximum(0.0, act - layers)
+            # The bottom block's backward peaks at its FFN's weight gradients (eager SwiGLU, the
+            # block's whole activations held: no recomputation, or full recomputation's rebuilt
+            # block).  By then the backward has consumed what the ops after the first FFN GEMMs
+            # saved: the product that fed w2 and, for MoE, the routed rows the combine weighted;
+            # three f-wide gradients are live (of the product and of the w1 and w3 outputs), not
+            # the two widest-intermediate gradients and all-to-all buffers of ``backward_bytes``
+            # (the mean routed rows per rank; the busiest rank's share is not applied here).  And
+            # FSDP2 has already prefetched the next unit in backward order, the embedding
+            # (``_fsdp_param_group.py`` pre_backward -> ``_backward_prefetch``): its all-gathered
+            # weights are live.  Measured (planner validate memory, a 2-layer Mixtral, ep 8, full
+            # recomputation): three 224 MiB expert intermediates saved, three such gradients,
+            # the 250 MiB gathered embedding.
+            ffn_consumed, ffn_backward, prefetch = 0.0, backward_bytes, 0.0
+            if eager and model.ffn_type == "swiglu":
+                if shape.num_moe_layers:
+                    rows = tokens * model.moe.top_k
+                    f_rows = BYTES_ACT * rows * model.moe.expert_ffn_hidden_size
+                    consumed = f_rows + BYTES_ACT * rows * model.hidden_size
+                else:
+                    f_rows = BYTES_ACT * tokens * model.ffn_hidden_size / tp
+                    consumed = f_rows
+                whole = ~np.asarray(selective_op, dtype=bool)
+                ffn_consumed = np.where(whole, consumed, 0.0)
+                ffn_backward = np.where(whole, 3 * f_rows, backward_bytes)
+            if shape.first and not model.tied_embeddings:
+                prefetch = gb * embedding
             below_top = np.maximum(0.0, act - one_layer)
             # (weights, gradients, activations, temporaries) of each moment
             moments = [
                 (w_layer, g_layer, layer_act, layer_temps),  # the top block's reduce-scatter (above)
-                (w + gl, g_done, rest + one_layer + transient, backward_bytes + wgrad + rebuilt_temps + tied + above),  # the bottom block's backward
+                (w + gl, g_done, rest + one_layer + transient - ffn_consumed,
+                 ffn_backward + wgrad + rebuilt_temps + tied + prefetch + above),  # the bottom block's backward
                 (w, g_done + gl, rest, rs_temps),  # the bottom block's reduce-scatter
             ]
             if one_unit:
@@ -550,6 +579,30 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
                 best = np.where(take, t, best)
                 cats = [np.where(take, new_c + 0.0 * z, old_c) for new_c, old_c in zip(m, cats)]
             w_layer, g_layer, layer_act, layer_temps = cats
+    if lay.name == "torch_amp" and shape.num_layers and eager and np.any(z < 2):
+        # Unsharded fp32 parameters under torch.autocast (ZeRO 0-1): autograd makes each weight's
+        # gradient in 16 bits, autocast's cast backward turns it into a new fp32 tensor, and only
+        # then does AccumulateGrad file it as ``.grad``; the optimizer states exist from the first
+        # step on.  So the bottom layer's FFN backward, once its other FFN weights' gradients are
+        # filed, holds the last one twice (2 + 4 bytes per parameter) with every gradient of the
+        # stage except that one, the bottom layer's attention and the embedding (each micro-batch
+        # after the first adds into existing ones); what its attention block saved is still held,
+        # with the other in-flight micro-batches' activations.  Measured (planner validate
+        # memory: a 2-layer Mixtral without FSDP): the peak, the third expert weight's fp32
+        # gradient in flight, 1 GiB above the optimizer step the other moments reach.
+        ffn = max(model.dense_ffn_params / tp if shape.num_dense_layers else 0.0,
+                  p.expert_params / shape.num_moe_layers if shape.num_moe_layers else 0.0)
+        wgrad = ffn / model.num_ffn_matrices
+        attention_params = max(0.0, layer_params - ffn)
+        later = (wgrad + attention_params + embedding) / p.total if p.total else 0.0
+        g_bottom = np.where(accumulated, g, g * max(0.0, 1.0 - later))
+        attention_block = (attention_block_bytes + gb * attention_params
+                           + BYTES_ACT * model.hidden_size * tokens * 2 * (not model.is_mla))  # wq, wk, wv's input casts
+        others = np.maximum(0.0, inflight_mb - 1) / np.maximum(1.0, inflight_mb) * act
+        bottom = (w, g_bottom, others + attention_block, (BYTES_ACT + lay.gradient_bytes_per_param) * wgrad + 0.0 * z)
+        take = (z < 2) & (sum(bottom) > w_layer + g_layer + layer_act + layer_temps)
+        w_layer, g_layer, layer_act, layer_temps = [np.where(take, new_c + 0.0 * z, old_c)
+                                                    for new_c, old_c in zip(bottom, (w_layer, g_layer, layer_act, layer_temps))]
     if shape.last:  # final norm and output-layer input, and the loss peak (runtime.yaml loss)
         act = act + head_act_bytes * inflight_mb
         logits = tokens * model.vocab_size / tp
@@ -722,7 +775,8 @@ def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
                            norm_tokens=s.mbs * s.seq_len // s.cp / (s.tp if s.sp else 1),
                            selective_op=s.recompute == "selective", fp8_cached_weights=fp8_weight_cache,
                            bf16_optimizer=bf16_optimizer and s.precision == "bf16", allocator=allocator,
-                           fp8_params=s.fp8_params, experts_own_unit=experts_own_unit)
+                           fp8_params=s.fp8_params, experts_own_unit=experts_own_unit,
+                           attention_block_bytes=eager_attention_block_bytes(model, s) if eager else 0.0)
         by_stage.append({"stage": i, "memory_peak_bytes": float(mem.allocated_bytes),
                          "memory_reserved_bytes": float(mem.reserved_bytes),
                          "memory_device_bytes": float(mem.total_bytes)})

@@ -176,12 +176,7 @@ def _eager_bytes(model: Model, strategy: Strategy, *, moe: bool, selective_polic
             mm = _odd_mm_outputs(model, model.ffn_hidden_size, tp)
         return block_in + BYTES_ACT * tok * (model.q_size / tp + mm) + lse
     swiglu = model.ffn_type == "swiglu"
-    # two eager RMSNorms: fp32 upcast + bf16 normalised (on the sequence shard with SP), and
-    # the linear input they feed (all-gathered whole with SP)
-    norm_fp32 = 6 * h if swiglu else 0  # LayerNorm (GPT) saves only its input: the linear input below
-    norms = 2 * (norm_fp32 * (tok / tp if sp else tok) + BYTES_ACT * h * tok)
-    q = model.q_size / tp
-    attn = BYTES_ACT * tok * 4 * q + lse  # Q, repeated K and V, output (= wo input)
+    norms_attn = eager_attention_block_bytes(model, strategy)
     if moe:
         spec = model.moe
         assert spec is not None
@@ -195,4 +190,20 @@ def _eager_bytes(model: Model, strategy: Strategy, *, moe: bool, selective_polic
     else:
         f = model.ffn_hidden_size / tp
         ffn = BYTES_ACT * tok * (4 * f if swiglu else 2 * f)
-    return norms + attn + ffn
+    return norms_attn + ffn
+
+
+def eager_attention_block_bytes(model: Model, strategy: Strategy) -> float:
+    """The eager accounting's share of a layer that is not its MLP or MoE (bytes, one
+    micro-batch, no recomputation): the two norms and the attention.  Two eager RMSNorms keep
+    their fp32 upcast and bf16 normalised output (on the sequence shard with SP) and the linear
+    input they feed (all-gathered whole with SP); the attention keeps Q, the repeated K and V,
+    its output (= the ``wo`` input) and the fp32 log-sum-exp.  What a layer's backward still
+    holds once its MLP's backward has run (``sim.cost.memory.stage_memory``)."""
+    tp, b = strategy.tp, strategy.mbs
+    tok = b * (strategy.seq_len // strategy.cp)
+    h, a = model.hidden_size, model.num_attention_heads
+    norm_fp32 = 6 * h if model.ffn_type == "swiglu" else 0  # LayerNorm (GPT) saves only its input: the linear input
+    norms = 2 * (norm_fp32 * (tok / tp if strategy.sp else tok) + BYTES_ACT * h * tok)
+    lse = 4.0 * a / tp * tok
+    return norms + BYTES_ACT * tok * 4 * model.q_size / tp + lse
