@@ -386,6 +386,10 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
     if shape.first and shape.last and model.tied_embeddings and pp == 1:
         embedding = 0.0  # one tied matrix (sim.layers.stages.stage_params)
     layer_params = max(0.0, p.total - head - embedding) / n_layers if shape.num_layers else 0.0
+    # the largest FFN weight matrix of a layer (its experts' on an MoE layer), on this GPU
+    ffn_matrix_params = max(model.dense_ffn_params / tp if shape.num_dense_layers else 0.0,
+                            p.expert_params / shape.num_moe_layers if shape.num_moe_layers else 0.0
+                            ) / model.num_ffn_matrices
     # Transformer Engine's fp8 weight cache: the layers' linear weights (not norms, embedding or
     # the output layer, which Megatron-Core keeps in 16 bits), gathered if ZeRO-3 gathers them
     linear = max(0.0, layer_params - model.norm_params_per_layer) * shape.num_layers
@@ -527,9 +531,7 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
             # block's post-backward reduce-scatter (FSDP2 computes gradients into the unsharded
             # parameters, _fsdp_param_group.py post_backward; measured: a Mixtral block's local
             # experts' w1 gradient, 448 MiB at ep 2, live in its expert backward)
-            ffn = max(model.dense_ffn_params / tp if shape.num_dense_layers else 0.0,
-                      p.expert_params / shape.num_moe_layers if shape.num_moe_layers else 0.0)
-            wgrad = gb * ffn / model.num_ffn_matrices
+            wgrad = gb * ffn_matrix_params
             rest = np.maximum(0.0, act - layers)
             # The bottom block's backward peaks at its FFN's weight gradients (eager SwiGLU, the
             # block's whole activations held: no recomputation, or full recomputation's rebuilt
@@ -590,16 +592,13 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
         # with the other in-flight micro-batches' activations.  Measured (planner validate
         # memory: a 2-layer Mixtral without FSDP): the peak, the third expert weight's fp32
         # gradient in flight, 1 GiB above the optimizer step the other moments reach.
-        ffn = max(model.dense_ffn_params / tp if shape.num_dense_layers else 0.0,
-                  p.expert_params / shape.num_moe_layers if shape.num_moe_layers else 0.0)
-        wgrad = ffn / model.num_ffn_matrices
-        attention_params = max(0.0, layer_params - ffn)
-        later = (wgrad + attention_params + embedding) / p.total if p.total else 0.0
+        attention_params = max(0.0, layer_params - ffn_matrix_params * model.num_ffn_matrices)
+        later = (ffn_matrix_params + attention_params + embedding) / p.total if p.total else 0.0
         g_bottom = np.where(accumulated, g, g * max(0.0, 1.0 - later))
         attention_block = (attention_block_bytes + gb * attention_params
                            + BYTES_ACT * model.hidden_size * tokens * 2 * (not model.is_mla))  # wq, wk, wv's input casts
         others = np.maximum(0.0, inflight_mb - 1) / np.maximum(1.0, inflight_mb) * act
-        bottom = (w, g_bottom, others + attention_block, (BYTES_ACT + lay.gradient_bytes_per_param) * wgrad + 0.0 * z)
+        bottom = (w, g_bottom, others + attention_block, (BYTES_ACT + lay.gradient_bytes_per_param) * ffn_matrix_params + 0.0 * z)
         take = (z < 2) & (sum(bottom) > w_layer + g_layer + layer_act + layer_temps)
         w_layer, g_layer, layer_act, layer_temps = [np.where(take, new_c + 0.0 * z, old_c)
                                                     for new_c, old_c in zip(bottom, (w_layer, g_layer, layer_act, layer_temps))]
