@@ -107,6 +107,23 @@ def test_fp8_weight_cache_casts_weights_once_per_step():
     assert cached < per_mb
 
 
+def test_fused_moe_accounting_keeps_the_combine_rows_the_router_weights():
+    """Megatron-Core multiplies each returned expert copy by its router probability on the
+    token's own rank and keeps the copy for the probability's gradient (core_v0.6.0
+    token_unpermutation; moe_utils.unpermute; TE's fused moe_unpermute saves ``inp``): k x h
+    16-bit per token (x etp where the etp ranks hold every token), as the eager accounting
+    counts.  Mixtral at ep 2: 2 x 4096 x 2 B per token more than without them."""
+    model = load_model("mixtral-8x7b")
+    s = parse_strategy("tp=1,pp=1,ep=2,mbs=1,gbs=8,zero=1", num_gpus=8, seq_len=4096)
+    moe, dense = activation_bytes_per_layer(model, s, moe=True), activation_bytes_per_layer(model, s, moe=False)
+    f, h, k, tok = model.moe.expert_ffn_hidden_size, model.hidden_size, model.moe.top_k, 4096
+    routed = k * (2 * 2 * f + 2 * f + 2 * h + 2 * h)  # internals (fc1 out, swiglu out), input, combine row
+    assert moe - dense == pytest.approx(tok * (routed - 6 * model.ffn_hidden_size), rel=1e-3)  # less the dense MLP's
+    mlp = replace(s, recompute="selective")
+    assert activation_bytes_per_layer(model, mlp, moe=True, selective_policy="mlp") \
+        < activation_bytes_per_layer(model, mlp, moe=True, selective_policy="mlp_up")
+
+
 # ------------------------------------------------------------------ selective policies
 
 def test_selective_policies_trade_memory_for_recompute():

@@ -95,8 +95,15 @@ def activation_bytes_per_layer(model: Model, strategy: Strategy, *, moe: bool = 
         # Each routed copy keeps its input and its MLP internals.  An expert's etp ranks gather
         # each other's tokens (sim.layers.ops): the inputs are replicated over etp, the internals split.
         # Per token of this TP rank (sharded by tp below): top_k copies x (internals + etp x input),
-        # on the busiest expert-parallel rank moe_imbalance times the mean.
-        routed = spec.top_k * moe_imbalance * (_mlp_saved(model.ffn_type, f, policy, gemm_in) + gemm_in * etp * h)
+        # on the busiest expert-parallel rank moe_imbalance times the mean.  And back on the
+        # token's own rank the combine weights each returned copy by its router probability,
+        # which keeps the copy for the probability's gradient (16-bit, etp x h per copy, as the
+        # eager accounting's combined rows): Megatron-Core core_v0.6.0 token_dispatcher.py
+        # token_unpermutation "unpermuted_local_hidden * scores.view(-1, 1)", moe_utils.unpermute
+        # "unpermuted_tokens * probs" from core_v0.7.0; unless the whole MLP is recomputed.
+        combine = 0.0 if policy == "mlp" else BYTES_ACT * etp * h
+        routed = (spec.top_k * moe_imbalance * (_mlp_saved(model.ffn_type, f, policy, gemm_in) + gemm_in * etp * h)
+                  + spec.top_k * combine)
         shared = spec.num_shared_experts * (_mlp_saved(model.ffn_type, f, policy, gemm_in) + gemm_in * h)
         ffn = routed + shared
     else:
