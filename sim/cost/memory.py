@@ -452,6 +452,9 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
     rebuilt = recomputed_layer_bytes if shape.num_layers else 0.0
     transient = np.where(full_recompute, recompute_transient * rebuilt, 0.0)
     rebuilt_temps = np.where(full_recompute, 0.0, rebuilt)
+    # eager wq, wk, wv each cast the (gathered) input they share under torch.autocast: two 16-bit
+    # copies more than the one a layer's accounting counts (torch_amp moments below)
+    attention_casts = BYTES_ACT * model.hidden_size * tokens * 2 if eager and not model.is_mla else 0.0
     if lay.name == "torch_amp":  # torch.autocast caches a 16-bit copy of every linear weight per forward, saved for backward;
         # the residual stream stays fp32 (the embedding is not autocast), so each eager norm keeps
         # its scaled output in fp32 (2 more bytes per element)
@@ -463,9 +466,8 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
         # leaf tensors, the weights): eager code's separate wq, wk, wv and w1, w3 save 3 and 2
         # 16-bit copies of the (gathered) input they share, where a layer counts one of each
         # (planner validate memory: 3 x 64 MiB per Llama 3 8B layer at 8192 tokens, at any tp)
-        copies = ((2 + (model.ffn_type == "swiglu")) * shape.num_dense_layers + 2 * shape.num_moe_layers
-                  if eager and not model.is_mla else 0)
-        input_casts = BYTES_ACT * model.hidden_size * tokens * copies
+        mlp_copies = (model.ffn_type == "swiglu") * shape.num_dense_layers if eager and not model.is_mla else 0
+        input_casts = attention_casts * shape.num_layers + BYTES_ACT * model.hidden_size * tokens * mlp_copies
         # checkpointed layers keep only their inputs (not the casts); the output layer is never checkpointed
         head_linear = model.embedding_params / tp if shape.last else 0.0
         kept = np.where(full_recompute, recompute_full, np.where(selective_op, 0.0, 1.0))
@@ -595,8 +597,7 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
         attention_params = max(0.0, layer_params - ffn_matrix_params * model.num_ffn_matrices)
         later = (ffn_matrix_params + attention_params + embedding) / p.total if p.total else 0.0
         g_bottom = np.where(accumulated, g, g * max(0.0, 1.0 - later))
-        attention_block = (attention_block_bytes + gb * attention_params
-                           + BYTES_ACT * model.hidden_size * tokens * 2 * (not model.is_mla))  # wq, wk, wv's input casts
+        attention_block = attention_block_bytes + gb * attention_params + attention_casts
         others = np.maximum(0.0, inflight_mb - 1) / np.maximum(1.0, inflight_mb) * act
         bottom = (w, g_bottom, others + attention_block, (BYTES_ACT + lay.gradient_bytes_per_param) * ffn_matrix_params + 0.0 * z)
         take = (z < 2) & (sum(bottom) > w_layer + g_layer + layer_act + layer_temps)

@@ -174,7 +174,7 @@ def _eager_bytes(model: Model, strategy: Strategy, *, moe: bool, selective_polic
     block_in = BYTES_ACT * h * (tok / tp if sp else tok)
     if strategy.recompute == "full":
         return block_in
-    lse = 4.0 * a / tp * tok
+    lse = _lse_bytes(model, strategy)
     if strategy.recompute == "selective" and selective_policy == "op":
         if moe and model.moe is not None:
             f = model.moe.expert_ffn_hidden_size * model.moe.num_shared_experts
@@ -212,5 +212,9 @@ def eager_attention_block_bytes(model: Model, strategy: Strategy) -> float:
     h, a = model.hidden_size, model.num_attention_heads
     norm_fp32 = 6 * h if model.ffn_type == "swiglu" else 0  # LayerNorm (GPT) saves only its input: the linear input
     norms = 2 * (norm_fp32 * (tok / tp if strategy.sp else tok) + BYTES_ACT * h * tok)
-    lse = 4.0 * a / tp * tok
-    return norms + BYTES_ACT * tok * 4 * model.q_size / tp + lse
+    return norms + BYTES_ACT * tok * 4 * model.q_size / tp + _lse_bytes(model, strategy)
+
+
+def _lse_bytes(model: Model, strategy: Strategy) -> float:
+    """The attention kernel's fp32 log-sum-exp per local head and token (eager accounting)."""
+    return 4.0 * model.num_attention_heads / strategy.tp * (strategy.mbs * (strategy.seq_len // strategy.cp))
