@@ -36,8 +36,8 @@ from sim.layers.compute import KernelEfficiency, default_efficiency
 from sim.cost.costs import (LayerCost, default_network, dp_collectives, end_costs, plan_layer_ops, layer_cost, p2p_bytes,
                        p2p_time_s, piece_settings, plan_comm_runtime)
 from sim.cost.memory import (cluster_extra_bytes, eager_attention_block_bytes, head_activation_bytes, inflight,
-                        layer_activations, layer_backward_bytes, recompute_time_fraction, split_of, offloaded_activation_bytes, stage_memory,
-                        fp8_weight_cache_of, gpus_sharing_a_host, within_host)
+                        layer_activations, layer_backward_bytes, recompute_time_fraction, split_of,
+                        offloaded_activation_bytes, stage_memory, fp8_weight_cache_of, gpus_sharing_a_host, within_host)
 from sim.net.network import Network
 from sim.layers.ops import LayerOps
 from sim.cost.offload import OffloadRates, host_spec, offload_constants, offload_rates

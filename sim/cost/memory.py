@@ -49,8 +49,8 @@ BYTES_FP32 = 4
 if TYPE_CHECKING:
     from sim.cost.plan import Plan
 
-__all__ = ["BYTES_ACT", "activation_bytes_per_layer", "eager_attention_block_bytes", "model_has_dropout", "MemoryBreakdown", "StageMemory",
-           "stage_memory", "plan_memory", "fp8_weight_cache_of", "memory_breakdown", "inflight", "inflight_microbatches"]
+__all__ = ["BYTES_ACT", "activation_bytes_per_layer", "eager_attention_block_bytes", "model_has_dropout",
+           "MemoryBreakdown", "StageMemory", "stage_memory", "plan_memory", "fp8_weight_cache_of", "memory_breakdown", "inflight", "inflight_microbatches"]
 
 
 def gpus_sharing_a_host(cluster: Cluster) -> int:
