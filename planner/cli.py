@@ -9,7 +9,7 @@ from typing import Sequence
 from sim.base.errors import InputError
 from sim.base.jsonout import print_json
 from sim.base.outpaths import check_file
-from sim.cost.plan import MOE_DISPATCHERS, SELECTIVE_POLICIES
+from sim.cost.plan import ATTENTION_IMPLS, MOE_DISPATCHERS, SELECTIVE_POLICIES
 from sim.base.units import GIB, fmt_s
 
 from planner import progress
@@ -230,8 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--framework", default=None,
                    help="framework profile (catalogs/frameworks.yaml, `planner catalog frameworks`); default: the "
                         "first of megatron-core, torchtitan, megatron-deepspeed that runs the strategy")
-    p.add_argument("--attention", choices=("flash", "flash2", "unfused"), default=None,
-                   help="attention kernel (default: the framework profile's)")
+    p.add_argument("--attention", choices=ATTENTION_IMPLS, default=None,
+                   help="attention kernel: flash (the GPU's best fused kernel), flash2 (FlashAttention-2), "
+                        "flex (FlexAttention, torchtitan / Automodel), unfused (default: the framework profile's)")
     p.add_argument("--recompute-policy", choices=SELECTIVE_POLICIES, default=None,
                    help="what recompute=selective recomputes (default: the framework profile's; attention: "
                         "Korthikanti et al. 2022; op: torchtitan; mlp_up/mlp/moe_act/mla_up_proj: Megatron-Core "

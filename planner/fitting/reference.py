@@ -24,7 +24,8 @@ row states, never by a per-row value:
   blockwise scaling, MXFP8; fp8 parameters where it names ``fp8_params`` / ``FP8_PARAMS`` /
   fp8 param gather and the profile keeps them), overlap switches the ``overlap`` text names (TP comm overlap,
   overlapped p2p, expert all-to-all overlap, CUDA graphs, of the attention block and router only where
-  it says "CUDA graphs (attn, ...)"); an Automodel MoE row whose notes
+  it says "CUDA graphs (attn, ...)"); FlexAttention where the ``framework`` text names it
+  ("FlexAttn") and the profile launches it; an Automodel MoE row whose notes
   state its fake balanced gate routes each token to consecutive experts (``sim.layers.moe_routing``);
   a profile that runs one pipeline schedule per local batch (Automodel) with a stated local batch
   runs ``global_batch / (local_batch x dp)`` of them per step (``Plan.pipeline_flushes``);
@@ -441,6 +442,11 @@ def strategy_of(row: dict, fw: Framework, *, unstated_vp_searched: bool) -> Mapp
         plan["cuda_graph_scope"] = "attention"
         notes.append("CUDA graphs of the attention block and the MoE router only (--cuda-graph-scope attn "
                      "moe_router moe_preprocess)")
+    if re.search(r"\bflex\s*-?\s*attn\b|\bflexattention\b|\bflex attention\b", _text(row.get("framework"))) \
+            and "flex" in fw.attention_kernels:
+        # the kernels the row names: FlexAttention (NeMo Automodel's gpt-oss configs: backend attn: flex)
+        plan["attention"] = "flex"
+        notes.append("FlexAttention (the row's kernels)")
     if row["model"].get("moe") and fw.id == "automodel" and "fake balanced gate" in _text(row.get("notes")):
         # NeMo Automodel's FakeBalancedGate routes token t to experts (t k + j) mod E (sim.layers.moe_routing)
         plan["moe_routing"] = "contiguous"

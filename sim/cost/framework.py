@@ -136,6 +136,18 @@ class Capabilities:
         return None
 
 
+# the attention kernels every stack launches (Framework.attention_kernels without the profile key)
+DEFAULT_ATTENTION_KERNELS: tuple[str, ...] = ("flash", "flash2", "unfused")
+
+
+def check_attention(fw: "Framework", kernel: str | None) -> None:
+    """Raise ``InputError`` (field ``attention``) if ``fw`` cannot launch the attention ``kernel``
+    the user asked for (``Framework.attention_kernels``)."""
+    if kernel is not None and kernel not in fw.attention_kernels:
+        raise InputError("attention", kernel, f"the {fw.id} framework profile launches "
+                         f"{', '.join(fw.attention_kernels)} (catalogs/frameworks.yaml attention_kernels)")
+
+
 def check_supported(fw: "Framework", s: Strategy) -> None:
     """Raise ``InfeasibleError`` (reason ``framework``) if ``fw`` cannot run ``s``."""
     why = fw.capabilities.refusal(s)
@@ -273,6 +285,10 @@ class Framework:
     # what runs the rotary embedding (Plan.rope_kernels): "fused" or "inductor" (torchtitan's
     # complex rope compiled by inductor)
     rope_kernels: str = "fused"
+    # the attention kernels the stack can launch (Plan.attention): FlashAttention-3 / cuDNN,
+    # FlashAttention-2 and unfused everywhere; FlexAttention where its model code calls
+    # torch.nn.attention.flex_attention (profile key attention_kernels)
+    attention_kernels: tuple[str, ...] = DEFAULT_ATTENTION_KERNELS
     aliases: tuple[str, ...] = ()
     source: str = ""
     notes: str = ""
@@ -285,7 +301,7 @@ _KEYS = ("id", "name", "aliases", "attention", "dp_overlap", "elementwise", "sel
          "notes", "fused_ops", "pipeline_schedule_per", "allocator", "grad_buckets",
          "saved_activations", "fused_attention_max_head_dim", "fp8_model_states", "fp8_params_recipes",
          "attention_library", "nvls", "loss_tp", "fsdp_experts_unit", "fp8_cast_kernels",
-         "rope_kernels")
+         "rope_kernels", "attention_kernels")
 _BUCKETS_BY_STATES = {"megatron": "megatron", "deepspeed": "deepspeed", **{name: "ddp" for name in FSDP2_LAYOUTS}}
 
 
@@ -331,8 +347,13 @@ def _frameworks() -> dict[str, Framework]:
                        fsdp_experts_unit=r.text("fsdp_experts_unit", default="own", choices=FSDP_EXPERTS_UNITS),
                        fp8_cast_kernels=r.text("fp8_cast_kernels", default="standalone", choices=FP8_CAST_KERNELS),
                        rope_kernels=r.text("rope_kernels", default="fused", choices=ROPE_KERNELS),
+                       attention_kernels=(_names_in(r, "attention_kernels", ATTENTION_IMPLS, "an attention kernel")
+                                          or DEFAULT_ATTENTION_KERNELS),
                        aliases=r.strings("aliases", lower=False),
                        source=r.text("source"), notes=r.text("notes", default=""))
+        if fw.attention not in fw.attention_kernels:
+            raise r.fail("attention", f"{fw.attention} is not one of its attention_kernels "
+                                      f"({', '.join(fw.attention_kernels)})")
         for key in (fw.id, *fw.aliases):
             out[key.lower()] = fw
     return out

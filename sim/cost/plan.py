@@ -14,8 +14,9 @@ from sim.net.placement import group_shape
 from sim.data.psspecs import ParameterServers
 from sim.data.runtime import ALLOCATORS, GRAD_BUCKETS, STATE_LAYOUTS
 from sim.layers.stages import stage_layer_counts, stage_layers
+from sim.layers.activations import FUSED_ATTENTION
 
-ATTENTION_IMPLS: tuple[str, ...] = ("flash", "flash2", "unfused")
+ATTENTION_IMPLS: tuple[str, ...] = (*FUSED_ATTENTION, "unfused")
 SELECTIVE_POLICIES: tuple[str, ...] = ("attention", "op", "mla_up_proj", "moe_act", "mlp_up", "mlp")
 GRAD_ACCUMULATION: tuple[str, ...] = ("fused", "fp32_main_grad", "autograd", "keras")
 # optimizer step implementation (runtime.yaml optimizer.bytes_per_param_by_impl)
@@ -85,7 +86,8 @@ class Plan:
     """What to simulate.
 
     ``attention`` picks the attention kernel family (``flash``: the best fused kernel for the
-    GPU; ``flash2``: FlashAttention-2; ``unfused``: materialised scores).  ``eager_elementwise``
+    GPU; ``flash2``: FlashAttention-2; ``flex``: FlexAttention, compiled by torch.compile;
+    ``unfused``: materialised scores).  ``eager_elementwise``
     says element-wise ops run one kernel each (eager PyTorch) instead of fused.
     ``selective_policy`` is what ``recompute=selective`` recomputes: ``attention`` (Megatron,
     Korthikanti et al. 2022) or ``op`` (torchtitan's op-level policy: element-wise ops and every
@@ -191,9 +193,10 @@ class Plan:
         MLA's unequal ones (FlashAttention is off for MLA, FA3 is Hopper-only) or beyond 256
         (TransformerEngine v2.3 pytorch/attention/dot_product_attention/utils.py
         get_attention_backend).  Costs and memory read this; exports and reports the requested
-        ``attention`` (the launched stack makes the same fallback)."""
+        ``attention`` (the launched stack makes the same fallback).  FlexAttention generates its
+        kernel for any head dimension."""
         limit = dict(self.fused_attention_max_head_dim).get(self.cluster.gpu.architecture)
-        if limit is None or self.attention == "unfused":
+        if limit is None or self.attention in ("unfused", "flex"):
             return self.attention
         m = self.model
         if m.is_mla:

@@ -32,7 +32,9 @@ from typing import Mapping
 
 from sim.cost.calibration import Calibration, load_calibration
 from sim.layers.compute import KernelEfficiency, default_efficiency
-from sim.cost.framework import Framework, apply_framework, check_supported, default_frameworks, fp8_recipe_for, get_framework
+from sim.base.errors import InputError
+from sim.cost.framework import (Framework, apply_framework, check_attention, check_supported, default_frameworks,
+                                 fp8_recipe_for, get_framework)
 from sim.net.netefficiency import network_kwargs
 from sim.net.network import Network
 from sim.cost.plan import Plan, parse_strategy
@@ -131,11 +133,17 @@ def plan_kwargs(fw: Framework, choices: RunChoices) -> dict[str, object]:
     return {**apply_framework({}, fw), **choices.overrides()}
 
 
-def _pick(s: Strategy, cluster: Cluster, given: frozenset[str] | None) -> tuple[Framework, Strategy, tuple[str, ...]]:
-    """The first default profile that runs ``s`` (completed its way), or the first profile with
-    the reasons none does."""
+def _pick(s: Strategy, cluster: Cluster, given: frozenset[str] | None,
+          attention: str | None = None) -> tuple[Framework, Strategy, tuple[str, ...]]:
+    """The first default profile that runs ``s`` (completed its way) and launches the
+    ``attention`` kernel asked for, or the first profile with the reasons none does."""
     why = []
     profiles = default_frameworks()
+    if attention is not None:
+        profiles = tuple(fw for fw in profiles if attention in fw.attention_kernels)
+        if not profiles:
+            raise InputError("attention", attention, "no default framework profile launches it; name one "
+                             "with --framework (catalogs/frameworks.yaml attention_kernels)")
     for fw in profiles:
         cand = s if given is None else complete_strategy(s, fw, cluster, given)
         refusal = fw.capabilities.refusal(cand)
@@ -164,10 +172,11 @@ def resolve(model: Model, cluster: Cluster, strategy: Strategy | str, choices: R
     runnable = True
     if choices.framework is not None:
         fw = get_framework(choices.framework)
+        check_attention(fw, choices.attention)
         s = strategy if given is None else complete_strategy(strategy, fw, cluster, given)
         check_supported(fw, s)
     else:
-        fw, s, notes = _pick(strategy, cluster, given)
+        fw, s, notes = _pick(strategy, cluster, given, choices.attention)
         runnable = not notes
     plan, eff, net_kw, cal = calibrated(Plan(model=model, cluster=cluster, strategy=s,
                                              **plan_kwargs(fw, choices)).checked(), choices.calibration)

@@ -41,6 +41,9 @@ from __future__ import annotations
 from sim.data.specs import Model, Strategy
 
 BYTES_ACT = 2
+# Attention kernels that never hold the score matrix (FlashAttention-3 / cuDNN, FlashAttention-2,
+# FlexAttention): they save Q, K, V, the output and the fp32 log-sum-exp per head and query
+FUSED_ATTENTION: tuple[str, ...] = ("flash", "flash2", "flex")
 
 
 def model_has_dropout(model: Model) -> bool:
@@ -112,7 +115,7 @@ def activation_bytes_per_layer(model: Model, strategy: Strategy, *, moe: bool = 
     per_token = replicated * (rep / tok) + sharded / tp
     total = per_token * tok
 
-    if attention in ("flash", "flash2"):
+    if attention in FUSED_ATTENTION:
         total += 4 * b * (model.num_attention_heads / tp) * s_loc  # fp32 logsumexp
     elif strategy.recompute != "selective":
         a = model.num_attention_heads

@@ -117,6 +117,9 @@ class KernelEfficiency:
     # fitted from the measurements taken with it (planner.fitting.fit_kernels.ATTENTION_LIBRARY_DATA)
     attention_curves_by_library: Mapping[str, Mapping[str, Mapping[str, tuple[SaturatingCurve, SaturatingCurve]]]] = \
         field(default_factory=dict)
+    # FlexAttention's speed relative to another kernel of the same GPU: architecture (or
+    # "default") -> (that kernel, fwd ratio, bwd ratio) (catalogs/efficiency.yaml flex_attention)
+    flex_attention: Mapping[str, tuple[str, float, float]] = field(default_factory=dict)
     fp8_recipes: Mapping[str, Fp8Recipe] = field(default_factory=dict)
     # torchao's float8 activation casts fused into a compiled block by inductor (catalogs/efficiency.yaml
     # compiled_fp8_casts, validate/compiled_traffic.py): recipe -> the input's producer ("elementwise"
@@ -200,7 +203,12 @@ class KernelEfficiency:
                            matmul_fraction: float) -> tuple[float, float]:
         """(fwd, bwd) fraction of the dense bf16 peak of ``kernel`` on ``architecture`` at a
         per-kernel sequence length ``seq_len``: the fitted curve, else the catalog constant,
-        else relative to the GPU's best-case GEMM fraction."""
+        else relative to the GPU's best-case GEMM fraction.  ``flex`` (FlexAttention) is its
+        measured ratio to another kernel of the architecture (``flex_attention``)."""
+        if kernel == "flex":
+            base, fwd, bwd = self.flex_attention.get(architecture) or self.flex_attention["default"]
+            f, b = self.attention_fraction(architecture, base, seq_len, matmul_fraction)
+            return f * fwd, b * bwd
         curve = self.attention_curves.get(architecture, {}).get(kernel)
         if curve is not None:
             return curve[0].at(seq_len), curve[1].at(seq_len)
@@ -313,6 +321,12 @@ def kernel_efficiency(fitted: Mapping | None) -> KernelEfficiency:
         kernels = doc.mapping("eager_traffic", allowed=("kernels", "source", "notes")).mapping("kernels")
         d["eager_traffic"] = {k: (kernels.mapping(k).req("fwd", positive=True), kernels.mapping(k).req("bwd", positive=True))
                               for k in kernels.rec}
+    flex = doc.mapping("flex_attention")
+    d["flex_attention"] = {arch: (flex.mapping(arch).text("relative_to", choices=("flash", "flash2")),
+                                  flex.mapping(arch).req("fwd", positive=True), flex.mapping(arch).req("bwd", positive=True))
+                           for arch in flex.rec if arch not in ("source", "notes")}
+    if "default" not in d["flex_attention"]:
+        raise flex.fail("default", "is required (architectures without a measurement)")
     table = {}
     attention = doc.mapping("attention")
     for arch in attention.rec:

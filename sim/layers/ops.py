@@ -23,6 +23,7 @@ from typing import Literal, Mapping
 
 from sim.data.conventions import conventions
 from sim.data.specs import Model, Strategy
+from sim.layers.activations import FUSED_ATTENTION
 
 OpKind = Literal["matmul", "attention", "memory"]
 BYTES_BF16 = 2
@@ -131,8 +132,8 @@ def layer_ops(model: Model, strategy: Strategy, *, moe: bool, attention: str = "
               compiled_rope: Mapping[str, Mapping[str, float]] | None = None) -> LayerOps:
     """Forward ops of one layer on one GPU for one micro-batch.
 
-    ``attention`` is ``"flash"`` / ``"flash2"`` (fused, causal blocks skipped, no s^2 tensor
-    in HBM; the best kernel for the GPU, or FlashAttention-2 specifically) or ``"unfused"`` (score matrix materialised, softmax and dropout as memory passes, as
+    ``attention`` is ``"flash"`` / ``"flash2"`` / ``"flex"`` (fused, causal blocks skipped, no s^2 tensor
+    in HBM; the best kernel for the GPU, FlashAttention-2 specifically, or FlexAttention) or ``"unfused"`` (score matrix materialised, softmax and dropout as memory passes, as
     Megatron-LM did before FlashAttention).  With ``precision=fp8`` every linear layer pays its
     recipe's quantization of activations and gradients (``fp8_quantize_bytes_per_element``,
     ``catalogs/efficiency.yaml`` ``fp8_recipes``), or with ``fp8_compiled_casts`` the bytes of the
@@ -185,7 +186,7 @@ def layer_ops(model: Model, strategy: Strategy, *, moe: bool, attention: str = "
     # Attention core.  Scores over the full (global) sequence: with CP each GPU's queries
     # attend to all s keys (ring attention), so work is b*a*s_loc*s*d.
     full_flops = 2.0 * b * a_loc * s_loc * s * (d_qk + d_v)
-    if attention in ("flash", "flash2"):
+    if attention in FUSED_ATTENTION:
         hbm = act * tokens * (a_loc * d_qk + kv_width + a_loc * d_v) + 4 * b * a_loc * s_loc
         bwd = conventions().attention_backward_per_forward
         # sliding-window layers (Model.local_attention_layers): the layer op list stands for the
