@@ -108,8 +108,11 @@ def test_nemo_launcher_2024_runs_flash_attention_2_and_is_nemo_otherwise():
     era, now = get_framework("nemo-launcher-2024"), get_framework("nemo")
     assert era.attention == "flash2" and now.attention == "flash"
     same = {f.name for f in fields(era)} - {"id", "name", "aliases", "attention", "source", "notes",
-                                            "eager_elementwise", "eager_activations", "fused_ops"}
+                                            "eager_elementwise", "eager_activations", "fused_ops", "host_syncs"}
     assert all(getattr(era, k) == getattr(now, k) for k in same)
+    # NeMo 1 builds Megatron-Core's DDP with check_for_nan_in_grad off unless its config sets it;
+    # NeMo 2's recipes turn it on (two host reads per gradient bucket from Megatron-Core 0.12)
+    assert era.host_syncs.per_bucket == 0 and now.host_syncs.per_bucket == 2
     row = {"source": "x", "strategy": {}}
     assert framework_of({**row, "framework": "NeMo 24.03.01 framework container"}).id == "nemo-launcher-2024"
     assert framework_of({**row, "framework": "NeMo 24.05 container (launch.sh FW_VERSION=24.05)"}).id == "nemo-launcher-2024"

@@ -225,3 +225,64 @@ def test_summary_reports_the_signed_median() -> None:
     assert s["signed_median_step_error"] == pytest.approx(-0.05)
     assert s["median_abs_step_error"] == pytest.approx(0.1)
     assert s["num_ran_predicted_out_of_memory"] == 1  # only the second: it ran, the model says it does not fit
+
+
+def test_megatron_core_nan_check_per_gradient_bucket() -> None:
+    """Megatron-Core's check_for_nan_in_grad (on by default; core_v0.13.1 param_and_grad_buffer.py
+    check_grads, rerun_state_machine.validate_result): once per step every gradient bucket's norm
+    is taken and read on the host twice (isnan, isinf).  The step pays the buckets' host reads
+    plus one pass over the gradient buffer; ceil(P / bucket) buckets with overlapped reduction,
+    at most one per parameter tensor, one without it (no bucket_size), none under ZeRO-3."""
+    from sim.data.runtime import default_comm_runtime
+    from sim.layers.stages import stage_parameter_tensors, stage_shapes
+
+    eff = default_efficiency()
+    plan = _plan("megatron-core", LLAMA, "h100-80gb", 8, mbs=1, gbs=8, seq_len=4096, zero=1)
+    assert plan.host_syncs.per_bucket == 2 and plan.strategy.dp_overlap
+    quiet = replace(plan, host_syncs=HostSyncs())
+    st, st0 = step_costs(plan).stages[0], step_costs(quiet).stages[0]
+    params = st.params
+    rt = default_comm_runtime()
+    hbm = plan.cluster.gpu.hbm_bytes_per_s * plan.cluster.gpu.hbm_efficiency / eff.slowest_rank_factor(8)
+    tensors = stage_parameter_tensors(LLAMA, stage_shapes(LLAMA, plan.strategy)[0])
+
+    def check(buckets: float) -> float:
+        return 2 * buckets * eff.host_op_floor_s + params * rt.grad_reduce_bytes_per_param / hbm
+
+    bucket = rt.grad_bucket_params("megatron", 8)  # max(40M, 1M x dp)
+    assert st.pieces.optimizer_s - st0.pieces.optimizer_s == pytest.approx(
+        check(min(tensors, np.ceil(params / bucket))), rel=1e-9)
+    # every tensor a bucket of its own (bucket_size 64: NVIDIA's MLPerf NeMo implementation)
+    per_tensor = replace(plan, grad_buckets="megatron_per_tensor")
+    assert step_costs(per_tensor).stages[0].pieces.optimizer_s - st0.pieces.optimizer_s == pytest.approx(
+        check(tensors), rel=1e-9)
+    # no overlapped reduction: no bucket_size, one bucket
+    serial = replace(plan, strategy=replace(plan.strategy, dp_overlap=False))
+    serial0 = replace(serial, host_syncs=HostSyncs())
+    assert (step_costs(serial).stages[0].pieces.optimizer_s - step_costs(serial0).stages[0].pieces.optimizer_s
+            == pytest.approx(check(1), rel=1e-9))
+    # Megatron-Core 0.6 asserted once per bucket (core_v0.6.0 Bucket.start_grad_sync); NeMo 1 left it off
+    assert get_framework("megatron-core-fa2").host_syncs.per_bucket == 1
+    assert get_framework("nemo-launcher-2024h2").host_syncs.per_bucket == 0
+    # the analytic and the event engines charge it alike (both read StagePieces.optimizer_s)
+    gap_a = simulate_analytic(plan).step_time_s - simulate_analytic(quiet).step_time_s
+    gap_e = simulate_event(plan).step_time_s - simulate_event(quiet).step_time_s
+    assert gap_a == pytest.approx(gap_e, rel=0.05) and gap_a > 0
+
+
+def test_mlperf_llama31_8b_nemo_implementation_as_cisco_ran_it() -> None:
+    """The Cisco MLPerf v5.1 llama31_8b rows run NVIDIA's MLPerf NeMo 2 code (pretrain.py): bf16
+    gradients, one gradient bucket per parameter tensor (bucket_size 64), and no comm-overlap
+    callback, so the 128-GPU row's TP communication is not overlapped."""
+    from planner.fitting.published import compare_run, load_runs
+
+    runs = {r["id"]: r for r in load_runs()}
+    c64 = compare_run(runs["mlperf51-cisco-llama31-8b-fp8-h100-64"])
+    c128 = compare_run(runs["mlperf51-cisco-llama31-8b-fp8-h100-128"])
+    for c in (c64, c128):
+        assert c.framework == "nemo-mlperf-2025"
+        assert c.plan.grad_buckets == "megatron_per_tensor" and c.plan.state_layout == "megatron_bf16_grads"
+        assert c.predicted.fits_memory  # the 64-GPU row ran; fp32 gradients had put it over 80 GB
+    assert c128.plan.strategy.tp == 2 and c128.plan.strategy.sp and not c128.plan.strategy.tp_overlap
+    dell = compare_run(runs["mlperf51-dell-llama31-8b-fp8-b300-8"])
+    assert dell.framework == "nemo"  # NVIDIA's own ngc25.09 code base: its pretrain.py is not at hand

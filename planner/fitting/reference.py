@@ -268,6 +268,8 @@ def framework_of(row: dict) -> Framework:
         return get_framework("deepspeed-hf")
     if "megatron-deepspeed" in text:
         return get_framework("megatron-deepspeed-fa2" if "flash-attn" in text else "megatron-deepspeed")
+    if "mlperf v5.1 nemo implementation" in text:  # NVIDIA's MLPerf NeMo 2 code of 2025 as submitted (Cisco v5.1)
+        return get_framework("nemo-mlperf-2025")
     if "nemo" in text:
         # the container version decides the era profile (catalogs/frameworks.yaml, each with its source)
         version = re.search(r"(?:nemo(?:\s+framework)?|fw_version)\s*(2[45])\.(\d\d)", text)

@@ -451,7 +451,7 @@ class FastModel:
             pieces = stage_pieces(coll=self._dp_collectives(layout, sh), zero=zero, dp_size=dpcp,
                                   expert_dp=layout.expert_dp, params=sh.params, num_layers=sh.num_layers,
                                   layer_fwd_s=lf + ef, layer_bwd_s=lb + lr + eb, settings=settings,
-                                  tensors=stage_parameter_tensors(model, sh) if settings.per_tensor_gather else 0,
+                                  tensors=stage_parameter_tensors(model, sh),
                                   offload_optimizer=off_opt,
                                   offload_params=off_par, offload_activations=off_act,
                                   act_bytes=offloaded_activation_bytes(sh, dense_act, moe_act, off_layers)

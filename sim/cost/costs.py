@@ -373,12 +373,12 @@ def p2p_bytes(model: Model, s: Strategy) -> float:
     return 2.0 * s.mbs * (s.seq_len // s.cp) * model.hidden_size / s.tp
 
 
-def host_sync_counts(h: HostSyncs, pp: int) -> tuple[float, float, float]:
-    """(forward, backward, per-step) host synchronisations of a framework (``Plan.host_syncs``)
-    with ``pp`` pipeline stages; a pipelined stage's p2p syncs split between its forward and
-    backward."""
+def host_sync_counts(h: HostSyncs, pp: int) -> tuple[float, float, float, float]:
+    """(forward, backward, per-step, per-gradient-bucket) host synchronisations of a framework
+    (``Plan.host_syncs``) with ``pp`` pipeline stages; a pipelined stage's p2p syncs split between
+    its forward and backward."""
     p2p = h.p2p / 2 if pp > 1 else 0.0
-    return h.forward + p2p, h.backward + p2p, float(h.step)
+    return h.forward + p2p, h.backward + p2p, float(h.step), float(h.per_bucket)
 
 
 def pieces_hbm_bytes_per_s(cluster: Cluster, eff: KernelEfficiency) -> float:

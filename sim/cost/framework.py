@@ -193,9 +193,10 @@ def _capabilities(r: Record) -> Capabilities:
 def _host_syncs(r: Record) -> HostSyncs:
     if not r.has("host_syncs"):
         return HostSyncs()
-    h = r.mapping("host_syncs", allowed=("forward", "backward", "p2p", "step", "source"))
+    h = r.mapping("host_syncs", allowed=("forward", "backward", "p2p", "step", "per_bucket", "source"))
     h.text("source")
-    return HostSyncs(**{k: h.integer(k, minimum=0, optional=True, default=0) for k in ("forward", "backward", "p2p", "step")})
+    return HostSyncs(**{k: h.integer(k, minimum=0, optional=True, default=0)
+                        for k in ("forward", "backward", "p2p", "step", "per_bucket")})
 
 
 PIPELINE_SCHEDULE_PER = ("step", "local_batch")

@@ -73,9 +73,12 @@ class HostSyncs:
     backward: int = 0
     p2p: int = 0  # per micro-batch and chunk on a stage that sends and receives
     step: int = 0
+    # per gradient bucket, once per step: Megatron-Core's check_for_nan_in_grad reads each bucket's
+    # gradient norm on the host before the bucket's reduction (sim.cost.step.stage_pieces)
+    per_bucket: int = 0
 
     def __post_init__(self) -> None:
-        for n in ("forward", "backward", "p2p", "step"):
+        for n in ("forward", "backward", "p2p", "step", "per_bucket"):
             v = getattr(self, n)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise InputError(f"host_syncs.{n}", v, "must be an integer >= 0")

@@ -313,7 +313,7 @@ class PieceSettings:
     pipelined_fsdp: bool = False
     bf16_optimizer: bool = False
     per_tensor_gather: bool = False  # ZeRO-3 gathers tensor by tensor (Plan.zero3_gather per_tensor_sync)
-    host_syncs: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    host_syncs: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)  # sim.cost.costs.host_sync_counts
     grad_bucket_params: Num = 0.0  # parameters per gradient bucket (0: one reduction, not bucketed)
 
 
@@ -358,7 +358,13 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
     * Host synchronisations (``host_syncs``: forward and backward per micro-batch and chunk,
       per step; counts from ``Plan.host_syncs``): each drains the GPU's queue, which then waits
       one host dispatch (``host_op_floor_s``) for the next kernel; the per-step ones join the
-      optimizer step.
+      optimizer step.  Megatron-Core's NaN check of the gradients (``check_for_nan_in_grad``, on by
+      default; ``host_syncs`` ``per_bucket``) takes each gradient bucket's norm before the bucket is
+      reduced and reads it on the host: once per step, a pass over the gradient buffer and that
+      many synchronisations per bucket, joining the optimizer step too.  A stage's buckets:
+      ``ceil(P / grad_bucket_params)``, at most one per parameter tensor (``tensors``; a bucket
+      closes once it holds ``bucket_size`` parameters), one more for the expert buffer; one per
+      buffer without ``dp_overlap`` (no ``bucket_size``); none under ZeRO-3.
     * DeepSpeed's BF16_Optimizer (``bf16_optimizer``, a bf16 plan of a DeepSpeed profile; it
       runs where the ZeRO stage is 0): the gradients are all-reduced in fp32 as without ZeRO,
       but the master weights and Adam states are sharded over the data-parallel group (its own
@@ -447,6 +453,14 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
         off_p = vol.weights_back_per_step / rates.state_bytes_per_s
         opt_s = np.where(np.asarray(offload_optimizer), local * rates.cpu_optimizer_s_per_param, opt_s)
     bucket = np.asarray(st.grad_bucket_params, dtype=float)
+    if host_syncs[3]:  # Megatron-Core's per-bucket NaN check (docstring): norms and host reads, per step
+        buffers = 1.0 + (params.expert_params > 0)
+        if dp_overlap and np.any(bucket > 0):
+            buckets = np.minimum(float(max(tensors, 1)), np.ceil(params.total / np.maximum(bucket, 1.0))) + buffers - 1
+        else:
+            buckets = buffers + 0.0 * bucket
+        check_s = host_syncs[3] * buckets * eff.host_op_floor_s + params.total * rt.grad_reduce_bytes_per_param / hbm_bytes_per_s
+        opt_s = opt_s + np.where(z >= 3, 0.0, check_s)
     tail = embedding_params + 0.5 * bucket + np.where(params.expert_params > 0, 0.5 * bucket, 0.0)
     tail_share = np.where(bucket > 0, np.minimum(1.0, tail / max(params.total, 1.0)), 0.0) + 0.0 * z
     return StagePieces(dp_grad_sync_s=grad_sync, dp_param_gather_s=param_gather, zero3_exposed_fwd_s=z3f,

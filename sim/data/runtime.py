@@ -405,7 +405,7 @@ def device_extra_bytes(strategy: "Strategy", model: "Model", *, megatron_groups:
 
 
 # bucketed gradient reducers (runtime.yaml grad_buckets; a framework's grad_buckets, Plan.grad_buckets)
-GRAD_BUCKETS: tuple[str, ...] = ("megatron", "ddp", "deepspeed")
+GRAD_BUCKETS: tuple[str, ...] = ("megatron", "megatron_per_tensor", "ddp", "deepspeed")
 ALLOCATORS: tuple[str, ...] = ("caching", "expandable_segments")  # PYTORCH_CUDA_ALLOC_CONF modes
 
 
