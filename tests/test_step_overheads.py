@@ -261,6 +261,16 @@ def test_megatron_core_nan_check_per_gradient_bucket() -> None:
     serial0 = replace(serial, host_syncs=HostSyncs())
     assert (step_costs(serial).stages[0].pieces.optimizer_s - step_costs(serial0).stages[0].pieces.optimizer_s
             == pytest.approx(check(1), rel=1e-9))
+    # interleaved: only the first model chunk is bucketed, every later chunk is one bucket
+    # (Megatron-LM training.py / NeMo megatron_parallel.py disable_bucketing for model_chunk_idx > 0)
+    inter = _plan("megatron-core", LLAMA, "h100-80gb", 8, pp=2, vp=2, dp=4, mbs=1, gbs=8, seq_len=4096, zero=1,
+                  schedule="interleaved")
+    sti, sti0 = step_costs(inter).stages[0], step_costs(replace(inter, host_syncs=HostSyncs())).stages[0]
+    p_i = sti.params
+    t_i = stage_parameter_tensors(LLAMA, stage_shapes(LLAMA, inter.strategy)[0])
+    b_i = rt.grad_bucket_params("megatron", 4)
+    expect = 2 * (min(t_i / 2, np.ceil(p_i / 2 / b_i)) + 1) * eff.host_op_floor_s + p_i * rt.grad_reduce_bytes_per_param / hbm
+    assert sti.pieces.optimizer_s - sti0.pieces.optimizer_s == pytest.approx(expect, rel=1e-9)
     # Megatron-Core 0.6 asserted once per bucket (core_v0.6.0 Bucket.start_grad_sync); NeMo 1 left it off
     assert get_framework("megatron-core-fa2").host_syncs.per_bucket == 1
     assert get_framework("nemo-launcher-2024h2").host_syncs.per_bucket == 0

@@ -419,7 +419,8 @@ class FastModel:
         p2p = np.array([[self._p2p_s(layout, mbs, sp) for sp in grid.sp] for mbs in grid.mbs],
                        dtype=float).reshape(M, S, 1, 1, 1)
         settings = piece_settings(probe, self.eff, precision=layout.precision, pp=p, num_microbatches=m,
-                                  dp_overlap=self.dp_overlap, fp8_recipe=probe.strategy.fp8_recipe, dp_size=dpcp)
+                                  dp_overlap=self.dp_overlap, fp8_recipe=probe.strategy.fp8_recipe, dp_size=dpcp,
+                                  model_chunks=vp)
         rep = self.representative(layout)
         per_layer = {False: layer_params(model, rep, moe=False).total,
                      True: layer_params(model, rep, moe=True).total if model.moe is not None else 0.0}

@@ -407,10 +407,11 @@ def plan_comm_runtime(plan: Plan, precision: str | None = None, fp8_params: bool
 
 
 def piece_settings(plan: Plan, eff: KernelEfficiency, *, precision: str, pp: int, num_microbatches: Num,
-                   dp_overlap: bool, fp8_recipe: str, dp_size: int) -> PieceSettings:
+                   dp_overlap: bool, fp8_recipe: str, dp_size: int, model_chunks: Num = 1) -> PieceSettings:
     """The plan's inputs of ``sim.cost.step.stage_pieces`` (``PieceSettings``): ``simulate`` passes
-    its strategy's values (floats), the search a layout's and an array of micro-batch counts;
-    ``dp_size``: the data(-and-context)-parallel group the gradients are reduced over."""
+    its strategy's values (floats), the search a layout's and arrays of micro-batch counts and
+    model chunks (vp); ``dp_size``: the data(-and-context)-parallel group the gradients are
+    reduced over."""
     rt = plan_comm_runtime(plan, precision)
     return PieceSettings(
         grad_bucket_params=rt.grad_bucket_params(plan.grad_buckets, dp_size),
@@ -422,7 +423,8 @@ def piece_settings(plan: Plan, eff: KernelEfficiency, *, precision: str, pp: int
                                                                     compiled=plan.fp8_cast_kernels == "inductor"),
         pipelined_fsdp=pp > 1 and plan.state_layout in FSDP2_LAYOUTS,
         bf16_optimizer=plan.deepspeed_bf16_optimizer and precision == "bf16",
-        per_tensor_gather=plan.zero3_gather == "per_tensor_sync", host_syncs=host_sync_counts(plan.host_syncs, pp))
+        per_tensor_gather=plan.zero3_gather == "per_tensor_sync", host_syncs=host_sync_counts(plan.host_syncs, pp),
+        model_chunks=model_chunks)
 
 
 def stage_pieces_for(plan: Plan, net: Network, eff: KernelEfficiency, params: StageParams, num_layers: int,
@@ -434,7 +436,8 @@ def stage_pieces_for(plan: Plan, net: Network, eff: KernelEfficiency, params: St
     ``Plan.zero3_gather`` ``per_tensor_sync``."""
     s = plan.strategy
     settings = piece_settings(plan, eff, precision=s.precision, pp=s.pp, num_microbatches=s.num_microbatches,
-                              dp_overlap=s.dp_overlap, fp8_recipe=s.fp8_recipe, dp_size=s.dp * s.cp)
+                              dp_overlap=s.dp_overlap, fp8_recipe=s.fp8_recipe, dp_size=s.dp * s.cp,
+                              model_chunks=s.vp)
     return stage_pieces(coll=dp_collectives(net, s, params, settings.rt, eff, nvls=plan.nvls), zero=s.zero,
                         dp_size=s.zero_shard,
                         expert_dp=s.expert_dp, params=params, num_layers=num_layers, layer_fwd_s=layer_fwd_s,

@@ -314,7 +314,8 @@ class PieceSettings:
     bf16_optimizer: bool = False
     per_tensor_gather: bool = False  # ZeRO-3 gathers tensor by tensor (Plan.zero3_gather per_tensor_sync)
     host_syncs: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)  # sim.cost.costs.host_sync_counts
-    grad_bucket_params: Num = 0.0  # parameters per gradient bucket (0: one reduction, not bucketed)
+    grad_bucket_params: Num = 0.0
+    model_chunks: Num = 1.0  # the stage's model chunks (vp); Megatron-Core buckets the first one only  # parameters per gradient bucket (0: one reduction, not bucketed)
 
 
 def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int, params: StageParams,
@@ -361,10 +362,12 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
       optimizer step.  Megatron-Core's NaN check of the gradients (``check_for_nan_in_grad``, on by
       default; ``host_syncs`` ``per_bucket``) takes each gradient bucket's norm before the bucket is
       reduced and reads it on the host: once per step, a pass over the gradient buffer and that
-      many synchronisations per bucket, joining the optimizer step too.  A stage's buckets:
-      ``ceil(P / grad_bucket_params)``, at most one per parameter tensor (``tensors``; a bucket
-      closes once it holds ``bucket_size`` parameters), one more for the expert buffer; one per
-      buffer without ``dp_overlap`` (no ``bucket_size``); none under ZeRO-3.
+      many synchronisations per bucket, joining the optimizer step too.  A stage's buckets: its
+      first model chunk's ``ceil(P / vp / grad_bucket_params)``, at most one per parameter tensor
+      (``tensors``; a bucket closes once it holds ``bucket_size`` parameters), and one for each
+      other chunk (Megatron-LM training.py / NeMo megatron_parallel.py ``disable_bucketing`` for
+      model chunks after the first), one more for the expert buffer; one per buffer without
+      ``dp_overlap`` (no ``bucket_size``); none under ZeRO-3.
     * DeepSpeed's BF16_Optimizer (``bf16_optimizer``, a bf16 plan of a DeepSpeed profile; it
       runs where the ZeRO stage is 0): the gradients are all-reduced in fp32 as without ZeRO,
       but the master weights and Adam states are sharded over the data-parallel group (its own
@@ -456,7 +459,9 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
     if host_syncs[3]:  # Megatron-Core's per-bucket NaN check (docstring): norms and host reads, per step
         buffers = 1.0 + (params.expert_params > 0)
         if dp_overlap and np.any(bucket > 0):
-            buckets = np.minimum(float(max(tensors, 1)), np.ceil(params.total / np.maximum(bucket, 1.0))) + buffers - 1
+            chunks = np.asarray(st.model_chunks, dtype=float)
+            first = np.minimum(max(tensors, 1) / chunks, np.ceil(params.total / chunks / np.maximum(bucket, 1.0)))
+            buckets = first + (chunks - 1) + buffers - 1
         else:
             buckets = buffers + 0.0 * bucket
         check_s = host_syncs[3] * buckets * eff.host_op_floor_s + params.total * rt.grad_reduce_bytes_per_param / hbm_bytes_per_s
