@@ -36,8 +36,9 @@ TOLERANCES = {
                                           "(validate/eager_traffic.py) and the configs' loss on bf16 logits "
                                           "(MaskedCrossEntropy fp32_upcast: false, 2-3 points faster than the "
                                           "upcast: Qwen3-30B -9%, gpt-oss-20b -10%); the 70B row read with its "
-                                          "config's full recomputation (+4%); gpt-oss-120b -32%, DeepSeek-V3 1024 "
-                                          "-25%, Kimi-K2 -22%, DeepSeek-V3 256 -15%: a cost of multi-node MoE missing"),
+                                          "config's full recomputation (+4%); the gpt-oss rows' FlexAttention at its "
+                                          "measured speed (-9 / -28%); DeepSeek-V3 1024 -22%, Kimi-K2 -19%, "
+                                          "DeepSeek-V3 256 -13%: a cost of multi-node MoE missing"),
     "yanring/Megatron-MoE-ModelZoo": (0.18, 0.23, "Qwen3-235B on GB200/GB300 with CUDA graphs runs 3-17% fast; the "
                                                   "128k-token row's activation offload is not modelled (+21%)"),
     "NVIDIA/NeMo": (0.10, 0.18, "NeMo 24.03 long-sequence: TFLOPS-only rows (FLOP convention counts the full "
@@ -53,17 +54,19 @@ TOLERANCES = {
     "mlcommons/training_results_v5.0": (0.06, 0.13, "MLPerf Llama 3.1 405B on H100/GB200 (CUDA graphs): H100 within "
                                                     "-1..+6%, GB200 512/2496 -12/-10% with the cuDNN <= 9.13 "
                                                     "attention of their containers"),
-    "mlcommons/training_results_v5.1": (0.08, 0.28, "MLPerf Llama 3.1 8B: small per-GPU work (8-16k tokens per GPU per "
-                                                    "step) on 64-128 H100 runs 15-28% slower than modelled (the last "
-                                                    "gradient bucket priced; no CUDA graphs); MI350X -7% with its "
-                                                    "measured GEMM rate"),
+    "mlcommons/training_results_v5.1": (0.08, 0.18, "MLPerf Llama 3.1 8B: Cisco's 64/128 H100 rows run NVIDIA's MLPerf "
+                                                    "NeMo 2 code (bf16 gradients, a NaN-checked gradient bucket per "
+                                                    "tensor, no comm-overlap callback): -10/-15%; Dell B300 +7% and "
+                                                    "MI350X / MI355X -5 / +2% with Megatron-Core's NaN check per bucket"),
 }
 # p90 0.30 -> 0.22 with DeepEP dedup; median 0.061 -> 0.048, p90 0.226 -> 0.176 with issue 23's fourth pass;
 # fifth pass: 0.048 / 0.176, signed -0.039 -> -0.037
 # sixth pass (GEMM shape factor from GEMM sweeps): 0.047 / 0.167, signed -0.031
 # seventh pass (eager element-wise traffic measured per op, eager kernels' achieved bandwidth, NeMo 2's fused
 # cross-entropy at its benchmark): 0.044 / 0.163, signed -0.031
-OVERALL = {"median_abs_step_error": 0.05, "p90_abs_step_error": 0.18}
+# twelfth pass (FlexAttention, Megatron-Core's per-bucket NaN check, the MLPerf NeMo 2 code as Cisco ran it):
+# 0.043 / 0.155, signed -0.025
+OVERALL = {"median_abs_step_error": 0.05, "p90_abs_step_error": 0.165}
 # The lean (issue 23): the median signed error must stay inside this band.
 SIGNED_MEDIAN = (-0.035, 0.02)
 MEMORY_MEDIAN = 0.11  # device-level (FlagPerf nvidia-smi) and reserved (torchtitan) memory, all rows; 10.6% with
