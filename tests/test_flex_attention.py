@@ -76,3 +76,21 @@ def test_rows_naming_flex_attention_run_it():
         assert c.plan.attention == "flex" and "FlexAttention (the row's kernels)" in c.assumptions
     other = compare_run(runs["automodel-qwen3-30b-a3b-bf16-h100-8"])
     assert other.plan.attention == "flash"
+
+
+def test_torchtitan_export_says_flex_attention_is_a_flavor_setting():
+    """torchtitan turns FlexAttention on in the model flavor's args (use_flex_attn), which its job
+    TOML cannot set: the export warns and marks the flavor line instead of dropping the kernel."""
+    from planner.exports import LaunchSpec
+    from planner.exports.torchtitan import render_torchtitan
+    from sim.data.catalog import get_model
+
+    s = parse_strategy("tp=2,dp=4,mbs=1,gbs=32,seq=8192,zero=3,sp=1", num_gpus=8)
+    spec = LaunchSpec(model=get_model("llama3-8b"), strategy=s, num_gpus=8, gpus_per_node=8, gpu="h100-80gb",
+                      attention="flex", framework="torchtitan")
+    out = render_torchtitan(spec)
+    assert any("use_flex_attn" in w for w in out.warnings)
+    assert any("use_flex_attn = True" in text for text in out.files.values())
+    plain = render_torchtitan(LaunchSpec(model=get_model("llama3-8b"), strategy=s, num_gpus=8, gpus_per_node=8,
+                                         gpu="h100-80gb", attention="flash2", framework="torchtitan"))
+    assert not any("use_flex_attn" in w for w in plain.warnings)

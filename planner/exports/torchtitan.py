@@ -145,6 +145,13 @@ def torchtitan_config(spec: LaunchSpec) -> tuple[dict[str, dict[str, object]], l
         notes["model.flavor"] = f"PLACEHOLDER: torchtitan ships no {name} flavor of this architecture; register it"
         warn.append(f"[model] flavor {flavor!r} is a placeholder: torchtitan ships no {name} flavor of {m.name}'s "
                     "architecture (catalogs/torchtitan_flavors.yaml); register it as a model flavor")
+    if spec.attention == "flex":
+        # FlexAttention is a model argument in torchtitan (use_flex_attn in torchtitan/models/*/model/args.py,
+        # set by the flavor; the gpt-oss flavors have it on), not a job-config key
+        notes["model.flavor"] = (notes.get("model.flavor", "") + "; " if "model.flavor" in notes else "") + \
+            "the plan runs FlexAttention: use a flavor whose model args set use_flex_attn = True"
+        warn.append("attention flex: torchtitan turns FlexAttention on in the model flavor's args (use_flex_attn), "
+                    f"which the job TOML cannot set; run [model] flavor {flavor!r} with use_flex_attn = True")
     converter = {"tensorwise": "float8", "mxfp8": "mx"}.get(s.fp8_recipe, "float8")
     model: dict[str, object] = {"name": name, "flavor": flavor, "hf_assets_path": "./assets/hf/tokenizer",
                                 "converters": [converter] if s.precision == "fp8" else []}
