@@ -37,7 +37,7 @@ import numpy as np
 from sim.engines.analytic import simulate_analytic
 from sim.layers.compute import default_efficiency
 from sim.cost.costs import default_network
-from sim.cost.framework import Framework, check_attention, default_frameworks, fp8_recipe_for, get_framework
+from sim.cost.framework import Framework, check_attention, default_frameworks_for, fp8_recipe_for, get_framework
 from sim.base.errors import InputError
 from sim.cost.plan import Plan
 from sim.engines.result import StepResult
@@ -75,9 +75,8 @@ class Settings:
                              "planner comm-reduce --mode parameter-server")
         if fw is not None:
             check_attention(fw, attention)
-        elif attention is not None and not any(attention in f.attention_kernels for f in default_frameworks()):
-            raise InputError("attention", attention, "no default framework profile launches it; name one with "
-                             "--framework (catalogs/frameworks.yaml attention_kernels)")
+        else:
+            default_frameworks_for(attention)
         fw_id = fw.id if fw is not None else None
         return cls(framework=fw_id, choices=RunChoices(attention=attention, moe_imbalance=moe_imbalance,
                                                        moe_dispatcher=moe_dispatcher))
@@ -87,8 +86,7 @@ class Settings:
         """The profile named, else the default ones that launch the attention kernel asked for."""
         if self.framework is not None:
             return (get_framework(self.framework),)
-        kernel = self.choices.attention
-        return tuple(fw for fw in default_frameworks() if kernel is None or kernel in fw.attention_kernels)
+        return default_frameworks_for(self.choices.attention)
 
     def plan_kwargs(self, fw: Framework) -> dict[str, object]:
         """The ``Plan`` fields of ``fw`` with the overrides (``sim.engines.run.plan_kwargs``)."""

@@ -395,6 +395,19 @@ def list_frameworks() -> list[Framework]:
     return list(seen.values())
 
 
+def default_frameworks_for(attention: str | None) -> tuple[Framework, ...]:
+    """The default profiles (``default_frameworks``) that launch the attention kernel asked for
+    (all of them without one); ``InputError`` when none does."""
+    profiles = default_frameworks()
+    if attention is None:
+        return profiles
+    out = tuple(fw for fw in profiles if attention in fw.attention_kernels)
+    if not out:
+        raise InputError("attention", attention, "no default framework profile launches it; name one with "
+                         "--framework (catalogs/frameworks.yaml attention_kernels)")
+    return out
+
+
 @functools.cache
 def default_frameworks() -> tuple[Framework, ...]:
     """The profiles ``searched_by_default`` (``catalogs/frameworks.yaml``), in order: what

@@ -145,7 +145,9 @@ class Plan:
     deepspeed_bf16_optimizer: bool = False
     zero3_gather: str = "bucketed"  # ZERO3_GATHERS (sim.cost.step.stage_pieces)
     tp_overlap_kind: str = "userbuffers"  # TP_OVERLAP_KINDS (sim.cost.costs.layer_cost)
-    host_syncs: HostSyncs = HostSyncs()  # host synchronisations per micro-batch and per step
+    # host synchronisations per micro-batch, per step and per gradient bucket (default: the default
+    # profile's, megatron-core: Megatron-Core's NaN check reads every bucket twice)
+    host_syncs: HostSyncs = HostSyncs(per_bucket=2)
     # pipeline schedules run per step, each over num_microbatches / pipeline_flushes micro-batches
     # with its own fill and drain (NeMo Automodel runs schedule.step once per gradient-accumulation
     # step: sim.cost.step.compose); 1 = one schedule over the step's micro-batches (Megatron, torchtitan)

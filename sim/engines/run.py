@@ -32,8 +32,7 @@ from typing import Mapping
 
 from sim.cost.calibration import Calibration, load_calibration
 from sim.layers.compute import KernelEfficiency, default_efficiency
-from sim.base.errors import InputError
-from sim.cost.framework import (Framework, apply_framework, check_attention, check_supported, default_frameworks,
+from sim.cost.framework import (Framework, apply_framework, check_attention, check_supported, default_frameworks_for,
                                  fp8_recipe_for, get_framework)
 from sim.net.netefficiency import network_kwargs
 from sim.net.network import Network
@@ -138,12 +137,7 @@ def _pick(s: Strategy, cluster: Cluster, given: frozenset[str] | None,
     """The first default profile that runs ``s`` (completed its way) and launches the
     ``attention`` kernel asked for, or the first profile with the reasons none does."""
     why = []
-    profiles = default_frameworks()
-    if attention is not None:
-        profiles = tuple(fw for fw in profiles if attention in fw.attention_kernels)
-        if not profiles:
-            raise InputError("attention", attention, "no default framework profile launches it; name one "
-                             "with --framework (catalogs/frameworks.yaml attention_kernels)")
+    profiles = default_frameworks_for(attention)
     for fw in profiles:
         cand = s if given is None else complete_strategy(s, fw, cluster, given)
         refusal = fw.capabilities.refusal(cand)
