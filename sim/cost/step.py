@@ -314,8 +314,8 @@ class PieceSettings:
     bf16_optimizer: bool = False
     per_tensor_gather: bool = False  # ZeRO-3 gathers tensor by tensor (Plan.zero3_gather per_tensor_sync)
     host_syncs: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)  # sim.cost.costs.host_sync_counts
-    grad_bucket_params: Num = 0.0
-    model_chunks: Num = 1.0  # the stage's model chunks (vp); Megatron-Core buckets the first one only  # parameters per gradient bucket (0: one reduction, not bucketed)
+    grad_bucket_params: Num = 0.0  # parameters per gradient bucket (0: one reduction, not bucketed)
+    model_chunks: Num = 1.0  # the stage's model chunks (vp); Megatron-Core buckets the first one only
 
 
 def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int, params: StageParams,
@@ -464,7 +464,8 @@ def stage_pieces(*, coll: DpCollectives, zero: Num, dp_size: int, expert_dp: int
             buckets = first + (chunks - 1) + buffers - 1
         else:
             buckets = buffers + 0.0 * bucket
-        check_s = host_syncs[3] * buckets * eff.host_op_floor_s + params.total * rt.grad_reduce_bytes_per_param / hbm_bytes_per_s
+        check_s = (host_syncs[3] * buckets * eff.host_op_floor_s
+                   + params.total * rt.grad_reduce_bytes_per_param / hbm_bytes_per_s)
         opt_s = opt_s + np.where(z >= 3, 0.0, check_s)
     tail = embedding_params + 0.5 * bucket + np.where(params.expert_params > 0, 0.5 * bucket, 0.0)
     tail_share = np.where(bucket > 0, np.minimum(1.0, tail / max(params.total, 1.0)), 0.0) + 0.0 * z
