@@ -148,8 +148,8 @@ def torchtitan_config(spec: LaunchSpec) -> tuple[dict[str, dict[str, object]], l
     if spec.attention == "flex":
         # FlexAttention is a model argument in torchtitan (use_flex_attn in torchtitan/models/*/model/args.py,
         # set by the flavor; the gpt-oss flavors have it on), not a job-config key
-        notes["model.flavor"] = (notes.get("model.flavor", "") + "; " if "model.flavor" in notes else "") + \
-            "the plan runs FlexAttention: use a flavor whose model args set use_flex_attn = True"
+        flex_note = "the plan runs FlexAttention: use a flavor whose model args set use_flex_attn = True"
+        notes["model.flavor"] = "; ".join(filter(None, (notes.get("model.flavor"), flex_note)))
         warn.append("attention flex: torchtitan turns FlexAttention on in the model flavor's args (use_flex_attn), "
                     f"which the job TOML cannot set; run [model] flavor {flavor!r} with use_flex_attn = True")
     converter = {"tensorwise": "float8", "mxfp8": "mx"}.get(s.fp8_recipe, "float8")
