@@ -296,3 +296,45 @@ def test_mlperf_llama31_8b_nemo_implementation_as_cisco_ran_it() -> None:
     assert c128.plan.strategy.tp == 2 and c128.plan.strategy.sp and not c128.plan.strategy.tp_overlap
     dell = compare_run(runs["mlperf51-dell-llama31-8b-fp8-b300-8"])
     assert dell.framework == "nemo"  # NVIDIA's own ngc25.09 code base: its pretrain.py is not at hand
+
+
+# ----------------------------------------------------------------- A2A overlap: passes without a partner
+
+
+def test_a2a_overlap_unpaired_passes_follow_megatron_core_schedules() -> None:
+    """Megatron-Core core_v0.14.0: without pipelining the first forward and the last backward run
+    alone (combined_1f1b.py); with interleaving the warm-up forwards, 2 (pp - r - 1) + (vp - 1) pp,
+    plus the one extra A2A overlap schedules (schedules.py get_pp_rank_microbatches), and as many
+    cool-down backwards; never more than the m * vp passes there are."""
+    from sim.cost.step import a2a_unpaired_passes
+    assert a2a_unpaired_passes(1, 1, 128, 0) == 1
+    assert a2a_unpaired_passes(4, 6, 16, 0) == 2 * 3 + 5 * 4 + 1
+    assert a2a_unpaired_passes(4, 6, 16, 3) == 5 * 4 + 1
+    assert a2a_unpaired_passes(8, 2, 2, 0) == 4  # capped: every pass runs alone
+
+
+def test_a2a_overlap_exposes_the_all_to_alls_of_unpaired_passes() -> None:
+    """A plan with ep_overlap pays, per step, the all-to-all its paired passes hide (net of the
+    overlap slowdown) once for each pass without a partner: closed form against the layers'
+    sums, the event engine within 2% (as without the overlap), and nothing without the overlap."""
+    from sim.data.specs import MoeSpec
+    from sim.cost.step import a2a_unpaired_passes
+    moe = Model(name="moe-16e", num_layers=8, hidden_size=4096, num_attention_heads=32, num_kv_heads=8,
+                ffn_hidden_size=14336, ffn_type="swiglu", vocab_size=128256,
+                moe=MoeSpec(num_experts=16, top_k=4, expert_ffn_hidden_size=2048))
+    for pp, vp in ((1, 1), (2, 2)):
+        kw = dict(tp=1, pp=pp, vp=vp, dp=16 // pp, ep=16 // pp, mbs=1, gbs=8 * 16 // pp, seq_len=4096, sp=False,
+                  schedule="interleaved" if vp > 1 else "1f1b")
+        on = _plan("megatron-core", moe, "h100-80gb", 16, ep_overlap=True, **kw)
+        off = replace(on, strategy=replace(on.strategy, ep_overlap=False))
+        costs = step_costs(on)
+        hidden = [sum(c.a2a_hidden_fwd_s + c.a2a_hidden_bwd_s for c in st.layer_costs) for st in costs.stages]
+        assert all(h > 0 for h in hidden)
+        assert all(sum(c.a2a_hidden_fwd_s for c in st.layer_costs) == 0 for st in step_costs(off).stages)
+        a = simulate_analytic(on)
+        m = on.strategy.num_microbatches
+        paired = m * sum(c.exposed_ep_fwd_s + c.exposed_ep_bwd_s for c in costs.stages[0].layer_costs)
+        alone = a2a_unpaired_passes(pp, vp, m, 0) / vp * hidden[0]
+        if pp == 1:  # one stage: the breakdown's exposed EP is the paired passes' plus the lone ones'
+            assert a.breakdown.exposed_ep_s == pytest.approx(paired + alone, rel=1e-9)
+        assert simulate_event(on).step_time_s == pytest.approx(a.step_time_s, rel=0.02)

@@ -63,6 +63,10 @@ class LayerCost:
     # part of fwd_s / bwd_s: compute slowed by the hidden TP/CP/EP collectives
     overlap_slowdown_fwd_s: float = 0.0
     overlap_slowdown_bwd_s: float = 0.0
+    # with ep_overlap: the all-to-all the paired pass hides, net of its slowdown; a pass without a
+    # partner exposes it (sim.cost.step.a2a_unpaired_passes)
+    a2a_hidden_fwd_s: float = 0.0
+    a2a_hidden_bwd_s: float = 0.0
     flops_fwd: float  # executed
     model_flops_fwd: float
     recompute_flops: float
@@ -118,7 +122,8 @@ class StageCost:
             extra_fwd_s=self.extra_fwd_s, extra_bwd_s=self.extra_bwd_s, pieces=self.pieces, p2p_s=self.p2p_s,
             num_layers=len(lc), first=self.stage == 0, last=self.stage == pp - 1,
             before=(1,) * self.stage + (0,) * (pp - self.stage), chunks=self.chunk_sums(pp),
-            stage_ids=(self.stage,))
+            stage_ids=(self.stage,), layer_a2a_hidden_fwd_s=sum(c.a2a_hidden_fwd_s for c in lc),
+            layer_a2a_hidden_bwd_s=sum(c.a2a_hidden_bwd_s for c in lc))
 
     @property
     def compute_fwd_s(self) -> float:
@@ -316,7 +321,9 @@ def layer_cost(plan: Plan, net: Network, lops: LayerOps, eff: KernelEfficiency, 
         tp_comm_fwd_s=tp_f, tp_comm_bwd_s=tp_b, cp_comm_fwd_s=cp_f, cp_comm_bwd_s=cp_b,
         ep_comm_fwd_s=ep_f, ep_comm_bwd_s=ep_b, exposed_tp_fwd_s=ex_tp_f, exposed_tp_bwd_s=ex_tp_b,
         exposed_cp_fwd_s=ex_cp_f, exposed_cp_bwd_s=ex_cp_b, exposed_ep_fwd_s=ex_ep_f, exposed_ep_bwd_s=ex_ep_b,
-        overlap_slowdown_fwd_s=slow_f, overlap_slowdown_bwd_s=slow_b, flops_fwd=lops.flops,
+        overlap_slowdown_fwd_s=slow_f, overlap_slowdown_bwd_s=slow_b,
+        a2a_hidden_fwd_s=(1 - sigma) * (ep_f - ex_ep_f), a2a_hidden_bwd_s=(1 - sigma) * (ep_b - ex_ep_b),
+        flops_fwd=lops.flops,
         model_flops_fwd=lops.model_flops, recompute_flops=recompute_flops, params=layer_params)
 
 

@@ -39,6 +39,16 @@ bucket by bucket behind the gradient reduction), the Adam step on the CPU instea
 GPU, and the updated weights back to the GPU before the next forward (exposed: no delayed
 update).
 
+Expert-parallel all-to-all overlap (``Strategy.ep_overlap``; Megatron-Core
+``--overlap-moe-expert-parallel-comm``) pairs one micro-batch's forward with another's backward,
+so that each hides the other's dispatch and combine (``sim.cost.costs.layer_cost`` prices the
+paired pass).  The passes without a partner run alone, their all-to-alls exposed: the first
+forward and the last backward without pipelining, and with interleaved pipelining a rank's
+warm-up forwards and its cool-down backwards, ``2 (p - r - 1) + (v - 1) p + 1`` chunk passes each
+on rank ``r`` (``a2a_unpaired_passes``).  Each stage's last backward ends later by that many
+chunk passes' hidden all-to-all (``StageTimes.a2a_hidden_*``, net of the slowdown the overlap
+charged).
+
 Stages are given as ``StageTimes`` with the number of stages each stands for (``count``) and
 how many stages of each entry precede it (``before``): one entry per stage (``count=1``) for
 a costed plan, one per ``sim.layers.stages.StageShape`` for the search.  Known error: ignores the
@@ -96,6 +106,10 @@ class StageTimes:
     fsdp_step_sync_s: Num = 0.0  # per pipeline schedule, exposed: FSDP with pipelining gathers and reduces once
     host_sync_fwd_s: Num = 0.0  # per micro-batch and chunk pass: host synchronisations (Plan.host_syncs)
     host_sync_bwd_s: Num = 0.0
+    # per micro-batch, all chunks: the expert-parallel all-to-all the layers' A2A overlap hides,
+    # net of the slowdown it charges (exposed in the passes without a partner: a2a_unpaired_passes)
+    a2a_hidden_fwd_s: Num = 0.0
+    a2a_hidden_bwd_s: Num = 0.0
     count: int = 1
     before: tuple[int, ...] = ()
     # with a pipeline layout: each model chunk's forward and backward (compute and exposed
@@ -183,6 +197,7 @@ class StepTimes:
     slowdown_s: tuple[Num, ...]  # compute slowed by the reductions/gathers it hides
     optimizer_s: tuple[Num, ...]
     offload_exposed_s: tuple[Num, ...] = ()  # its exposed host-link copies after the last backward
+    a2a_exposed_s: tuple[Num, ...] = ()  # its all-to-alls exposed in the passes without a partner
 
 
 # How a piece scales when a stage gains or loses parameters (``StagePieces.rescaled``): every
@@ -482,9 +497,11 @@ def stage_times(*, layer_fwd_s: Num, layer_bwd_s: Num, recompute_s: Num, layer_e
                 layer_exposed_bwd_s: Num, extra_fwd_s: Num, extra_bwd_s: Num, pieces: StagePieces, p2p_s: Num,
                 num_layers: int, first: bool, last: bool, count: int = 1,
                 before: tuple[int, ...] = (), chunks: Sequence[ChunkSums] | None = None,
-                stage_ids: tuple[int, ...] = ()) -> StageTimes:
+                stage_ids: tuple[int, ...] = (), layer_a2a_hidden_fwd_s: Num = 0.0,
+                layer_a2a_hidden_bwd_s: Num = 0.0) -> StageTimes:
     """A stage's ``StageTimes`` from its layers' sums per micro-batch (``layer_*``: compute,
-    recomputation, exposed TP/CP/EP communication), its embedding/head compute (``extra_*``)
+    recomputation, exposed TP/CP/EP communication, the all-to-all an A2A overlap hides), its
+    embedding/head compute (``extra_*``)
     and its ``StagePieces``.  ``W`` (zero-bubble) is half the layers' backward: the weight
     gradient GEMMs, which the layer cost does not separate from the input gradient.
     ``chunks`` (a pipeline layout's model chunks of the stages ``stage_ids``) give each chunk's
@@ -509,7 +526,29 @@ def stage_times(*, layer_fwd_s: Num, layer_bwd_s: Num, recompute_s: Num, layer_e
         offload_param_s=pieces.offload_param_s, fsdp_step_sync_s=pieces.fsdp_step_sync_s,
         host_sync_fwd_s=pieces.host_sync_fwd_s, host_sync_bwd_s=pieces.host_sync_bwd_s,
         fwd_sends=0 if last else 1, bwd_sends=0 if first else 1, count=count, before=before,
-        chunk_fwd_s=cf, chunk_bwd_s=cb, stage_ids=stage_ids)
+        chunk_fwd_s=cf, chunk_bwd_s=cb, stage_ids=stage_ids, a2a_hidden_fwd_s=layer_a2a_hidden_fwd_s,
+        a2a_hidden_bwd_s=layer_a2a_hidden_bwd_s)
+
+
+def a2a_unpaired_passes(pp: int, vp: Num, m: Num, rank: int) -> Num:
+    """Chunk passes of each direction that rank ``rank`` runs without a partner under
+    expert-parallel A2A overlap (Megatron-Core ``--overlap-moe-expert-parallel-comm``), of the
+    ``m * vp`` it runs per pipeline schedule.
+
+    Without pipelining the first micro-batch's forward and the last one's backward run alone
+    (core_v0.14.0 ``pipeline_parallel/combined_1f1b.py``
+    ``combined_1f1b_schedule_for_no_pipelining``: "The forward step for the first microbatch is
+    executed alone, no a2a overlapping").  With (interleaved) pipelining only the steady 1F1B
+    phase is combined: the warm-up forwards, ``2 (pp - r - 1) + (vp - 1) * pp`` plus the one
+    extra forward A2A overlap schedules (``schedules.py`` ``get_pp_rank_microbatches``, with
+    ``microbatch_group_size_per_vp_stage`` = ``pp``, its default), and as many cool-down
+    backwards.  Megatron-Core requires interleaving when ``pp > 1``; ``vp = 1`` takes the same
+    count."""
+    vp = np.asarray(vp, dtype=float)
+    total = np.asarray(m, dtype=float) * vp
+    if pp <= 1:
+        return np.minimum(total, 1.0)
+    return np.minimum(total, 2.0 * (pp - rank - 1) + (vp - 1.0) * pp + 1.0)
 
 
 def pipeline_time_s(stages: Sequence[StageTimes], fb: Sequence[tuple[Num, Num]], m: Num, vp: Num,
@@ -606,7 +645,7 @@ def compose(stages: Sequence[StageTimes], *, m: Num, vp: Num, zero_bubble: Num, 
         t_pipe = k * pipeline_time_s(stages, fb, m_one, vp, zero_bubble, pp) + between
     sigma = overlap_slowdown
     z3 = np.asarray(zero) >= 3
-    ends, exposed, slows, opts, offs = [], [], [], [], []
+    ends, exposed, slows, opts, offs, a2as = [], [], [], [], [], []
     for st, (f, b) in zip(stages, fb):
         if chunked:
             last_end = stage_end[st.stage_ids[0]]
@@ -615,6 +654,12 @@ def compose(stages: Sequence[StageTimes], *, m: Num, vp: Num, zero_bubble: Num, 
         else:
             tail = sum(k * fb[j][1] for j, k in enumerate(st.before) if k)
             last_end = t_pipe - tail
+        # A2A overlap: the passes without a partner expose their all-to-alls (a2a_unpaired_passes),
+        # every schedule; a stage entry standing for several stages takes its first one's count
+        a2a = k * a2a_unpaired_passes(pp, vp, m_one, min(st.stage_ids, default=0)) / np.asarray(vp, dtype=float) \
+            * (st.a2a_hidden_fwd_s + st.a2a_hidden_bwd_s)
+        last_end = last_end + a2a
+        a2as.append(a2a)
         window = overlap_window(b, st.num_layers, vp, pp) if dp_overlap else 0.0
         # per step after the last backward: the gradient reduction (ZeRO-3 reduces inside each
         # backward) and HSDP's all-reduce over the replicas
@@ -644,4 +689,5 @@ def compose(stages: Sequence[StageTimes], *, m: Num, vp: Num, zero_bubble: Num, 
         step = np.maximum(step, e)
     return StepTimes(step_time_s=step, pipeline_s=t_pipe, fwd_s=tuple(f for f, _ in fb),
                      bwd_s=tuple(b for _, b in fb), end_s=tuple(ends), dp_exposed_s=tuple(exposed),
-                     slowdown_s=tuple(slows), optimizer_s=tuple(opts), offload_exposed_s=tuple(offs))
+                     slowdown_s=tuple(slows), optimizer_s=tuple(opts), offload_exposed_s=tuple(offs),
+                     a2a_exposed_s=tuple(a2as))

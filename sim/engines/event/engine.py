@@ -42,6 +42,7 @@ from sim.base import limits
 from sim.base.limits import check_work
 from sim.base.outpaths import check_file
 from sim.cost.plan import Plan
+from sim.cost.step import a2a_unpaired_passes
 from sim.engines.result import StepResult
 
 
@@ -150,6 +151,7 @@ class Engine:
         per_flush = len(order) // sc.flushes
         flush_ends = (frozenset(range(per_flush - 1, per_flush * (sc.flushes - 1), per_flush))
                       if sc.flushes > 1 and sc.costs.stages[i].pieces.fsdp_step_sync_s > 0 else frozenset())
+        alone = self._a2a_alone(order, i, per_flush)
         if not sc.zb:
             for idx, (ph, mb, c) in enumerate(order):
                 k = c * p + i
@@ -159,7 +161,7 @@ class Engine:
                     if not ev.triggered:
                         yield ev
                     del self._ready[dep]
-                yield from self._pass(u, ph, mb, c, state)
+                yield from self._pass(u, ph, mb, c, state, idx in alone)
                 if idx in flush_ends:
                     yield from self._flush_sync(u)
         else:
@@ -180,7 +182,7 @@ class Engine:
                         if not ready:
                             yield ev
                         del self._ready[dep]  # type: ignore[arg-type]
-                    yield from self._pass(u, ph, mb, c, state)
+                    yield from self._pass(u, ph, mb, c, state, idx in alone)
                     if idx in flush_ends:
                         yield from self._flush_sync(u)
                     idx += 1
@@ -191,6 +193,21 @@ class Engine:
                     yield from self._pass(u, "W", wmb, wc, state)
         yield from self._finish(u, state)
 
+    def _a2a_alone(self, order: list, stage: int, per_flush: int) -> frozenset[int]:
+        """Indices in ``order`` of the passes that run without a partner under A2A overlap: in each
+        schedule, the first ``a2a_unpaired_passes`` forwards and as many last backwards
+        (``sim.cost.step.a2a_unpaired_passes``)."""
+        sc = self.sc
+        if not any(sc.a2a_hidden.get((stage, c), (0.0, 0.0)) != (0.0, 0.0) for c in range(sc.v)):
+            return frozenset()
+        n = int(a2a_unpaired_passes(sc.p, sc.v, sc.m / sc.flushes, stage))
+        out: set[int] = set()
+        for start in range(0, len(order), per_flush):
+            seg = range(start, min(start + per_flush, len(order)))
+            out.update([j for j in seg if order[j][0] == "F"][:n])
+            out.update([j for j in seg if order[j][0] == "B"][len([j for j in seg if order[j][0] == "B"]) - n:])
+        return frozenset(out)
+
     def _flush_sync(self, u: Unit) -> Generator:
         """After the last pass of a pipeline schedule that is not the step's last (``Plan.pipeline_flushes``),
         FSDP with pipelining reduce-scatters the stage's gradients and reshards, and gathers again for the
@@ -200,7 +217,7 @@ class Engine:
         self.log.append(Entry(u.index, "compute", "FSDP reduce-scatter + gather between schedules", "dp",
                               t, self.env.now, True))
 
-    def _pass(self, u: Unit, ph: str, mb: int, c: int, state: dict) -> Generator:
+    def _pass(self, u: Unit, ph: str, mb: int, c: int, state: dict, alone: bool = False) -> Generator:
         sc, env, log = self.sc, self.env, self.log
         p, i = sc.p, u.stage
         k = c * p + i
@@ -217,6 +234,11 @@ class Engine:
             t = env.now
             yield env.timeout(host)
             log.append(Entry(u.index, "compute", f"host syncs {op}", "compute", t, env.now, True, op))
+        a2a = sc.a2a_hidden.get((i, c), (0.0, 0.0))[0 if ph == "F" else 1] * u.slow if alone else 0.0
+        if a2a > 0:  # A2A overlap: this pass has no partner to hide its all-to-alls behind
+            t = env.now
+            yield env.timeout(a2a)
+            log.append(Entry(u.index, "compute", f"all-to-all without a partner {op}", "ep", t, env.now, True, op))
         t_start = env.now
         for j, pc in enumerate(pieces):
             if zero3 and ph != "W":

@@ -189,6 +189,9 @@ class Scenario:
         has_extra = extra_f > 0 or extra_b > 0 or extra_frac > 0
         for c, idx in enumerate(chunks):
             lcs: list[tuple[int, LayerCost, float]] = [(st.layers[j], st.layer_costs[j], fr[j]) for j in idx]
+            # the chunk's all-to-all an A2A overlap hides, exposed in a pass without a partner
+            self.a2a_hidden[(st.stage, c)] = (sum(lc.a2a_hidden_fwd_s for _, lc, _ in lcs),
+                                              sum(lc.a2a_hidden_bwd_s for _, lc, _ in lcs))
             fwd = [Piece(f"L{l}", lc.fwd_s + f * per_param_f, 0.0,
                          (lc.exposed_tp_fwd_s, lc.exposed_cp_fwd_s, lc.exposed_ep_fwd_s), f, False, f * off_f)
                    for l, lc, f in lcs]
@@ -224,6 +227,7 @@ class Scenario:
 
     def _build_pieces(self) -> None:
         self.pieces: dict[tuple[int, int, str], tuple[tuple[Piece, ...], Piece]] = {}
+        self.a2a_hidden: dict[tuple[int, int], tuple[float, float]] = {}
         for st in self.costs.stages:
             self._stage_pieces(st)
 
