@@ -14,10 +14,10 @@ from planner.fitting.published import compare_all, load_runs, summary, summary_b
 
 # source -> (median tolerance, worst-row tolerance, why)
 TOLERANCES = {
-    "narayanan2021": (0.06, 0.12, "Narayanan et al. 2021 Table 1: mbs/vp unstated (filled by rule); the SC'21 "
-                                  "Megatron-LM runs 2-10% slower than the model, most on the smallest runs (TP 1-2)"),
+    "narayanan2021": (0.04, 0.10, "Narayanan et al. 2021 Table 1: mbs/vp unstated (filled by rule); with the A100's "
+                                  "sustained GEMM clock -8..+4%, the smallest runs (TP 1-2) the slowest"),
     "korthikanti2022": (0.02, 0.05, "Korthikanti et al. 2022: its Table 4 feeds no fitted value (the GEMM shape "
-                                    "factor comes from GEMM sweeps); rows -4..+1%"),
+                                    "factor comes from GEMM sweeps); rows -3..+3%"),
     "pytorch/torchtitan": (0.07, 0.35, "torchtitan on 500 W H100 HBM2e (peak unknown, +-8%); context-parallel rows at "
                                        "131k-262k tokens run ~30% slower than FlashAttention-2 plus the ring's per-step "
                                        "cost; eager rows +3/+4% at the measured eager traffic; compiled rows -5/-6%, "
@@ -39,15 +39,16 @@ TOLERANCES = {
                                           "config's full recomputation (+4%); the gpt-oss rows' FlexAttention at its "
                                           "measured speed (-9 / -28%); DeepSeek-V3 1024 -22%, Kimi-K2 -19%, "
                                           "DeepSeek-V3 256 -13%: a cost of multi-node MoE missing"),
-    "yanring/Megatron-MoE-ModelZoo": (0.18, 0.23, "Qwen3-235B on GB200/GB300 with CUDA graphs runs 3-17% fast; the "
+    "yanring/Megatron-MoE-ModelZoo": (0.13, 0.23, "Qwen3-235B on GB200/GB300 with CUDA graphs runs 0-11% fast (A2A "
+                                                  "overlap's unpaired warm-up/cool-down passes priced); the "
                                                   "128k-token row's activation offload is not modelled (+21%)"),
     "NVIDIA/NeMo": (0.10, 0.18, "NeMo 24.03 long-sequence: TFLOPS-only rows (FLOP convention counts the full "
                                 "attention square); NeMo Framework Launcher ran flash-attn 2 (NVTE_FUSED_ATTN=0), "
                                 "-0.3..+15%, the 1M-token row (CP 32) the furthest"),
-    "FlagOpen/FlagPerf": (0.06, 0.30, "FlagPerf: Mixtral row's README states EP inconsistently (-24%); "
-                                      "Megatron-DeepSpeed rows -14/-16% (eager SwiGLU/RoPE at their measured traffic); "
-                                      "Hugging Face + ZeRO-3 rows -2..-5%; Megatron-Core A800 rows on 8 GPUs 2-7% fast "
-                                      "with core_v0.6's eager loss priced"),
+    "FlagOpen/FlagPerf": (0.04, 0.30, "FlagPerf: Mixtral row's README states EP inconsistently (-24%); "
+                                      "Megatron-DeepSpeed rows -12/-14% (eager SwiGLU/RoPE at their measured traffic); "
+                                      "with the A100's sustained GEMM clock the Hugging Face + ZeRO-3 rows -3..0% and "
+                                      "the Megatron-Core A800 rows on 8 GPUs -4..0%"),
     "mlcommons/training_results_v4.1": (0.07, 0.12, "MLPerf GPT-3 175B: H100 256-GPU row +8%, B200 -7% (Blackwell's "
                                                     "GEMM fraction read with the shape factor taken out of TE's "
                                                     "profiled GEMMs)"),
@@ -57,7 +58,7 @@ TOLERANCES = {
     "mlcommons/training_results_v5.1": (0.08, 0.18, "MLPerf Llama 3.1 8B: Cisco's 64/128 H100 rows run NVIDIA's MLPerf "
                                                     "NeMo 2 code (bf16 gradients, a NaN-checked gradient bucket per "
                                                     "tensor, no comm-overlap callback): -10/-15%; Dell B300 +7% and "
-                                                    "MI350X / MI355X -5 / +2% with Megatron-Core's NaN check per bucket"),
+                                                    "MI350X / MI355X -7 / +1% with Megatron-Core's NaN check per bucket"),
 }
 # p90 0.30 -> 0.22 with DeepEP dedup; median 0.061 -> 0.048, p90 0.226 -> 0.176 with issue 23's fourth pass;
 # fifth pass: 0.048 / 0.176, signed -0.039 -> -0.037
@@ -66,9 +67,11 @@ TOLERANCES = {
 # cross-entropy at its benchmark): 0.044 / 0.163, signed -0.031
 # twelfth pass (FlexAttention, Megatron-Core's per-bucket NaN check, the MLPerf NeMo 2 code as Cisco ran it):
 # 0.043 / 0.155, signed -0.025
-OVERALL = {"median_abs_step_error": 0.05, "p90_abs_step_error": 0.165}
+# thirteenth pass (A2A overlap's passes without a partner, the A100's sustained GEMM clock): 0.039 / 0.143,
+# signed -0.015
+OVERALL = {"median_abs_step_error": 0.045, "p90_abs_step_error": 0.15}
 # The lean (issue 23): the median signed error must stay inside this band.
-SIGNED_MEDIAN = (-0.035, 0.02)
+SIGNED_MEDIAN = (-0.025, 0.02)
 MEMORY_MEDIAN = 0.11  # device-level (FlagPerf nvidia-smi) and reserved (torchtitan) memory, all rows; 10.6% with
 # NCCL's NVLS buffers per communicator on NVLink4 NVSwitch (Hopper rows); 12.5% with the FSDP2
 # reduce-scatter stream pool, Megatron's extra communicators and TE's fp8 weight cache (was 14.8%)

@@ -200,16 +200,23 @@ def test_dp_overlap_defaults_by_era() -> None:
 
 
 def test_sustained_clock_from_same_era_pairs() -> None:
+    """Each pair is the best rate of Azure's 10,000-warm-up cuBLASLt sweep over mamf-finder's burst
+    on the same GPU and tensor-core rate: A100 16-bit (256.5 / 271.2 TFLOPS), H100 and H200 fp8;
+    GB200's sweep ran another CUDA major and pairs with nothing."""
     fit = fit_sustained_clock()
-    assert set(fit["pairs"]) == {"h100-80gb", "h200-141gb"}  # GB200's sweep ran an older CUDA major
-    assert fit["per_architecture"]["hopper"] == pytest.approx(statistics.fmean(fit["pairs"].values()), abs=1e-4)
+    assert set(fit["pairs"]) == {"a100-80gb", "h100-80gb", "h200-141gb"}
+    assert fit["pairs"]["a100-80gb"] == pytest.approx(256.5 / 271.2, abs=1e-4)
+    assert fit["per_architecture"]["ampere"] == fit["pairs"]["a100-80gb"]
+    assert fit["per_architecture"]["hopper"] == pytest.approx(
+        statistics.fmean((fit["pairs"]["h100-80gb"], fit["pairs"]["h200-141gb"])), abs=1e-4)
     eff = default_efficiency()
     op = Op("x", "matmul", 1e12, 0.0, m=8192, n=8192, k=8192)
-    h100, a100 = get_gpu("h100-80gb"), get_gpu("a100-80gb")
     bare = replace(eff, sustained_clock_by_arch={})
-    assert matmul_efficiency(h100, "bf16", op, eff) == pytest.approx(
-        matmul_efficiency(h100, "bf16", op, bare) * fit["per_architecture"]["hopper"])
-    assert matmul_efficiency(a100, "bf16", op, eff) == matmul_efficiency(a100, "bf16", op, bare)
+    for gpu, arch in (("h100-80gb", "hopper"), ("a100-80gb", "ampere")):
+        assert matmul_efficiency(get_gpu(gpu), "bf16", op, eff) == pytest.approx(
+            matmul_efficiency(get_gpu(gpu), "bf16", op, bare) * fit["per_architecture"][arch])
+    b200 = get_gpu("b200-180gb")
+    assert matmul_efficiency(b200, "bf16", op, eff) == matmul_efficiency(b200, "bf16", op, bare)
 
 
 # ----------------------------------------------------------------- the signed error in the summary

@@ -285,7 +285,8 @@ def fit_all(exclude: frozenset[str] | set[str] = frozenset()) -> dict:
     per_arch = fit_gemm_per_architecture(shape["gemm_half_dim"], reference)
     # The sustained fraction and the host floor interact (a floored op hides its GEMM), so they
     # are fitted alternately from the catalog defaults until both stop moving.
-    start = {k: out[k] for k in ("collective_overhead_s", "fp8_recipes", "memory_kernels", "attention_curves")}
+    start = {k: out[k] for k in ("collective_overhead_s", "fp8_recipes", "memory_kernels", "attention_curves",
+                                 "sustained_clock")}
     start["gemm"] = {"gemm_half_dim": shape["gemm_half_dim"], "per_architecture": per_arch}
     base = kernel_efficiency(start)
     floor = 0.0

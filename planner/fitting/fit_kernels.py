@@ -395,7 +395,14 @@ def fit_ring_attention() -> dict[str, Any]:
 # Long-running GEMM sweeps (cuBLASLt after 10,000 warm-up iterations: the GPU at its sustained,
 # thermally settled clock) paired with mamf-finder's short bursts (50 warm-up, 100 timed) on the
 # same GPU and precision.
-SUSTAINED_SWEEPS = ("azure-cublaslt-fp8-h100", "azure-cublaslt-fp8-h200", "azure-cublaslt-fp8-fp4-gb200")
+SUSTAINED_SWEEPS = ("azure-cublaslt-fp16-a100", "azure-cublaslt-fp8-h100", "azure-cublaslt-fp8-h200",
+                    "azure-cublaslt-fp8-fp4-gb200")
+
+
+def _sweep_precision(entry: Mapping[str, Any]) -> str:
+    """A sweep's tensor-core rate class: fp8, or 16-bit (fp16 and bf16 share the tensor-core rate of
+    every GPU in the catalog, so a 16-bit sweep pairs with mamf-finder's bf16 burst)."""
+    return "bf16" if str(entry.get("dtype", "fp8")).split()[0] in ("fp16", "bf16") else "fp8"
 
 
 def _cuda_version(text: str) -> tuple[int, int] | None:
@@ -408,13 +415,14 @@ def _cuda_version(text: str) -> tuple[int, int] | None:
 def fit_sustained_clock() -> dict[str, Any]:
     """Sustained-over-burst GEMM rate per architecture: the best large-GEMM rate of a sweep run
     after 10,000 warm-up iterations over mamf-finder's best short-burst rate on the same GPU and
-    precision (``gemm.yaml``), where both ran the same CUDA major version within two minor
-    versions (a later cuBLAS is a different library, not a different clock).  Under sustained
+    tensor-core rate (``gemm.yaml``; a 16-bit sweep with the bf16 burst, ``_sweep_precision``),
+    where both ran the same CUDA major version within two minor versions (a later cuBLAS is a
+    different library, not a different clock).  Under sustained
     load the GPU settles at a lower clock than in a 150-iteration burst (power and temperature
     limits); the burst rates are what ``matmul_efficiency`` and the kernel curves were measured
     at.  Mean over the pairs of an architecture; architectures without a same-era pair: none
     (treated as 1).  Known error: the sweep's square shapes are not mamf's searched best shape
-    (biases the ratio low by a shape effect), fp8 pairs only."""
+    (biases the ratio low by a shape effect); one pair per GPU, Ampere's 16-bit, the others fp8."""
     mb = _entries("gemm")
     mamf = {(p["gpu"], "fp8" if "fp8" in str(p["dtype"]) else "bf16"): p for p in mb["mamf-finder-best-shape"]["points"]}
     pairs: dict[str, float] = {}
@@ -422,7 +430,7 @@ def fit_sustained_clock() -> dict[str, Any]:
     for entry_id in SUSTAINED_SWEEPS:
         e = mb[entry_id]
         gpu_id = str(e["gpu"]).split()[0]
-        burst = mamf.get((gpu_id, "fp8"))
+        burst = mamf.get((gpu_id, _sweep_precision(e)))
         points = e.get("points") or e.get("fp8") or []
         if burst is None or not points:
             continue
