@@ -28,8 +28,10 @@ run: setup
 	    --strategy tp=8,pp=16,vp=3,mbs=1,gbs=1536,sp=1,recompute=selective
 	$(VENV)/bin/planner recommend --model gpt3-175b --gpu a100-80gb --num-gpus 1024 --gbs 1536
 
+# two phases: the tests not marked serial on two workers, then the serial ones alone (pyproject markers)
 test: setup-test
-	$(VENV)/bin/python -m pytest -p no:cacheprovider -rs
+	$(VENV)/bin/python -m pytest -p no:cacheprovider -rs -n 2 -m "not serial" && \
+	$(VENV)/bin/python -m pytest -p no:cacheprovider -rs -m serial
 
 # Speed targets live in these scripts (docs/recommend.md, event_engine.md, economics.md, app.md),
 # not in timed unit tests: the machines are shared and noisy.

@@ -26,6 +26,9 @@ from pathlib import Path
 
 import pytest
 
+# serial: a Streamlit server and a browser under a start-up deadline; `make test` runs these after the parallel phase (pyproject markers)
+pytestmark = pytest.mark.serial
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS_IMG = ROOT / "docs" / "img"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -18,6 +18,9 @@ from pathlib import Path
 
 import pytest
 
+# serial: wall-clock CPU measurements of real multi-rank training; `make test` runs these after the parallel phase (pyproject markers)
+pytestmark = pytest.mark.serial
+
 pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,6 +11,9 @@ from dataclasses import replace
 import pytest
 import yaml
 
+# serial: host memory bandwidth timed on this CPU; `make test` runs these after the parallel phase (pyproject markers)
+pytestmark = pytest.mark.serial
+
 from sim.cost.calibration import HOST_BANDWIDTH_KEYS, dump_profile, load_calibration
 from validate import synthetic as S
 from validate.fit import weighted_line

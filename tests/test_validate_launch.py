@@ -7,6 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+# serial: microbenchmarks timed on this CPU and multi-rank torch.distributed jobs; `make test` runs these after the parallel phase (pyproject markers)
+pytestmark = pytest.mark.serial
+
 torch = pytest.importorskip("torch")
 
 from validate.k8s import pytorchjob_manifest  # noqa: E402

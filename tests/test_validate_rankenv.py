@@ -4,6 +4,9 @@ except for pick_device)."""
 
 import pytest
 
+# serial: torch.distributed ranks that meet on fixed ports; `make test` runs these after the parallel phase (pyproject markers)
+pytestmark = pytest.mark.serial
+
 from validate.rankenv import (DeviceError, device_index, expand_nodelist, from_environ, hostnames, slurm_port,
                               tasks_on_node)
 

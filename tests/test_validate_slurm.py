@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+# serial: one local Slurm controller and node shared by its jobs; `make test` runs these after the parallel phase (pyproject markers)
+pytestmark = pytest.mark.serial
+
 pytest.importorskip("torch")
 
 from validate.launch import RunError  # noqa: E402

@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+# serial: microbenchmarks timed on this CPU; `make test` runs these after the parallel phase (pyproject markers)
+pytestmark = pytest.mark.serial
+
 pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parent.parent
