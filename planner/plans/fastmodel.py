@@ -147,7 +147,7 @@ class LayoutEval:
 # precision): layer sums of the dense and MoE layer, the embedding/head, and the activations.
 _EXPOSED_FWD = ("exposed_tp_fwd_s", "exposed_cp_fwd_s", "exposed_ep_fwd_s")
 _EXPOSED_BWD = ("exposed_tp_bwd_s", "exposed_cp_bwd_s", "exposed_ep_bwd_s")
-_LAYER = ("fwd_s", "bwd_s", "recompute_s", "exposed_fwd_s", "exposed_bwd_s", "a2a_hidden_fwd_s", "a2a_hidden_bwd_s")
+_LAYER = ("fwd_s", "bwd_s", "recompute_s", "exposed_fwd_s", "exposed_bwd_s", "a2a_hidden_s")
 _ENDS = ("embedding_fwd_s", "embedding_bwd_s", "head_fwd_s", "head_bwd_s")
 _ACTS = ("dense_act_bytes", "moe_act_bytes", "dense_full_bytes", "moe_full_bytes", "recomputed_layer_bytes",
          "backward_bytes", "head_act_bytes", "attention_block_bytes")
@@ -159,7 +159,7 @@ def _layer_vector(lc: LayerCost | None) -> list[float]:
     if lc is None:
         return [0.0] * len(_LAYER)
     return [lc.fwd_s, lc.bwd_s, lc.recompute_s, sum(getattr(lc, n) for n in _EXPOSED_FWD),
-            sum(getattr(lc, n) for n in _EXPOSED_BWD), lc.a2a_hidden_fwd_s, lc.a2a_hidden_bwd_s]
+            sum(getattr(lc, n) for n in _EXPOSED_BWD), lc.a2a_hidden_fwd_s + lc.a2a_hidden_bwd_s]
 
 
 class FastModel:
@@ -464,8 +464,7 @@ class FastModel:
                                       extra_bwd_s=eb, pieces=pieces, p2p_s=p2p, num_layers=sh.num_layers,
                                       first=sh.first, last=sh.last, count=sh.count, before=sh.before,
                                       chunks=chunk_sums(sh), stage_ids=sh.stages,
-                                      layer_a2a_hidden_fwd_s=layer_sum(sh, "a2a_hidden_fwd_s"),
-                                      layer_a2a_hidden_bwd_s=layer_sum(sh, "a2a_hidden_bwd_s")))
+                                      layer_a2a_hidden_s=layer_sum(sh, "a2a_hidden_s")))
         out = compose(stages, m=m, vp=vp, zero_bubble=zero_bubble, pp=p, zero=zero, dp_overlap=self.dp_overlap,
                       overlap_slowdown=self.eff.overlap_compute_slowdown, flushes=self.probe.pipeline_flushes)
         sub = np.broadcast_to(out.step_time_s, (M, S, R, sel.size, K))

@@ -122,8 +122,7 @@ class StageCost:
             extra_fwd_s=self.extra_fwd_s, extra_bwd_s=self.extra_bwd_s, pieces=self.pieces, p2p_s=self.p2p_s,
             num_layers=len(lc), first=self.stage == 0, last=self.stage == pp - 1,
             before=(1,) * self.stage + (0,) * (pp - self.stage), chunks=self.chunk_sums(pp),
-            stage_ids=(self.stage,), layer_a2a_hidden_fwd_s=sum(c.a2a_hidden_fwd_s for c in lc),
-            layer_a2a_hidden_bwd_s=sum(c.a2a_hidden_bwd_s for c in lc))
+            stage_ids=(self.stage,), layer_a2a_hidden_s=sum(c.a2a_hidden_fwd_s + c.a2a_hidden_bwd_s for c in lc))
 
     @property
     def compute_fwd_s(self) -> float:

@@ -46,7 +46,7 @@ paired pass).  The passes without a partner run alone, their all-to-alls exposed
 forward and the last backward without pipelining, and with interleaved pipelining a rank's
 warm-up forwards and its cool-down backwards, ``2 (p - r - 1) + (v - 1) p + 1`` chunk passes each
 on rank ``r`` (``a2a_unpaired_passes``).  Each stage's last backward ends later by that many
-chunk passes' hidden all-to-all (``StageTimes.a2a_hidden_*``, net of the slowdown the overlap
+chunk passes' hidden all-to-all (``StageTimes.a2a_hidden_s``, net of the slowdown the overlap
 charged).
 
 Stages are given as ``StageTimes`` with the number of stages each stands for (``count``) and
@@ -106,10 +106,9 @@ class StageTimes:
     fsdp_step_sync_s: Num = 0.0  # per pipeline schedule, exposed: FSDP with pipelining gathers and reduces once
     host_sync_fwd_s: Num = 0.0  # per micro-batch and chunk pass: host synchronisations (Plan.host_syncs)
     host_sync_bwd_s: Num = 0.0
-    # per micro-batch, all chunks: the expert-parallel all-to-all the layers' A2A overlap hides,
-    # net of the slowdown it charges (exposed in the passes without a partner: a2a_unpaired_passes)
-    a2a_hidden_fwd_s: Num = 0.0
-    a2a_hidden_bwd_s: Num = 0.0
+    # per micro-batch, all chunks, forward and backward: the expert-parallel all-to-all the layers'
+    # A2A overlap hides, net of the slowdown it charges (exposed in the passes without a partner)
+    a2a_hidden_s: Num = 0.0
     count: int = 1
     before: tuple[int, ...] = ()
     # with a pipeline layout: each model chunk's forward and backward (compute and exposed
@@ -497,8 +496,7 @@ def stage_times(*, layer_fwd_s: Num, layer_bwd_s: Num, recompute_s: Num, layer_e
                 layer_exposed_bwd_s: Num, extra_fwd_s: Num, extra_bwd_s: Num, pieces: StagePieces, p2p_s: Num,
                 num_layers: int, first: bool, last: bool, count: int = 1,
                 before: tuple[int, ...] = (), chunks: Sequence[ChunkSums] | None = None,
-                stage_ids: tuple[int, ...] = (), layer_a2a_hidden_fwd_s: Num = 0.0,
-                layer_a2a_hidden_bwd_s: Num = 0.0) -> StageTimes:
+                stage_ids: tuple[int, ...] = (), layer_a2a_hidden_s: Num = 0.0) -> StageTimes:
     """A stage's ``StageTimes`` from its layers' sums per micro-batch (``layer_*``: compute,
     recomputation, exposed TP/CP/EP communication, the all-to-all an A2A overlap hides), its
     embedding/head compute (``extra_*``)
@@ -526,8 +524,7 @@ def stage_times(*, layer_fwd_s: Num, layer_bwd_s: Num, recompute_s: Num, layer_e
         offload_param_s=pieces.offload_param_s, fsdp_step_sync_s=pieces.fsdp_step_sync_s,
         host_sync_fwd_s=pieces.host_sync_fwd_s, host_sync_bwd_s=pieces.host_sync_bwd_s,
         fwd_sends=0 if last else 1, bwd_sends=0 if first else 1, count=count, before=before,
-        chunk_fwd_s=cf, chunk_bwd_s=cb, stage_ids=stage_ids, a2a_hidden_fwd_s=layer_a2a_hidden_fwd_s,
-        a2a_hidden_bwd_s=layer_a2a_hidden_bwd_s)
+        chunk_fwd_s=cf, chunk_bwd_s=cb, stage_ids=stage_ids, a2a_hidden_s=layer_a2a_hidden_s)
 
 
 def a2a_unpaired_passes(pp: int, vp: Num, m: Num, rank: int) -> Num:
@@ -657,7 +654,7 @@ def compose(stages: Sequence[StageTimes], *, m: Num, vp: Num, zero_bubble: Num, 
         # A2A overlap: the passes without a partner expose their all-to-alls (a2a_unpaired_passes),
         # every schedule; a stage entry standing for several stages takes its first one's count
         a2a = k * a2a_unpaired_passes(pp, vp, m_one, min(st.stage_ids, default=0)) / np.asarray(vp, dtype=float) \
-            * (st.a2a_hidden_fwd_s + st.a2a_hidden_bwd_s)
+            * st.a2a_hidden_s
         last_end = last_end + a2a
         a2as.append(a2a)
         window = overlap_window(b, st.num_layers, vp, pp) if dp_overlap else 0.0

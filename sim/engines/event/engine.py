@@ -204,8 +204,9 @@ class Engine:
         out: set[int] = set()
         for start in range(0, len(order), per_flush):
             seg = range(start, min(start + per_flush, len(order)))
-            out.update([j for j in seg if order[j][0] == "F"][:n])
-            out.update([j for j in seg if order[j][0] == "B"][len([j for j in seg if order[j][0] == "B"]) - n:])
+            fwd = [j for j in seg if order[j][0] == "F"]
+            bwd = [j for j in seg if order[j][0] == "B"]
+            out.update(fwd[:n] + bwd[len(bwd) - n:])
         return frozenset(out)
 
     def _flush_sync(self, u: Unit) -> Generator:
