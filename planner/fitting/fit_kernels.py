@@ -399,10 +399,11 @@ SUSTAINED_SWEEPS = ("azure-cublaslt-fp16-a100", "azure-cublaslt-fp8-h100", "azur
                     "azure-cublaslt-fp8-fp4-gb200")
 
 
-def _sweep_precision(entry: Mapping[str, Any]) -> str:
-    """A sweep's tensor-core rate class: fp8, or 16-bit (fp16 and bf16 share the tensor-core rate of
-    every GPU in the catalog, so a 16-bit sweep pairs with mamf-finder's bf16 burst)."""
-    return "bf16" if str(entry.get("dtype", "fp8")).split()[0] in ("fp16", "bf16") else "fp8"
+def _rate_class(dtype: str) -> str:
+    """A GEMM measurement's tensor-core rate class from its ``dtype`` text: fp8, or 16-bit named
+    bf16 (fp16 and bf16 share the tensor-core rate of every GPU in the catalog, so a 16-bit sweep
+    pairs with mamf-finder's bf16 burst)."""
+    return "fp8" if "fp8" in dtype else "bf16"
 
 
 def _cuda_version(text: str) -> tuple[int, int] | None:
@@ -415,7 +416,7 @@ def _cuda_version(text: str) -> tuple[int, int] | None:
 def fit_sustained_clock() -> dict[str, Any]:
     """Sustained-over-burst GEMM rate per architecture: the best large-GEMM rate of a sweep run
     after 10,000 warm-up iterations over mamf-finder's best short-burst rate on the same GPU and
-    tensor-core rate (``gemm.yaml``; a 16-bit sweep with the bf16 burst, ``_sweep_precision``),
+    tensor-core rate (``gemm.yaml``; a 16-bit sweep with the bf16 burst, ``_rate_class``),
     where both ran the same CUDA major version within two minor versions (a later cuBLAS is a
     different library, not a different clock).  Under sustained
     load the GPU settles at a lower clock than in a 150-iteration burst (power and temperature
@@ -424,13 +425,13 @@ def fit_sustained_clock() -> dict[str, Any]:
     (treated as 1).  Known error: the sweep's square shapes are not mamf's searched best shape
     (biases the ratio low by a shape effect); one pair per GPU, Ampere's 16-bit, the others fp8."""
     mb = _entries("gemm")
-    mamf = {(p["gpu"], "fp8" if "fp8" in str(p["dtype"]) else "bf16"): p for p in mb["mamf-finder-best-shape"]["points"]}
+    mamf = {(p["gpu"], _rate_class(str(p["dtype"]))): p for p in mb["mamf-finder-best-shape"]["points"]}
     pairs: dict[str, float] = {}
     by_arch: dict[str, list[float]] = {}
     for entry_id in SUSTAINED_SWEEPS:
         e = mb[entry_id]
         gpu_id = str(e["gpu"]).split()[0]
-        burst = mamf.get((gpu_id, _sweep_precision(e)))
+        burst = mamf.get((gpu_id, _rate_class(str(e.get("dtype", "fp8")))))  # the GB200 entry: fp8 and fp4 lists
         points = e.get("points") or e.get("fp8") or []
         if burst is None or not points:
             continue
