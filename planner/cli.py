@@ -210,7 +210,7 @@ def cmd_catalog(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from planner.commands.inputs import add_cluster_args, add_model_args
+    from planner.commands.inputs import add_cluster_args, add_model_args, add_recipe_script_args
     from planner.commands.ps_args import add_ps_args
 
     parser = _Parser(prog="planner", description="Cluster design planner and simulator for large-model training")
@@ -224,6 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recipe", default=None, metavar="FILE",
                    help="a Megatron-LM / NeMo / Megatron-Bridge / torchtitan / DeepSpeed recipe: its model, strategy, "
                         "framework and cluster (flags given here win; `planner import FILE` shows the reading)")
+    add_recipe_script_args(p)
     p.add_argument("--engine", choices=("analytic", "event"), default=None,
                    help="event: discrete-event simulation (default, unless the step is beyond its limit: "
                         "docs/interface.md Limits); analytic: closed forms, fast")

@@ -31,9 +31,15 @@ EXPORT_FORMAT = {"megatron-core": "megatron", "nemo": "megatron", "torchtitan": 
                  "torchtitan-compile": "torchtitan", "deepspeed-hf": "deepspeed", "megatron-deepspeed": "deepspeed"}
 
 
+def _read(entry: dict):
+    """The corpus file as its harness runs it (``recipe_args``: the launch script's arguments)."""
+    model = get_model(entry["model"]) if "model" in entry else None
+    return read_recipe(str(CORPUS_DIR / entry["file"]), model=model, script_args=entry.get("recipe_args", ()))
+
+
 def _load(entry: dict):
     model = get_model(entry["model"]) if "model" in entry else None
-    recipe = read_recipe(str(CORPUS_DIR / entry["file"]), model=model)
+    recipe = _read(entry)
     model = model or recipe.model
     n = entry.get("num_gpus") or recipe.num_gpus
     return recipe, model, n, resolve(recipe, model=model, num_gpus=n)
@@ -41,8 +47,7 @@ def _load(entry: dict):
 
 def test_the_corpus_is_large_and_documented():
     assert len(ENTRIES) >= 20
-    formats = {read_recipe(str(CORPUS_DIR / e["file"]), model=get_model(e["model"]) if "model" in e else None).format
-               for e in ENTRIES}
+    formats = {_read(e).format for e in ENTRIES}
     assert formats == {"megatron", "nemo", "torchtitan", "deepspeed"}
     readme = (CORPUS_DIR / "README.md").read_text()
     for e in ENTRIES:
@@ -322,3 +327,70 @@ def test_megatron_gradient_dtype_and_precision_aware_optimizer_set_the_state_lay
     recipe = read_recipe(str(path))
     assert recipe.plan.get("state_layout") == layout
     assert recipe.plan.get("fp8_state_layout") == layout
+
+
+def test_shell_reader_runs_a_script_with_its_arguments_and_environment():
+    """Harnesses pass parallel sizes as positional arguments (FlagPerf's run_pretraining.py runs
+    ``bash pretrain_llama3.sh DATA 8 1 0 ... TP PP ...``) and options in quoted strings that span
+    lines; the reader takes the arguments (``$1``, ``${10}``, ``$#``, ``"$@"``, ``shift``) and the
+    caller's environment (the script's own assignments win), and names arguments it lacks."""
+    text = ('TP=${10}\nPP=${11:-4}\nN=$#\nexport HOME_DIR=${HOME_DIR:-/root}\nMODE=train\n'
+            'ARGS="\n    --tensor-model-parallel-size $TP \\\n    --pipeline-model-parallel-size $PP\n"\n'
+            'shift 2\nFIRST=$1\ntorchrun pretrain_gpt.py $ARGS "$@"\n')
+    sh = read_shell(text, args=[str(k) for k in range(1, 12)], env={"HOME_DIR": "/home/x", "MODE": "eval"})
+    assert sh.variables["TP"] == "10" and sh.variables["PP"] == "11" and sh.variables["N"] == "11"
+    assert sh.variables["HOME_DIR"] == "/home/x" and sh.variables["MODE"] == "train"  # the script's assignment wins
+    assert sh.variables["FIRST"] == "3"  # after shift 2
+    assert sh.commands[0].args == ["--tensor-model-parallel-size", "10", "--pipeline-model-parallel-size", "11",
+                                   *[str(k) for k in range(3, 12)]]
+    bare = read_shell(text)
+    assert bare.variables["TP"] == "" and bare.variables["PP"] == "4"  # unset: empty, or the default
+    assert bare.unread_hint() == "the script reads its arguments $1, ${10}, 0 given (--recipe-args)"
+    # a '#' inside a multi-line quoted string is text, and an apostrophe in a comment opens no quote
+    sh = read_shell("# don't\nA=\"--x 1 # not a comment\n --y 2\"\nrun.py $A\n")
+    assert sh.commands[0].args == ["--x", "1", "#", "not", "a", "comment", "--y", "2"]
+
+
+def test_flagperf_script_needs_its_arguments_and_reads_with_them(capsys):
+    """FlagPerf's Llama 3 8B Megatron script (corpus): without the arguments its harness passes,
+    one line naming the option and the missing arguments; with them (--recipe-args), the
+    strategy of FlagPerf's A100 config, the Llama 3 vocabulary of its patched tokenizer type, and
+    a warning that Megatron-LM's default dropout applies."""
+    f = str(CORPUS_DIR / "flagperf" / "pretrain_llama3.sh")
+    assert main(["import", f]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--tensor-model-parallel-size" in err and "$1..${13}, 0 given" in err
+    entry = next(e for e in ENTRIES if e["file"] == "flagperf/pretrain_llama3.sh")
+    assert main(["import", f, "--recipe-args", " ".join(entry["recipe_args"]), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["num_gpus"] == 8 and out["strategy"].startswith("tp=1,pp=2,dp=4,mbs=1,gbs=512,seq=8192")
+    assert "vocabulary 128256 of Llama3Tokenizer" in out["model_source"]
+    assert any("--hidden-dropout 0.1" in w for w in out["warnings"])
+    # simulate takes the same arguments; without --recipe they are bad input
+    assert main(["simulate", "--recipe", f, "--recipe-args", " ".join(entry["recipe_args"]), "--gpu", "a800-80gb",
+                 "--engine", "analytic", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["strategy"].startswith("tp=1,pp=2,dp=4")
+    assert main(["simulate", "--model", "llama3-8b", "--gpu", "a100-80gb", "--num-gpus", "8", "--strategy", "tp=8",
+                 "--recipe-args", "1 2"]) == 2
+    assert "recipe-args" in capsys.readouterr().err
+    toml = str(CORPUS_DIR / "torchtitan" / "llama3_8b.toml")
+    assert main(["import", toml, "--recipe-env", "TP=2"]) == 2
+    assert "applies to a launch script" in capsys.readouterr().err
+    assert main(["import", f, "--recipe-env", "2TP=1"]) == 2
+    assert "NAME=VALUE" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("ffn,kv,vocab", [(14336, 8, 128256), (11008, None, 32000)])
+def test_vocabulary_from_the_catalog_needs_the_whole_shape(tmp_path, ffn, kv, vocab):
+    """Llama 2 7B and Llama 3 8B share layers, width and heads; their vocabularies differ 4x.  A
+    recipe without a tokenizer that says its vocabulary takes the catalog model of its whole shape
+    (FFN width, KV heads), and one that matches none is asked for it."""
+    gqa = f"--group-query-attention --num-query-groups {kv} " if kv else ""
+    f = tmp_path / "arch.sh"
+    f.write_text(f"torchrun pretrain_gpt.py --num-layers 32 --hidden-size 4096 --num-attention-heads 32 {gqa}"
+                 f"--ffn-hidden-size {ffn} --swiglu --bf16 --micro-batch-size 1 --global-batch-size 8\n")
+    assert read_recipe(str(f)).model.vocab_size == vocab
+    f.write_text("torchrun pretrain_gpt.py --num-layers 32 --hidden-size 4096 --num-attention-heads 32 "
+                 "--ffn-hidden-size 12000 --swiglu --bf16\n")
+    with pytest.raises(Exception, match="--vocab-size"):
+        read_recipe(str(f))

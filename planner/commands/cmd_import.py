@@ -28,7 +28,7 @@ KEEPABLE: tuple[str, ...] = ("tp", "pp", "cp", "ep", "etp", "vp", "mbs", "zero",
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from planner.commands.inputs import add_cluster_args
+    from planner.commands.inputs import add_cluster_args, add_recipe_script_args
 
     p = sub.add_parser("import", help="read a Megatron-LM, NeMo / Megatron-Bridge, torchtitan or DeepSpeed recipe")
     p.add_argument("recipe", metavar="FILE", help="a launch script or args file, a YAML config, a torchtitan TOML "
@@ -36,6 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=None, help="the model (catalog id, model file or Hugging Face config.json) "
                    "when the recipe names none or to replace its architecture")
     add_cluster_args(p, required=False, recipe=True)
+    add_recipe_script_args(p)
     p.set_defaults(gpu=None, num_gpus=None)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_import)
@@ -50,13 +51,15 @@ class Imported:
     missing: str = ""  # why no strategy (no model, no GPU count)
 
 
-def load(path: str, *, model_arg: str | None, num_gpus: int | None, seq_len: int | None) -> Imported:
-    """Read ``path``; the strategy when the model and the GPU count are known."""
+def load(path: str, *, model_arg: str | None, num_gpus: int | None, seq_len: int | None,
+         script_args: list[str] | None = None, script_env: dict[str, str] | None = None) -> Imported:
+    """Read ``path`` (a launch script run with ``script_args`` in ``script_env``); the strategy
+    when the model and the GPU count are known."""
     from planner.recipes import read_recipe, resolve
     from sim.data.models import load_model
 
     model = load_model(model_arg) if model_arg is not None else None
-    recipe = read_recipe(path, model=model)
+    recipe = read_recipe(path, model=model, script_args=script_args or (), script_env=script_env)
     model = model or recipe.model
     n = num_gpus or recipe.num_gpus
     if n is None and recipe.dp is not None:  # torchtitan degrees / DeepSpeed batch identity
@@ -72,9 +75,11 @@ def load(path: str, *, model_arg: str | None, num_gpus: int | None, seq_len: int
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from planner.commands.inputs import seq_len_from_args
+    from planner.commands.inputs import recipe_script_from_args, seq_len_from_args
 
-    imp = load(args.recipe, model_arg=args.model, num_gpus=args.num_gpus, seq_len=seq_len_from_args(args))
+    words, env = recipe_script_from_args(args)
+    imp = load(args.recipe, model_arg=args.model, num_gpus=args.num_gpus, seq_len=seq_len_from_args(args),
+               script_args=words, script_env=env)
     from planner.recipes import summary
 
     out = summary(imp.recipe, imp.strategy, model=imp.model, num_gpus=imp.num_gpus)
@@ -152,8 +157,14 @@ def print_import(imp: Imported) -> None:
 def apply_recipe(args: argparse.Namespace, *, command: str) -> Imported | None:
     """With ``--recipe``: fill in the flags the user did not give from the recipe (module
     docstring) and return what was read; without it, check the flags the recipe would supply."""
+    from planner.commands.inputs import recipe_script_from_args, seq_len_from_args
+
     path = getattr(args, "recipe", None)
+    words, env = recipe_script_from_args(args)
     if path is None:
+        if words or env:
+            raise InputError("recipe-args" if words else "recipe-env", args.recipe_args if words else
+                             ",".join(args.recipe_env), "needs --recipe FILE (the launch script it is passed to)")
         if args.model is None:
             raise InputError("model", None, "is required (or --recipe FILE)")
         if args.num_gpus is None:
@@ -161,9 +172,8 @@ def apply_recipe(args: argparse.Namespace, *, command: str) -> Imported | None:
         if command == "simulate" and args.strategy is None:
             raise InputError("strategy", None, "is required (or --recipe FILE)")
         return None
-    from planner.commands.inputs import seq_len_from_args
-
-    imp = load(path, model_arg=args.model, num_gpus=args.num_gpus, seq_len=seq_len_from_args(args))
+    imp = load(path, model_arg=args.model, num_gpus=args.num_gpus, seq_len=seq_len_from_args(args),
+               script_args=words, script_env=env)
     if imp.strategy is None or imp.model is None:
         raise InputError("recipe", path, imp.missing)
     r, s = imp.recipe, imp.strategy

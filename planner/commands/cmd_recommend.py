@@ -19,7 +19,7 @@ from planner.plans.rerank import DEFAULT_RERANK_PASSES
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from planner.commands.inputs import add_cluster_args, add_model_args
+    from planner.commands.inputs import add_cluster_args, add_model_args, add_recipe_script_args
 
     p = sub.add_parser("recommend", help="search the parallel-strategy space and recommend the best plans")
     add_model_args(p, recipe=True)
@@ -28,6 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--recipe", default=None, metavar="FILE",
                    help="start from a recipe (`planner import`): its model, cluster, batch, sequence length, framework "
                         "and precision; the recipe's own plan is simulated next to the best")
+    add_recipe_script_args(p)
     r.add_argument("--keep", default=None, metavar="KEY,...",
                    help="recipe settings pinned in the search: tp, pp, cp, ep, etp, vp, mbs, zero, sp, recompute, "
                         "schedule, offload, offload_device, precision, or all")

@@ -23,6 +23,36 @@ def add_model_args(p: argparse.ArgumentParser, *, required: bool = True, recipe:
                         + ("; default: the --recipe's model" if recipe else ""))
 
 
+def add_recipe_script_args(p: argparse.ArgumentParser) -> None:
+    """How a launch-script recipe is run: the arguments and environment its caller passes."""
+    g = p.add_argument_group("launch-script recipe")
+    g.add_argument("--recipe-args", default=None, metavar="WORDS",
+                   help="the positional arguments the launch script is run with ($1, $2, ...; one quoted string, "
+                        "split as the shell splits it), e.g. a harness's 'bash pretrain.sh DATA 8 1 0 ...'")
+    g.add_argument("--recipe-env", action="append", default=None, metavar="NAME=VALUE",
+                   help="an environment variable the launch script reads (repeat for several); "
+                        "its own assignments still win")
+
+
+def recipe_script_from_args(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    """(positional arguments, environment) of ``--recipe-args`` / ``--recipe-env``."""
+    import shlex
+
+    words: list[str] = []
+    if getattr(args, "recipe_args", None):
+        try:
+            words = shlex.split(args.recipe_args)
+        except ValueError as exc:
+            raise InputError("recipe-args", args.recipe_args, f"is not shell words: {exc}") from None
+    env: dict[str, str] = {}
+    for item in getattr(args, "recipe_env", None) or []:
+        name, eq, value = item.partition("=")
+        if not eq or not name.isidentifier():
+            raise InputError("recipe-env", item, "must be NAME=VALUE with NAME a shell variable name")
+        env[name] = value
+    return words, env
+
+
 def add_cluster_args(p: argparse.ArgumentParser, *, required: bool = True, recipe: bool = False) -> None:
     """The cluster flags; with ``recipe`` ``--num-gpus`` (and ``--gpus-per-node``) may come
     from ``--recipe`` (a launch script's nodes and GPUs per node)."""

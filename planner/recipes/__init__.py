@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import tomllib
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -52,11 +53,19 @@ def detect(path: str, text: str) -> str:
     return "megatron"
 
 
-def read_recipe(path: str, *, model: Model | None = None) -> Recipe:
+def read_recipe(path: str, *, model: Model | None = None, script_args: Sequence[str] = (),
+                script_env: Mapping[str, str] | None = None) -> Recipe:
     """Read ``path`` (module docstring); ``model`` (from ``--model``) replaces the recipe's
-    architecture and supplies one where the recipe names none."""
+    architecture and supplies one where the recipe names none.  A launch script runs with the
+    positional arguments ``script_args`` in the environment ``script_env`` (``--recipe-args``,
+    ``--recipe-env``: what its caller would pass); other formats take neither."""
     text = read_text(path)
     fmt = detect(path, text)
+    if (script_args or script_env) and (fmt != "megatron" or Path(path).suffix.lower() in (".yaml", ".yml")):
+        given = "recipe-args" if script_args else "recipe-env"
+        raise InputError(given, " ".join(script_args) if script_args else ",".join(f"{k}={v}" for k, v in
+                                                                                   (script_env or {}).items()),
+                         f"applies to a launch script (bash), not {Path(path).name}")
     if fmt == "torchtitan":
         from planner.recipes.torchtitan import read_torchtitan
 
@@ -79,7 +88,7 @@ def read_recipe(path: str, *, model: Model | None = None) -> Recipe:
         return read_nemo(path, yaml.safe_load(text), model=model)
     from planner.recipes.launch import read_launch
 
-    return read_launch(path, text, model=model)
+    return read_launch(path, text, model=model, script_args=script_args, script_env=script_env)
 
 
 def key_of(recipe: Recipe, field: str) -> str:

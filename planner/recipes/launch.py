@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,7 +30,8 @@ def _int_or_none(text: str | None) -> int | None:
     return int(text) if re.fullmatch(r"\d+", text) else None
 
 
-def read_launch(path: str, text: str, *, model: Model | None = None) -> Recipe:
+def read_launch(path: str, text: str, *, model: Model | None = None, script_args: Sequence[str] = (),
+                script_env: Mapping[str, str] | None = None) -> Recipe:
     if Path(path).suffix.lower() in (".yaml", ".yml"):
         doc = yaml.safe_load(text)
         if doc.get("kind") == "PyTorchJob":
@@ -42,7 +44,7 @@ def read_launch(path: str, text: str, *, model: Model | None = None) -> Recipe:
             for k, v in doc.items() if k != "MODEL_ARGS")
         return read_megatron(path, options_from_mapping(path, args), model=model, extra_keys=extra,
                              dialect="Megatron-LM functional-test model_config.yaml (MODEL_ARGS)")
-    sh = read_shell(text)
+    sh = read_shell(text, args=script_args, env=script_env)
     cmds = [c for c in sh.commands if c.args]
     if cmds:
         tokens = max(cmds, key=lambda c: len(c.args)).args

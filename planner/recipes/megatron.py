@@ -169,7 +169,12 @@ NO_COST: tuple[str, ...] = (
     "--deepspeed_config", "--deepspeed-config", "--zero-stage", "--no-pipeline-parallel", "--deepspeed-activation-checkpointing",
 )
 
-_TOKENIZER_VOCAB = {"GPT2BPETokenizer": 50257, "Llama2Tokenizer": 32000, "BertWordPieceLowerCase": 30522}
+_TOKENIZER_VOCAB = {"GPT2BPETokenizer": 50257, "Llama2Tokenizer": 32000, "BertWordPieceLowerCase": 30522,
+                    # tokenizer types FlagPerf's Megatron-LM patches add (FlagOpen/FlagPerf@1b5a0303
+                    # training/benchmarks/*/megatron/tokenizer.patch): _Llama3Tokenizer is the Hugging Face
+                    # Llama 3 tokenizer's 128,000 entries + extra_vocab_size 256; MistralTokenizer is the
+                    # Hugging Face Mistral/Mixtral tokenizer (32,000)
+                    "Llama3Tokenizer": 128256, "MistralTokenizer": 32000}
 # Tokenizer model files recipes name, with their vocabulary: NVIDIA's Nemotron-2 SentencePiece
 # model has 256,000 entries (Parmar et al. 2024, Nemotron-4 15B, arXiv:2402.16819, Sec. 2).
 _TOKENIZER_FILES = {"nemotron_2_256k.model": 256000}
@@ -282,9 +287,17 @@ def _layer_list(path: str, key: str, value: object, num_layers: int) -> list[int
     return [int(x) for x in pattern]
 
 
-def _catalog_vocab(num_layers: int, hidden: int, heads: int) -> tuple[int, str] | None:
+def _catalog_vocab(num_layers: int, hidden: int, heads: int, ffn: int, kv_heads: int | None,
+                   swiglu: bool) -> tuple[int, str] | None:
+    """The vocabulary of the catalog model of this whole shape (layers, width, heads, KV heads,
+    FFN width and kind): Llama 2 7B and Llama 3 8B share the first three and differ in vocabulary
+    by 4x, so a partial match is no evidence."""
+    want = (num_layers, hidden, heads, kv_heads or heads, ffn, "swiglu" if swiglu else "gelu")
     for rec in catalog_records("models"):
-        if (rec.get("num_layers"), rec.get("hidden_size"), rec.get("num_attention_heads")) == (num_layers, hidden, heads):
+        have = (rec.get("num_layers"), rec.get("hidden_size"), rec.get("num_attention_heads"),
+                rec.get("num_kv_heads") or rec.get("num_attention_heads"), rec.get("ffn_hidden_size"),
+                rec.get("ffn_type", "gelu"))
+        if have == want:
             return int(rec["vocab_size"]), str(rec["id"])
     return None
 
@@ -554,6 +567,16 @@ def read_megatron(path: str, options: list[tuple[str, object]], *, dialect: str,
             if r.has(k):
                 r.ignore(k, "no", "the model comes from --model")
 
+    # Megatron-LM's dropout defaults (arguments.py _add_regularization_args: --attention-dropout and
+    # --hidden-dropout default 0.1, core_v0.6.0 to main) apply when a script sets neither; the
+    # planner prices dropout for GPT-style (GeLU) models only (sim.layers.activations.model_has_dropout).
+    # NeMo's model configs carry their own dropout (0.0 for the Llama family), so only this format says so.
+    if format == "megatron" and model is not None and model.ffn_type != "gelu" \
+            and not (r.has("--hidden-dropout") or r.has("--attention-dropout")):
+        warn.append("Megatron-LM's defaults --hidden-dropout 0.1 and --attention-dropout 0.1 apply (the recipe sets "
+                    "neither); the planner prices this model without dropout: its masks' activation memory (1 byte "
+                    "per element of each residual) and the dropout work are not counted")
+
     # ---- pipeline split
     layout_note = ""
     vp = r.int("--num-virtual-stages-per-pipeline-rank", "strategy.vp")
@@ -672,7 +695,7 @@ def _model(path: str, r: _Reader, tp: int, n_layers: int | None, warn: list[str]
             r.get("--tokenizer-model", "model.vocab_size")
             note += f"; vocabulary {vocab} of {tok_file}"
         else:
-            hit = _catalog_vocab(n_layers, hidden, heads)
+            hit = _catalog_vocab(n_layers, hidden, heads, ffn, kv, swiglu)
             if hit is None:
                 raise recipe_error(path, "--vocab-size", None, f"not stated and the tokenizer ({tok or 'none'}) does not "
                                    "say it: give --model (a catalog id or a Hugging Face config.json)")

@@ -7,8 +7,13 @@ in arrays (``MODEL_ARGS=( --num-layers 32 ... )``, ``ARGS+=(...)``), branch on s
 "${ARGS[@]}"``, ``srun``, ``deepspeed``).  ``read_shell`` evaluates exactly that subset:
 
 * assignments (``export`` too), ``${VAR}``, ``${VAR:-default}``/``${VAR:=default}``, positional
-  ``$1``/``${1:-default}`` (unset: the default or empty), ``$((arithmetic))`` on integers;
-  unset variables expand to nothing, as in bash; ``$(command)`` is not run (its text stays);
+  ``$1``/``${10}``/``${1:-default}``, ``$#``, ``"$@"`` and ``shift`` over the arguments the script is
+  given (``args``; none given: the default or empty, and the hint names them), the caller's
+  environment (``env``, overridden by the script's own assignments), ``$((arithmetic))`` on
+  integers; unset variables expand to nothing, as in bash; ``$(command)`` is not run (its text
+  stays);
+* a quoted string that spans lines (``ARGS="\n  --num-layers 32\n"``): the newlines are part of
+  the string, so the option words come out when it is expanded unquoted;
 * arrays and ``+=``; ``"${ARR[@]}"`` and unquoted ``${ARR[@]}`` expand to the elements, an
   element holding spaces (``"--fp8-format hybrid"``) splits when expanded unquoted;
 * ``if``/``elif``/``else``/``fi`` with ``[ ]``/``[[ ]]`` tests (``==``, ``=``, ``!=``, ``-n``,
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 _ASSIGN = re.compile(r"^(?:export\s+|declare\s+(?:-\w+\s+)*|local\s+)?([A-Za-z_][A-Za-z0-9_]*)(\+?)=(.*)$", re.S)
@@ -51,10 +57,19 @@ class ShellScript:
     warnings: list[str] = field(default_factory=list)
     unset: list[str] = field(default_factory=list)  # variables used without a value or a default
     sourced: list[str] = field(default_factory=list)  # files the script sources (not read)
+    args: list[str] = field(default_factory=list)  # its positional arguments ($1 ...), as ``shift`` leaves them
+    unset_args: list[str] = field(default_factory=list)  # positional arguments read but not given
 
     def unread_hint(self) -> str:
-        """Why an option may have lost its value: variables never set here, files not followed."""
+        """Why an option may have lost its value: arguments not given, variables never set here,
+        files not followed."""
         parts = []
+        if self.unset_args:
+            nums = sorted(int(n) for n in self.unset_args)
+            ref = [f"${{{k}}}" if k > 9 else f"${k}" for k in (nums[0], nums[-1])]
+            span = ref[0] if len(nums) == 1 else f"{ref[0]}..{ref[1]}" if nums == list(range(nums[0], nums[-1] + 1)) \
+                else ", ".join(f"${{{k}}}" if k > 9 else f"${k}" for k in nums[:6])
+            parts.append(f"the script reads its arguments {span}, {len(self.args)} given (--recipe-args)")
         if self.unset:
             parts.append("the script uses " + ", ".join(f"${n}" for n in self.unset[:4]) + " without setting it")
         if self.sourced:
@@ -63,15 +78,20 @@ class ShellScript:
 
 
 def _logical_lines(text: str) -> list[tuple[int, str]]:
-    """Lines with continuations joined and comments dropped (``#SBATCH`` lines kept aside)."""
+    """Lines with continuations joined, and a quoted string that spans lines kept whole (its
+    newlines become spaces: what word splitting makes of them when it is expanded unquoted)."""
     out: list[tuple[int, str]] = []
-    buf, start = "", 0
+    buf, start, quote = "", 0, ""
     for no, raw in enumerate(text.splitlines(), 1):
         line = raw.rstrip()
         if not buf:
             start = no
-        if line.endswith("\\"):
-            buf += line[:-1] + " "
+        cont = line.endswith("\\") and not _escaped(line, len(line) - 1)
+        if cont:
+            line = line[:-1]
+        quote = _open_quote(line, quote)
+        if cont or quote:
+            buf += line + " "
             continue
         buf += line
         out.append((start, buf))
@@ -79,6 +99,30 @@ def _logical_lines(text: str) -> list[tuple[int, str]]:
     if buf:
         out.append((start, buf))
     return out
+
+
+def _escaped(line: str, i: int) -> bool:
+    """Whether the character at ``i`` follows an odd number of backslashes."""
+    n = 0
+    while i - n - 1 >= 0 and line[i - n - 1] == "\\":
+        n += 1
+    return n % 2 == 1
+
+
+def _open_quote(line: str, quote: str) -> str:
+    """The quote still open at the end of ``line`` when ``quote`` was open at its start (a ``#``
+    that starts a word outside quotes ends the scan: the rest is a comment)."""
+    prev = " "
+    for i, ch in enumerate(line):
+        if quote:
+            if ch == quote and not (quote == '"' and _escaped(line, i)):
+                quote = ""
+        elif ch in "'\"" and not _escaped(line, i):
+            quote = ch
+        elif ch == "#" and prev in " \t;(":
+            break
+        prev = ch
+    return quote
 
 
 def _strip_comment(line: str) -> str:
@@ -102,6 +146,13 @@ class _Env:
         self.s = script
 
     def value(self, name: str) -> str:
+        if name.isdigit():  # positional: $0 is the script, $1 ... its arguments
+            k = int(name)
+            return self.s.args[k - 1] if 0 < k <= len(self.s.args) else ""
+        if name == "#":
+            return str(len(self.s.args))
+        if name in ("@", "*"):
+            return " ".join(self.s.args)
         if name in self.s.arrays:
             return " ".join(self.s.arrays[name])
         return self.s.variables.get(name, "")
@@ -122,14 +173,16 @@ class _Env:
 
         def var(mt: re.Match) -> str:
             inner = mt.group(1) if mt.group(1) is not None else mt.group(2)
-            m2 = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*|\d+)(?::?([-=+?])(.*))?", inner, re.S)
+            m2 = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*|\d+|[#@*])(?::?([-=+?])(.*))?", inner, re.S)
             if m2 is None:
                 arr = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)\[[@*]\]", inner)
                 if arr:
                     return " ".join(self.s.arrays.get(arr.group(1), []))
                 return ""
             name, op, default = m2.group(1), m2.group(2), m2.group(3)
-            cur = self.value(name) if not name.isdigit() else ""
+            cur = self.value(name)
+            if op is None and not cur and name.isdigit() and name != "0" and name not in self.s.unset_args:
+                self.s.unset_args.append(name)
             if op in ("-", "=") and not cur:
                 cur = self.expand(_unquote(default or ""))
                 if op == "=" and not name.isdigit():
@@ -147,8 +200,9 @@ class _Env:
         """Shell words of ``text`` with expansions; unquoted expansions split on spaces."""
         out: list[str] = []
         for tok_src in _split_keep_quotes(text):
-            if tok_src in ('"$@"', "$@", '"$*"', "$*", '"${@}"'):
-                continue  # the script's own arguments: none when it is read
+            if tok_src in ('"$@"', "$@", '"$*"', "$*", '"${@}"', "${@}"):
+                out += list(self.s.args)  # the script's own arguments (``args``; none unless given)
+                continue
             quoted_whole = len(tok_src) >= 2 and tok_src[0] == tok_src[-1] == '"'
             arr = re.fullmatch(r'"?\$\{([A-Za-z_][A-Za-z0-9_]*)\[[@*]\]\}"?', tok_src)
             if arr:
@@ -236,10 +290,11 @@ def _test(expr: str, env: _Env) -> bool | None:
     return result
 
 
-def read_shell(text: str) -> ShellScript:
-    """Evaluate ``text`` as far as the module docstring says."""
-    script = ShellScript()
-    env = _Env(script)
+def read_shell(text: str, *, args: Sequence[str] = (), env: Mapping[str, str] | None = None) -> ShellScript:
+    """Evaluate ``text`` as far as the module docstring says, run with the positional ``args``
+    in the environment ``env``."""
+    script = ShellScript(variables=dict(env or {}), args=list(args))
+    shell = _Env(script)
     for raw in text.splitlines():
         mt = re.match(r"^\s*#SBATCH\s+(.*)$", raw)
         if mt:
@@ -264,7 +319,7 @@ def read_shell(text: str) -> ShellScript:
             if _closes_array(acc):
                 pending_array = None
                 if active():
-                    _set_array(script, env, name, append, acc)
+                    _set_array(script, shell, name, append, acc)
             else:
                 pending_array = (name, append, acc, start)
             continue
@@ -281,7 +336,7 @@ def read_shell(text: str) -> ShellScript:
                 if blk[1]:
                     blk[0] = False
                     continue
-                val = _test(cond, env) if all(b[0] for b in stack[:-1]) else False
+                val = _test(cond, shell) if all(b[0] for b in stack[:-1]) else False
                 if val is None:
                     script.warnings.append(f"line {no}: could not evaluate `{cond}`: took its branch")
                     val = True
@@ -306,15 +361,15 @@ def read_shell(text: str) -> ShellScript:
                 name, append, value = am.group(1), am.group(2) == "+", am.group(3)
                 if value.lstrip().startswith("("):
                     if _closes_array(value):
-                        _set_array(script, env, name, append, value)
+                        _set_array(script, shell, name, append, value)
                     else:
                         pending_array = (name, append, value, no)
                     continue
-                words = env.words(value) if value.strip() else [""]
+                words = shell.words(value) if value.strip() else [""]
                 val = " ".join(words) if len(words) != 1 else words[0]
                 script.variables[name] = (script.variables.get(name, "") + val) if append else val
                 continue
-            _command(script, env, stmt, no)
+            _command(script, shell, stmt, no)
     return script
 
 
@@ -381,6 +436,10 @@ _NOT_LAUNCHERS = ("echo", "printf", "cat", "mkdir", "cd", "ls", "rm", "cp", "mv"
 
 def _command(script: ShellScript, env: _Env, stmt: str, no: int) -> None:
     words = env.words(stmt)
+    if words and words[0] == "shift":  # drops the first n positional arguments (default 1)
+        n = int(words[1]) if len(words) > 1 and words[1].isdigit() else 1
+        del script.args[:n]
+        return
     if len(words) > 1 and words[0] in ("source", "."):
         script.sourced.append(words[1])
         script.warnings.append(f"line {no}: sources {words[1]}, which is not read: what it sets expands to nothing")
