@@ -394,3 +394,23 @@ def test_vocabulary_from_the_catalog_needs_the_whole_shape(tmp_path, ffn, kv, vo
                  "--ffn-hidden-size 12000 --swiglu --bf16\n")
     with pytest.raises(Exception, match="--vocab-size"):
         read_recipe(str(f))
+
+
+def test_eval_reads_a_hash_word_as_a_comment_as_bash_does():
+    """``eval $cmd`` parses the joined words again, where a word starting with '#' opens a comment:
+    FlagPerf's megatron-deepspeed_main.sh keeps a '#--recompute-activations' line inside its
+    command string, and every option after it is dropped (the dev row's LAUNCH QUIRK).  The reader
+    drops them too and says so; bash itself is the reference."""
+    import shutil
+    import subprocess
+
+    script = ('cmd="torchrun --nproc_per_node 8 pretrain_gpt.py \\\n   --num-layers 2 \\\n'
+              '   #--recompute-activations \\\n   --hidden-size 64"\neval $cmd\n')
+    sh = read_shell(script)
+    assert sh.commands[0].args == ["--num-layers", "2"]
+    assert any("eval reads `#--recompute-activations` as a comment: the 3 words" in w for w in sh.warnings)
+    bash = shutil.which("bash")
+    if bash is not None:  # what bash passes to the launcher
+        out = subprocess.run([bash, "-c", 'torchrun() { printf "%s\\n" "$@"; }\n' + script], capture_output=True,
+                             text=True, check=True).stdout.split()
+        assert out == ["--nproc_per_node", "8", "pretrain_gpt.py", "--num-layers", "2"]

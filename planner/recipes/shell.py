@@ -19,6 +19,8 @@ in arrays (``MODEL_ARGS=( --num-layers 32 ... )``, ``ARGS+=(...)``), branch on s
 * ``if``/``elif``/``else``/``fi`` with ``[ ]``/``[[ ]]`` tests (``==``, ``=``, ``!=``, ``-n``,
   ``-z``, joined by ``&&``/``||``); a test it cannot evaluate takes the ``then`` branch and
   says so in ``warnings``;
+* ``eval WORDS``: the words joined and read again, a word that starts with ``#`` opening a
+  comment there as in bash (the rest of the command is dropped, with a warning);
 * ``#SBATCH`` directives (nodes, GPUs and tasks per node) and the launcher's own options
   (``torchrun --nproc_per_node/--nnodes``, ``deepspeed --num_gpus/--num_nodes``).
 
@@ -436,6 +438,20 @@ _NOT_LAUNCHERS = ("echo", "printf", "cat", "mkdir", "cd", "ls", "rm", "cp", "mv"
 
 def _command(script: ShellScript, env: _Env, stmt: str, no: int) -> None:
     words = env.words(stmt)
+    if words and words[0] == "eval":
+        # eval joins its (expanded) words and parses the result as shell input again: a word that
+        # starts with '#' there opens a comment, so the words after it never run (FlagPerf's
+        # megatron-deepspeed_main.sh builds its command in a string with a '#--recompute-activations'
+        # line and runs `eval $cmd`: the options after it are dropped, as bash drops them)
+        text = " ".join(words[1:])
+        kept = _strip_comment(text)
+        if kept != text:
+            lost = text[len(kept):].split()
+            script.warnings.append(f"line {no}: eval reads `{lost[0]}` as a comment: the {len(lost)} words from it on "
+                                   "are not run (as bash does)")
+        for stmt2 in _statements(kept):
+            _command(script, env, stmt2, no)
+        return
     if words and words[0] == "shift":  # drops the first n positional arguments (default 1)
         n = int(words[1]) if len(words) > 1 and words[1].isdigit() else 1
         del script.args[:n]
