@@ -414,3 +414,24 @@ def test_eval_reads_a_hash_word_as_a_comment_as_bash_does():
         out = subprocess.run([bash, "-c", 'torchrun() { printf "%s\\n" "$@"; }\n' + script], capture_output=True,
                              text=True, check=True).stdout.split()
         assert out == ["--nproc_per_node", "8", "pretrain_gpt.py", "--num-layers", "2"]
+
+
+def test_megatron_deepspeed_example_reads_its_gqa_rope_and_integer_tests(tmp_path):
+    """Megatron-DeepSpeed's own example (examples_deepspeed/pretrain_llama2_distributed.sh at
+    f4157be, abridged): grouped-query attention through its --num-key-value-heads, RoPE through
+    --use-rotary-position-embeddings, and `[ $X -eq 1 ]` tests evaluated."""
+    f = tmp_path / "pretrain_llama2_distributed.sh"
+    f.write_text('TP=2\nPP=2\nNUM_KV_HEADS=4\nLOG_TO_WANDB=0\nWANDB_ARGS=\nif [ $LOG_TO_WANDB -eq 1 ]\nthen\n'
+                 'WANDB_ARGS="--wandb-project x"\nfi\n'
+                 'torchrun --nproc_per_node 8 --nnodes 1 pretrain_gpt.py --tensor-model-parallel-size $TP '
+                 '--pipeline-model-parallel-size $PP --num-layers 24 --hidden-size 2048 --ffn-hidden-size 5504 '
+                 '--num-attention-heads 16 --micro-batch-size 4 --global-batch-size 32 --seq-length 2048 '
+                 '--vocab-size 32000 --bf16 --attention-dropout 0 --hidden-dropout 0 --use-rotary-position-embeddings '
+                 '--swiglu --deepspeed '
+                 '--num-key-value-heads $NUM_KV_HEADS $WANDB_ARGS\n')
+    recipe = read_recipe(str(f))
+    assert recipe.model.num_kv_heads == 4 and recipe.model.position_embedding == "rope"
+    assert recipe.framework == "megatron-deepspeed" and not recipe.warnings
+    assert not any(k.key.startswith("--wandb") for k in recipe.keys)
+    one_line = read_shell("A=3\nif [ $A -gt 2 ] && [ $A -le 3 ]; then B=yes; fi\nif [ $A -eq 1 ]; then C=1; else C=2; fi\n")
+    assert one_line.variables["B"] == "yes" and one_line.variables["C"] == "2"

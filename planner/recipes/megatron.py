@@ -157,7 +157,8 @@ NO_COST: tuple[str, ...] = (
     "--inference-*", "--rl-*", "--moe-router-topk-scaling-factor", "--decoupled-lr", "--mscale",
     "--moe-router-force-load-balancing", "--moe-grouped-gemm", "--no-create-attention-mask-in-dataloader",
     "--use-cpu-initialization", "--use-te-rng-tracker", "--te-rng-tracker", "--use-persistent-ckpt-worker",
-    "--apply-query-key-layer-scaling", "--apply-residual-connection-post-layernorm", "--config-logger-dir",
+    "--apply-query-key-layer-scaling", "--no-query-key-layer-scaling", "--apply-residual-connection-post-layernorm",
+    "--config-logger-dir",
     "--parallel-output", "--test-mode", "--variable-seq-lengths", "--clone-scatter-output-in-embedding",
     "--enable-autocast", "--layernorm-zero-centered-gamma", "--batch-p2p-sync", "--enable-megatron-core-experimental",
     "--mcore-gpt", "--use-flash-attn-*", "--log-throughput", "--record-*", "--straggler-*", "--enable-ft-package",
@@ -642,7 +643,7 @@ def read_megatron(path: str, options: list[tuple[str, object]], *, dialect: str,
 _ARCH_KEYS = ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--group-query-attention",
               "--num-query-groups", "--kv-channels", "--swiglu", "--squared-relu", "--untie-embeddings-and-output-weights",
               "--vocab-size", "--make-vocab-size-divisible-by", "--max-position-embeddings", "--position-embedding-type",
-              "--disable-bias-linear", "--add-bias-linear",
+              "--disable-bias-linear", "--add-bias-linear", "--num-key-value-heads", "--use-rotary-position-embeddings",
               "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
               "--moe-layer-freq", "--multi-latent-attention", "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim",
               "--qk-pos-emb-head-dim", "--v-head-dim", "--tokenizer-type", "--window-size", "--window-attn-skip-freq")
@@ -667,6 +668,8 @@ def _model(path: str, r: _Reader, tp: int, n_layers: int | None, warn: list[str]
         kv = r.int("--num-query-groups", "model.num_kv_heads") or 1
     elif r.has("--num-query-groups"):
         r.int("--num-query-groups", "", note="without --group-query-attention: not used")
+    if r.has("--num-key-value-heads"):  # Megatron-DeepSpeed's GQA option (megatron/arguments.py at f4157be)
+        kv = r.int("--num-key-value-heads", "model.num_kv_heads", note="Megatron-DeepSpeed's grouped-query option")
     head_dim = r.int("--kv-channels", "model.head_dim")
     if head_dim is not None and head_dim * heads == hidden:
         head_dim = None
@@ -679,6 +682,9 @@ def _model(path: str, r: _Reader, tp: int, n_layers: int | None, warn: list[str]
     max_pos = r.int("--max-position-embeddings", "model.max_seq_len")
     pos = r.text("--position-embedding-type", "model.position_embedding")
     position = None if pos is None else ("rope" if pos in ("rope", "yarn", "mrope") else "learned")
+    # the switch before --position-embedding-type (Megatron-LM 2023; Megatron-DeepSpeed's arguments.py)
+    if r.flag("--use-rotary-position-embeddings", "model.position_embedding", "rope") and pos is None:
+        position = "rope"
     # vocabulary: --vocab-size (NullTokenizer), a known tokenizer, or a catalog model of this shape
     vocab = r.int("--vocab-size", "model.vocab_size")
     tok = r.text("--tokenizer-type", "model.vocab_size" if vocab is None else "")

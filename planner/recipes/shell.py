@@ -17,7 +17,7 @@ in arrays (``MODEL_ARGS=( --num-layers 32 ... )``, ``ARGS+=(...)``), branch on s
 * arrays and ``+=``; ``"${ARR[@]}"`` and unquoted ``${ARR[@]}`` expand to the elements, an
   element holding spaces (``"--fp8-format hybrid"``) splits when expanded unquoted;
 * ``if``/``elif``/``else``/``fi`` with ``[ ]``/``[[ ]]`` tests (``==``, ``=``, ``!=``, ``-n``,
-  ``-z``, joined by ``&&``/``||``); a test it cannot evaluate takes the ``then`` branch and
+  ``-z``, integer ``-eq``/``-ne``/``-lt``/``-le``/``-gt``/``-ge``, joined by ``&&``/``||``); a test it cannot evaluate takes the ``then`` branch and
   says so in ``warnings``;
 * ``eval WORDS``: the words joined and read again, a word that starts with ``#`` opening a
   comment there as in bash (the rest of the command is dropped, with a warning);
@@ -258,6 +258,10 @@ def _split_keep_quotes(text: str) -> list[str]:
     return out
 
 
+_INT_TESTS = {"-eq": lambda a, b: a == b, "-ne": lambda a, b: a != b, "-lt": lambda a, b: a < b,
+              "-le": lambda a, b: a <= b, "-gt": lambda a, b: a > b, "-ge": lambda a, b: a >= b}
+
+
 def _test(expr: str, env: _Env) -> bool | None:
     """A ``[ ]``/``[[ ]]`` test list; None when it cannot be evaluated."""
     expr = expr.strip()
@@ -281,6 +285,8 @@ def _test(expr: str, env: _Env) -> bool | None:
             continue
         if len(words) == 3 and words[1] in ("==", "=", "!="):
             val = (words[0] == words[2]) == (words[1] != "!=")
+        elif len(words) == 3 and words[1] in _INT_TESTS and all(re.fullmatch(r"-?\d+", w) for w in words[::2]):
+            val = _INT_TESTS[words[1]](int(words[0]), int(words[2]))
         elif len(words) == 2 and words[0] in ("-n", "-z"):
             val = bool(words[1]) == (words[0] == "-n")
         elif len(words) == 1 and words[0] in ("-n", "-z"):  # an unset variable expanded to nothing
@@ -327,7 +333,7 @@ def read_shell(text: str, *, args: Sequence[str] = (), env: Mapping[str, str] | 
             continue
         if not body:
             continue
-        for stmt in _statements(body):
+        for stmt in _keywords_apart(_statements(body)):
             head = stmt.split(None, 1)[0] if stmt.split() else ""
             if head in ("if", "elif"):
                 cond = re.sub(r"^(el)?if\s+", "", stmt)
@@ -373,6 +379,19 @@ def read_shell(text: str, *, args: Sequence[str] = (), env: Mapping[str, str] | 
                 continue
             _command(script, shell, stmt, no)
     return script
+
+
+def _keywords_apart(stmts: list[str]) -> list[str]:
+    """``then X`` / ``else X`` (an ``if`` on one line: ``if [ ... ]; then A=1; fi``) as the keyword
+    and the command after it."""
+    out: list[str] = []
+    for stmt in stmts:
+        parts = stmt.split(None, 1)
+        if len(parts) == 2 and parts[0] in ("then", "else"):
+            out += parts
+        else:
+            out.append(stmt)
+    return out
 
 
 def _statements(body: str) -> list[str]:
