@@ -16,9 +16,10 @@ in arrays (``MODEL_ARGS=( --num-layers 32 ... )``, ``ARGS+=(...)``), branch on s
   the string, so the option words come out when it is expanded unquoted;
 * arrays and ``+=``; ``"${ARR[@]}"`` and unquoted ``${ARR[@]}`` expand to the elements, an
   element holding spaces (``"--fp8-format hybrid"``) splits when expanded unquoted;
-* ``if``/``elif``/``else``/``fi`` with ``[ ]``/``[[ ]]`` tests (``==``, ``=``, ``!=``, ``-n``,
-  ``-z``, integer ``-eq``/``-ne``/``-lt``/``-le``/``-gt``/``-ge``, joined by ``&&``/``||``); a test it cannot evaluate takes the ``then`` branch and
-  says so in ``warnings``;
+* ``if``/``elif``/``else``/``fi`` (also on one line) with ``[ ]``/``[[ ]]`` tests (``==``, ``=``,
+  ``!=``, ``-n``, ``-z``, integer ``-eq``/``-ne``/``-lt``/``-le``/``-gt``/``-ge``, joined by
+  ``&&``/``||``); a test it cannot evaluate takes the ``then`` branch and says so in
+  ``warnings``;
 * ``eval WORDS``: the words joined and read again, a word that starts with ``#`` opening a
   comment there as in bash (the rest of the command is dropped, with a warning);
 * ``#SBATCH`` directives (nodes, GPUs and tasks per node) and the launcher's own options
@@ -68,9 +69,9 @@ class ShellScript:
         parts = []
         if self.unset_args:
             nums = sorted(int(n) for n in self.unset_args)
-            ref = [f"${{{k}}}" if k > 9 else f"${k}" for k in (nums[0], nums[-1])]
-            span = ref[0] if len(nums) == 1 else f"{ref[0]}..{ref[1]}" if nums == list(range(nums[0], nums[-1] + 1)) \
-                else ", ".join(f"${{{k}}}" if k > 9 else f"${k}" for k in nums[:6])
+            ref = [f"${{{k}}}" if k > 9 else f"${k}" for k in nums]  # $1 .. $9, ${10} ..
+            contiguous = len(nums) > 2 and nums == list(range(nums[0], nums[-1] + 1))
+            span = f"{ref[0]}..{ref[-1]}" if contiguous else ", ".join(ref[:6])
             parts.append(f"the script reads its arguments {span}, {len(self.args)} given (--recipe-args)")
         if self.unset:
             parts.append("the script uses " + ", ".join(f"${n}" for n in self.unset[:4]) + " without setting it")
