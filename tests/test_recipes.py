@@ -435,3 +435,21 @@ def test_megatron_deepspeed_example_reads_its_gqa_rope_and_integer_tests(tmp_pat
     assert not any(k.key.startswith("--wandb") for k in recipe.keys)
     one_line = read_shell("A=3\nif [ $A -gt 2 ] && [ $A -le 3 ]; then B=yes; fi\nif [ $A -eq 1 ]; then C=1; else C=2; fi\n")
     assert one_line.variables["B"] == "yes" and one_line.variables["C"] == "2"
+
+
+def test_here_documents_pipes_and_spaced_arithmetic_read_as_bash_does():
+    """Megatron-DeepSpeed's examples write their DeepSpeed config in a here-document and pipe the
+    run into `tee` (examples_deepspeed/azure/run-175b.sh, corpus): the body is the config the
+    launch reads (expanded unless the delimiter is quoted) and no command; `| tee log`,
+    redirections and `2>&1` are not arguments; `$(( a * b ))` with spaces is arithmetic."""
+    sh = read_shell('MB=4\nN=$(( 8 * ${MB} ))\nCFG=ds.json\ncat <<EOT > $CFG\n{"train_batch_size": $N,\n'
+                    ' "zero_optimization": {"stage": 3}}\nEOT\ncat > raw.txt <<-\'END\'\n\t$N stays\n\tEND\n'
+                    'deepspeed pretrain_gpt.py --micro-batch-size $MB --deepspeed_config $CFG 2>&1 | tee log.txt\n')
+    assert sh.variables["N"] == "32"
+    assert json.loads(sh.files["ds.json"]) == {"train_batch_size": 32, "zero_optimization": {"stage": 3}}
+    assert sh.files["raw.txt"] == "$N stays"
+    assert sh.commands[0].args == ["--micro-batch-size", "4", "--deepspeed_config", "ds.json"]
+    entry = next(e for e in ENTRIES if e["file"].endswith("run-175b_megatron_deepspeed_azure.sh"))
+    recipe, _, _, s = _load(entry)
+    assert "DeepSpeed config ds_config.json" in recipe.dialect
+    assert (s.zero, s.precision, s.recompute, s.mbs, s.gbs) == (3, "fp16", "full", 4, 32)

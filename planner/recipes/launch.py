@@ -103,11 +103,19 @@ def read_launch(path: str, text: str, *, model: Model | None = None, script_args
         raise
     recipe = te_attention_env(recipe, sh.variables, dict(options).get("--attention-backend"))
     ds = dict(options).get("--deepspeed_config") or dict(options).get("--deepspeed-config")
-    if recipe.framework == "megatron-deepspeed" and isinstance(ds, str) and (Path(path).parent / ds).is_file():
-        from planner.recipes.deepspeed import merge_megatron_deepspeed
+    if recipe.framework == "megatron-deepspeed" and isinstance(ds, str):
+        # the config the script writes itself (a here-document, what the run reads), else the file beside it
+        beside = Path(path).parent / ds
+        text = sh.files.get(ds) if ds in sh.files else beside.read_text(encoding="utf-8") if beside.is_file() else None
+        if text is not None:
+            from planner.recipes.deepspeed import merge_megatron_deepspeed
 
-        cfg = json.loads((Path(path).parent / ds).read_text(encoding="utf-8"))
-        recipe = merge_megatron_deepspeed(recipe, str(Path(path).parent / ds), cfg)
+            try:
+                cfg = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise recipe_error(path, "--deepspeed_config", ds, f"is not JSON as the script writes it: {exc.msg} "
+                                   f"(line {exc.lineno})") from None
+            recipe = merge_megatron_deepspeed(recipe, str(beside) if ds not in sh.files else ds, cfg)
     return recipe
 
 

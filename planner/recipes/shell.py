@@ -20,6 +20,8 @@ in arrays (``MODEL_ARGS=( --num-layers 32 ... )``, ``ARGS+=(...)``), branch on s
   ``!=``, ``-n``, ``-z``, integer ``-eq``/``-ne``/``-lt``/``-le``/``-gt``/``-ge``, joined by
   ``&&``/``||``); a test it cannot evaluate takes the ``then`` branch and says so in
   ``warnings``;
+* here-documents (``cat <<EOT > $DS_CONFIG`` ... ``EOT``, ``<<-``, a quoted delimiter without
+  expansion): the body is not run; what it writes is kept (``ShellScript.files``);
 * ``eval WORDS``: the words joined and read again, a word that starts with ``#`` opening a
   comment there as in bash (the rest of the command is dropped, with a warning);
 * ``#SBATCH`` directives (nodes, GPUs and tasks per node) and the launcher's own options
@@ -62,6 +64,7 @@ class ShellScript:
     sourced: list[str] = field(default_factory=list)  # files the script sources (not read)
     args: list[str] = field(default_factory=list)  # its positional arguments ($1 ...), as ``shift`` leaves them
     unset_args: list[str] = field(default_factory=list)  # positional arguments read but not given
+    files: dict[str, str] = field(default_factory=dict)  # what here-documents write: path -> text
 
     def unread_hint(self) -> str:
         """Why an option may have lost its value: arguments not given, variables never set here,
@@ -80,15 +83,35 @@ class ShellScript:
         return "; ".join(parts)
 
 
-def _logical_lines(text: str) -> list[tuple[int, str]]:
+_HEREDOC = re.compile(r"<<(-?)\s*(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\2")
+
+
+def _logical_lines(text: str) -> list[tuple[int, str, tuple[str, bool] | None]]:
     """Lines with continuations joined, and a quoted string that spans lines kept whole (its
-    newlines become spaces: what word splitting makes of them when it is expanded unquoted)."""
-    out: list[tuple[int, str]] = []
+    newlines become spaces: what word splitting makes of them when it is expanded unquoted); a
+    line with a here-document (``cat <<EOT > file``) carries its body and whether the delimiter
+    was quoted (no expansion), and the body's lines are not commands."""
+    out: list[tuple[int, str, tuple[str, bool] | None]] = []
     buf, start, quote = "", 0, ""
-    for no, raw in enumerate(text.splitlines(), 1):
-        line = raw.rstrip()
+    raw_lines = text.splitlines()
+    k = 0
+    while k < len(raw_lines):
+        no, line = k + 1, raw_lines[k].rstrip()
+        k += 1
         if not buf:
             start = no
+        doc = _HEREDOC.search(_strip_comment(line)) if not quote else None
+        if doc is not None:
+            body: list[str] = []
+            while k < len(raw_lines):
+                nxt = raw_lines[k]
+                k += 1
+                if (nxt.lstrip("\t") if doc.group(1) else nxt).rstrip() == doc.group(3):
+                    break
+                body.append(nxt.lstrip("\t") if doc.group(1) else nxt)
+            out.append((start, buf + line, ("\n".join(body), bool(doc.group(2)))))
+            buf = ""
+            continue
         cont = line.endswith("\\") and not _escaped(line, len(line) - 1)
         if cont:
             line = line[:-1]
@@ -97,10 +120,10 @@ def _logical_lines(text: str) -> list[tuple[int, str]]:
             buf += line + " "
             continue
         buf += line
-        out.append((start, buf))
+        out.append((start, buf, None))
         buf = ""
     if buf:
-        out.append((start, buf))
+        out.append((start, buf, None))
     return out
 
 
@@ -231,8 +254,9 @@ def _unquote(text: str) -> str:
 
 
 def _split_keep_quotes(text: str) -> list[str]:
-    """Words of a line, keeping their quotes (so expansion can tell quoted from unquoted)."""
-    out, cur, quote, depth = [], "", "", 0
+    """Words of a line, keeping their quotes (so expansion can tell quoted from unquoted); a
+    ``${...}``, ``$(...)`` or ``$((...))`` stays one word whatever spaces it holds."""
+    out, cur, quote, depth, paren = [], "", "", 0, 0
     for ch in text:
         if quote:
             cur += ch
@@ -248,7 +272,13 @@ def _split_keep_quotes(text: str) -> list[str]:
         elif ch == "}" and depth:
             depth -= 1
             cur += ch
-        elif ch.isspace() and not depth:
+        elif ch == "(" and (cur.endswith("$") or cur.endswith("$(") or paren):
+            paren += 1
+            cur += ch
+        elif ch == ")" and paren:
+            paren -= 1
+            cur += ch
+        elif ch.isspace() and not depth and not paren:
             if cur:
                 out.append(cur)
             cur = ""
@@ -319,9 +349,18 @@ def read_shell(text: str, *, args: Sequence[str] = (), env: Mapping[str, str] | 
     i = 0
     pending_array: tuple[str, bool, str, int] | None = None
     while i < len(lines):
-        no, line = lines[i]
+        no, line, doc = lines[i]
         i += 1
         body = _strip_comment(line).strip()
+        if doc is not None:
+            # ``cat <<EOT > FILE`` / ``cat > FILE <<EOT``: the file the here-document writes
+            # (Megatron-DeepSpeed's examples write their DeepSpeed config so)
+            body = _HEREDOC.sub("", body)
+            target = re.search(r">\s*(\S+)", body)
+            if target is not None and active():
+                text_ = doc[0] if doc[1] else "\n".join(shell.expand(t) for t in doc[0].split("\n"))
+                script.files[shell.expand(_unquote(target.group(1)))] = text_
+            continue
         if pending_array is not None:
             name, append, acc, start = pending_array
             acc += " " + body
@@ -456,8 +495,30 @@ _NOT_LAUNCHERS = ("echo", "printf", "cat", "mkdir", "cd", "ls", "rm", "cp", "mv"
                   "source", ".", "wait", "sleep", "export", "unset", "trap", "git", "pip", "nvidia-smi")
 
 
+_LIST_OPS = ("|", "||", "&&", "&", "|&")
+
+
 def _command(script: ShellScript, env: _Env, stmt: str, no: int) -> None:
     words = env.words(stmt)
+    # the command ends at a pipe or list operator (`... | tee log`, `... && echo done`); redirections
+    # (`> log`, `2>&1`, `>> out`) and their targets are not words of it
+    for k, w in enumerate(words):
+        if w in _LIST_OPS:
+            words = words[:k]
+            break
+    kept: list[str] = []
+    skip = False
+    for w in words:
+        if skip:
+            skip = False
+            continue
+        if re.fullmatch(r"\d*(>>?|<)", w):
+            skip = True
+            continue
+        if re.fullmatch(r"\d*(>>?|<)\S+|\d*>&\d+|&>\S*", w):
+            continue
+        kept.append(w)
+    words = kept
     if words and words[0] == "eval":
         # eval joins its (expanded) words and parses the result as shell input again: a word that
         # starts with '#' there opens a comment, so the words after it never run (FlagPerf's
