@@ -453,3 +453,25 @@ def test_here_documents_pipes_and_spaced_arithmetic_read_as_bash_does():
     recipe, _, _, s = _load(entry)
     assert "DeepSpeed config ds_config.json" in recipe.dialect
     assert (s.zero, s.precision, s.recompute, s.mbs, s.gbs) == (3, "fp16", "full", 4, 32)
+
+
+@pytest.mark.parametrize("experts,interval,topk,moe_layers", [("1", None, None, None), ("128", None, None, (2, 1, 1)),
+                                                           ("64", "1", "2", (1, 0, 2))])
+def test_megatron_deepspeed_moe_is_deepspeed_moe(tmp_path, experts, interval, topk, moe_layers):
+    """Megatron-DeepSpeed's MoE options are DeepSpeed-MoE's (examples_deepspeed/MoE/*.sh at f4157be):
+    --num-experts 1 is the dense model, MoE every --expert-interval-th layer from the second
+    (default 2), --topk default 1, --moe-expert-parallel-size the expert parallelism."""
+    extra = (f" --expert-interval {interval}" if interval else "") + (f" --topk {topk}" if topk else "")
+    f = tmp_path / "ds_moe.sh"
+    f.write_text("deepspeed pretrain_gpt.py --num-layers 24 --hidden-size 2048 --num-attention-heads 16 "
+                 "--seq-length 2048 --micro-batch-size 4 --global-batch-size 256 --vocab-size 50257 --fp16 "
+                 f"--deepspeed --num-experts {experts} --moe-expert-parallel-size 8 --moe-loss-coeff 0.01{extra}\n")
+    recipe = read_recipe(str(f))
+    moe = recipe.model.moe
+    if moe_layers is None:
+        assert moe is None
+        return
+    freq, first, k = moe_layers
+    assert (moe.num_experts, moe.layer_frequency, moe.first_k_dense_layers, moe.top_k) == (int(experts), freq, first, k)
+    assert moe.expert_ffn_hidden_size == recipe.model.ffn_hidden_size and recipe.settings["ep"] == 8
+    assert not [k for k in recipe.keys if k.key == "--moe-loss-coeff" and k.cost != "no"]

@@ -168,6 +168,8 @@ NO_COST: tuple[str, ...] = (
     "--no-barrier-with-level-1-timing", "--barrier-with-L1-time", "--bert-*", "--retro-*", "--ict-*",
     "--dataloader-*", "--data-cache-path", "--no-shared-storage", "--distributed-optimizer-*",
     "--deepspeed_config", "--deepspeed-config", "--zero-stage", "--no-pipeline-parallel", "--deepspeed-activation-checkpointing",
+    # DeepSpeed-MoE's loss and evaluation settings (Megatron-DeepSpeed arguments.py)
+    "--moe-loss-coeff", "--moe-eval-capacity-factor", "--moe-min-capacity", "--create-moe-param-group", "--train-tokens",
 )
 
 _TOKENIZER_VOCAB = {"GPT2BPETokenizer": 50257, "Llama2Tokenizer": 32000, "BertWordPieceLowerCase": 30522,
@@ -240,6 +242,35 @@ def _moe_layer_pattern(path: str, key: str, value: object, num_layers: int) -> t
         raise recipe_error(path, key, value, "MoE layers must repeat every k-th layer after the first dense ones "
                                              "(the planner's first_k_dense_layers / layer_frequency)")
     return first, freq
+
+
+def _deepspeed_moe(path: str, r: "_Reader", ffn: int, warn: list[str]) -> MoeSpec | None:
+    """DeepSpeed-MoE as Megatron-DeepSpeed configures it (megatron/arguments.py at f4157be lines
+    608-615, 910-916, 1159, 1650-1660): ``--num-experts`` one count or one per MoE layer (1 =
+    dense), MoE on every ``--expert-interval``-th layer counted from 1 (default 2: layers 2, 4, ...),
+    ``--topk`` (default 1), ``--mlp-type residual`` (PR-MoE: a dense MLP beside the experts, priced
+    as one shared expert); experts as wide as the dense FFN."""
+    raw = r.get("--num-experts", "model.moe.num_experts")
+    words = raw if isinstance(raw, list) else str(raw).split()
+    try:
+        counts = [int(w) for w in words]
+    except ValueError:
+        raise recipe_error(path, "--num-experts", raw, "must be expert counts (integers)") from None
+    interval = r.int("--expert-interval", "model.moe.layer_frequency") or 2
+    topk = r.int("--topk", "model.moe.top_k") or 1
+    residual = r.text("--mlp-type", "model.moe.num_shared_experts") == "residual"
+    if max(counts) <= 1:
+        return None
+    if len(set(counts)) > 1:
+        warn.append(f"--num-experts {' '.join(words)}: layers with different expert counts priced with "
+                    f"{max(counts)} experts each (the planner's MoE layers are alike)")
+    cf = r.get("--moe-train-capacity-factor", "model.moe.top_k", note="capacity factor")
+    dropping = not r.flag("--disable-moe-token-dropping", "model.moe.top_k", "dropless")
+    if dropping and cf is not None and as_float(path, "--moe-train-capacity-factor", cf) != 1.0:
+        warn.append(f"--moe-train-capacity-factor {cf}: DeepSpeed-MoE pads every expert to this capacity; the planner "
+                    "prices balanced routing (capacity 1.0)")
+    return MoeSpec(num_experts=max(counts), top_k=topk, expert_ffn_hidden_size=ffn, num_shared_experts=int(residual),
+                   layer_frequency=interval, first_k_dense_layers=interval - 1)
 
 
 def _window(path: str, r: "_Reader", num_layers: int) -> dict[str, int]:
@@ -395,7 +426,8 @@ def read_megatron(path: str, options: list[tuple[str, object]], *, dialect: str,
     pp = r.int("--pipeline-model-parallel-size", "strategy.pp") or 1
     st.update(tp=tp, pp=pp)
     for key, name in (("--context-parallel-size", "cp"), ("--ds-sequence-parallel-size", "cp"),
-                      ("--expert-model-parallel-size", "ep"), ("--expert-tensor-parallel-size", "etp")):
+                      ("--expert-model-parallel-size", "ep"), ("--moe-expert-parallel-size", "ep"),
+                      ("--expert-tensor-parallel-size", "etp")):
         v = r.int(key, f"strategy.{name}")
         if v is not None:
             st[name] = v
@@ -646,7 +678,8 @@ _ARCH_KEYS = ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-atten
               "--disable-bias-linear", "--add-bias-linear", "--num-key-value-heads", "--use-rotary-position-embeddings",
               "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
               "--moe-layer-freq", "--multi-latent-attention", "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim",
-              "--qk-pos-emb-head-dim", "--v-head-dim", "--tokenizer-type", "--window-size", "--window-attn-skip-freq")
+              "--qk-pos-emb-head-dim", "--v-head-dim", "--tokenizer-type", "--window-size", "--window-attn-skip-freq",
+              "--expert-interval", "--topk", "--mlp-type")
 
 
 def _model(path: str, r: _Reader, tp: int, n_layers: int | None, warn: list[str]) -> tuple[Model | None, str]:
@@ -713,7 +746,9 @@ def _model(path: str, r: _Reader, tp: int, n_layers: int | None, warn: list[str]
     if padded != vocab:
         note += f" (padded {vocab} -> {padded}: multiple of {div} x tp)"
     moe = None
-    experts = r.int("--num-experts", "model.moe.num_experts")
+    if r.has("--deepspeed") and r.has("--num-experts"):
+        moe = _deepspeed_moe(path, r, ffn, warn)
+    experts = None if r.has("--deepspeed") else r.int("--num-experts", "model.moe.num_experts")
     if experts is not None:
         topk = r.int("--moe-router-topk", "model.moe.top_k") or 2
         e_ffn = r.int("--moe-ffn-hidden-size", "model.moe.expert_ffn_hidden_size") or ffn
