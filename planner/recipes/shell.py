@@ -100,7 +100,7 @@ def _logical_lines(text: str) -> list[tuple[int, str, tuple[str, bool] | None]]:
         k += 1
         if not buf:
             start = no
-        doc = _HEREDOC.search(_strip_comment(line)) if not quote else None
+        doc = _heredoc_in(_strip_comment(line)) if not quote else None
         if doc is not None:
             body: list[str] = []
             while k < len(raw_lines):
@@ -125,6 +125,25 @@ def _logical_lines(text: str) -> list[tuple[int, str, tuple[str, bool] | None]]:
     if buf:
         out.append((start, buf, None))
     return out
+
+
+def _heredoc_in(line: str) -> re.Match | None:
+    """The here-document operator of ``line``, outside quotes and ``$((...))`` (where ``<<`` is a
+    shift), or None."""
+    quote, depth = "", 0
+    for i, ch in enumerate(line):
+        if quote:
+            if ch == quote and not (quote == '"' and _escaped(line, i)):
+                quote = ""
+        elif ch in "'\"" and not _escaped(line, i):
+            quote = ch
+        elif line.startswith("$((", i):
+            depth += 1
+        elif line.startswith("))", i) and depth:
+            depth -= 1
+        elif line.startswith("<<", i) and not depth and not line.startswith("<<<", i):
+            return _HEREDOC.match(line, i)
+    return None
 
 
 def _escaped(line: str, i: int) -> bool:
