@@ -531,10 +531,10 @@ def _command(script: ShellScript, env: _Env, stmt: str, no: int) -> None:
         if skip:
             skip = False
             continue
-        if re.fullmatch(r"\d*(>>?|<)", w):
+        if re.fullmatch(r"(\d*|&)(>>?|<)", w):  # `> log`, `2> err`, `&> all`: the target is the next word
             skip = True
             continue
-        if re.fullmatch(r"\d*(>>?|<)\S+|\d*>&\d+|&>\S*", w):
+        if re.fullmatch(r"(\d*|&)(>>?|<)\S+|\d*>&\d+", w):  # `>log`, `2>&1`
             continue
         kept.append(w)
     words = kept
