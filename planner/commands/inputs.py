@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import shlex
 
 from sim.cost.calibration import load_calibration
 from sim.data.catalog import get_gpu
@@ -36,8 +37,6 @@ def add_recipe_script_args(p: argparse.ArgumentParser) -> None:
 
 def recipe_script_from_args(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     """(positional arguments, environment) of ``--recipe-args`` / ``--recipe-env``."""
-    import shlex
-
     words: list[str] = []
     if getattr(args, "recipe_args", None):
         try:

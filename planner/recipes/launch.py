@@ -106,7 +106,8 @@ def read_launch(path: str, text: str, *, model: Model | None = None, script_args
     if recipe.framework == "megatron-deepspeed" and isinstance(ds, str):
         # the config the script writes itself (a here-document, what the run reads), else the file beside it
         beside = Path(path).parent / ds
-        text = sh.files.get(ds) if ds in sh.files else beside.read_text(encoding="utf-8") if beside.is_file() else None
+        where, text = (ds, sh.files[ds]) if ds in sh.files else \
+            (str(beside), beside.read_text(encoding="utf-8")) if beside.is_file() else (None, None)
         if text is not None:
             from planner.recipes.deepspeed import merge_megatron_deepspeed
 
@@ -115,7 +116,7 @@ def read_launch(path: str, text: str, *, model: Model | None = None, script_args
             except json.JSONDecodeError as exc:
                 raise recipe_error(path, "--deepspeed_config", ds, f"is not JSON as the script writes it: {exc.msg} "
                                    f"(line {exc.lineno})") from None
-            recipe = merge_megatron_deepspeed(recipe, str(beside) if ds not in sh.files else ds, cfg)
+            recipe = merge_megatron_deepspeed(recipe, where, cfg)
     return recipe
 
 

@@ -264,9 +264,16 @@ def _deepspeed_moe(path: str, r: "_Reader", ffn: int, warn: list[str]) -> MoeSpe
     if len(set(counts)) > 1:
         warn.append(f"--num-experts {' '.join(words)}: layers with different expert counts priced with "
                     f"{max(counts)} experts each (the planner's MoE layers are alike)")
-    cf = r.get("--moe-train-capacity-factor", "model.moe.top_k", note="capacity factor")
-    dropping = not r.flag("--disable-moe-token-dropping", "model.moe.top_k", "dropless")
-    if dropping and cf is not None and as_float(path, "--moe-train-capacity-factor", cf) != 1.0:
+    # capacity and token dropping are not priced (balanced routing): listed as ignored, with their cost
+    cf = r.opts.get("--moe-train-capacity-factor")
+    dropping = not r.has("--disable-moe-token-dropping")
+    padded = dropping and cf is not None and as_float(path, "--moe-train-capacity-factor", cf) != 1.0
+    if cf is not None:
+        r.ignore("--moe-train-capacity-factor", "yes" if padded else "no",
+                 "experts padded to this capacity (the planner prices balanced routing, capacity 1.0)")
+    if not dropping:
+        r.ignore("--disable-moe-token-dropping", "no", "dropless: balanced routing is what the planner prices")
+    if padded:
         warn.append(f"--moe-train-capacity-factor {cf}: DeepSpeed-MoE pads every expert to this capacity; the planner "
                     "prices balanced routing (capacity 1.0)")
     return MoeSpec(num_experts=max(counts), top_k=topk, expert_ffn_hidden_size=ffn, num_shared_experts=int(residual),

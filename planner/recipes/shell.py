@@ -132,11 +132,8 @@ def _heredoc_in(line: str) -> re.Match | None:
     shift), or None."""
     quote, depth = "", 0
     for i, ch in enumerate(line):
-        if quote:
-            if ch == quote and not (quote == '"' and _escaped(line, i)):
-                quote = ""
-        elif ch in "'\"" and not _escaped(line, i):
-            quote = ch
+        if quote or ch in "'\"":
+            quote = _quote_after(line, i, quote)
         elif line.startswith("$((", i):
             depth += 1
         elif line.startswith("))", i) and depth:
@@ -144,6 +141,15 @@ def _heredoc_in(line: str) -> re.Match | None:
         elif line.startswith("<<", i) and not depth and not line.startswith("<<<", i):
             return _HEREDOC.match(line, i)
     return None
+
+
+def _quote_after(line: str, i: int, quote: str) -> str:
+    """The quote open after the character at ``i`` when ``quote`` was open before it (a
+    backslash-escaped quote neither opens nor, inside double quotes, closes one)."""
+    ch = line[i]
+    if quote:
+        return "" if ch == quote and not (quote == '"' and _escaped(line, i)) else quote
+    return ch if ch in "'\"" and not _escaped(line, i) else ""
 
 
 def _escaped(line: str, i: int) -> bool:
@@ -159,11 +165,8 @@ def _open_quote(line: str, quote: str) -> str:
     that starts a word outside quotes ends the scan: the rest is a comment)."""
     prev = " "
     for i, ch in enumerate(line):
-        if quote:
-            if ch == quote and not (quote == '"' and _escaped(line, i)):
-                quote = ""
-        elif ch in "'\"" and not _escaped(line, i):
-            quote = ch
+        if quote or ch in "'\"":
+            quote = _quote_after(line, i, quote)
         elif ch == "#" and prev in " \t;(":
             break
         prev = ch
