@@ -629,6 +629,39 @@ def test_loss_parallel_memory_is_tracked_at_the_shard_and_priced_as_torchtitan_r
     assert per_logit["ACT"] == pytest.approx(4, rel=0.01) and per_logit["TEMP"] == pytest.approx(12, rel=0.01)
 
 
+def test_megatron_loss_holds_what_its_version_allocates():
+    """Megatron's ``_VocabParallelCrossEntropy`` on ``logits.float()``: core_v0.6.0-v0.7.0 (and
+    Megatron-DeepSpeed) subtract the maximum into a new fp32 tensor while the caller still holds
+    the fp32 copy, so the forward peaks at bf16 2 + fp32 4 + fp32 4 = 10 bytes per logit; in place
+    (core_v0.8.0 on, commit 9634c0e) at 2 + 4 = 6; both keep the fp32 softmax (4) for backward,
+    whose gradient is computed in it.  PyTorch's tracker on the same code
+    (validate.eager_traffic._megatron_cross_entropy, the bf16 logits tracked as external)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from sim.data.runtime import default_runtime
+    from validate.eager_traffic import _megatron_cross_entropy
+
+    rt = default_runtime()
+    assert get_framework("megatron-core-fa2").loss == "outofplace" and get_framework("megatron-core").loss == "inplace"
+    tokens, vocab = 512, 32768
+    for impl, inplace in (("inplace", True), ("outofplace", False)):
+        with FakeTensorMode():
+            logits = torch.randn(tokens, vocab, dtype=torch.bfloat16, requires_grad=True)
+            target = torch.randint(0, vocab, (tokens,))
+            tracker = MemTracker()
+            tracker.track_external(logits)
+            with tracker:
+                loss = _megatron_cross_entropy(logits, target, inplace=inplace).sum()
+                peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
+                held = next(iter(tracker.get_tracker_snapshot("current").values()))
+                loss.backward()
+        per_logit = {getattr(k, "name", k): v / (tokens * vocab) for k, v in peak.items()}
+        saved = {getattr(k, "name", k): v / (tokens * vocab) for k, v in held.items()}
+        assert per_logit["Total"] == pytest.approx(rt.loss_bytes_per_logit[impl], rel=0.01), (impl, per_logit)
+        assert saved["ACT"] == pytest.approx(rt.loss_saved_bytes_per_logit[impl], rel=0.01), (impl, saved)
+
+
 def test_fsdp_first_micro_batch_peaks_at_the_last_block_when_its_gradients_outweigh_activations():
     """FSDP2, one micro-batch, experts FSDP does not shard (ep = dp) and full recomputation:
     the sharded gradients of every block already reduced outweigh the activations freed, so the

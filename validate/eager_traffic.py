@@ -36,6 +36,8 @@ Code measured (the source each follows):
   parallel rank on ``logits.float()`` (megatron/core/tensor_parallel/cross_entropy.py: max,
   subtract in place, gather the target logit, ``exp`` in place, sum, log, divide in place;
   backward: subtract one at the target, multiply by the incoming gradient);
+  ``cross_entropy_outofplace``: the same with the maximum subtracted into a new tensor
+  (core_v0.6.0-v0.7.0, Megatron-DeepSpeed): the same bytes move, more are held;
   ``cross_entropy_bf16``: ``F.cross_entropy(logits, labels)`` on the bf16 logits themselves
   (NeMo Automodel's ``MaskedCrossEntropy(fp32_upcast=False)``); ``cross_entropy_loss_parallel``:
   torchtitan's ``cross_entropy(logits.float())`` under ``loss_parallel()`` with tensor
@@ -159,13 +161,22 @@ def _rotate_half_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: 
     return torch.cat((qe.flatten(), ke.flatten()))
 
 
-def _megatron_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """_VocabParallelCrossEntropy at tp=1 on ``logits.float()``, as an autograd function."""
+def _megatron_cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, inplace: bool = True) -> torch.Tensor:
+    """_VocabParallelCrossEntropy at tp=1 on ``logits.float()``, as an autograd function.
+
+    ``inplace``: the maximum is subtracted in place (Megatron-LM before September 2022 and
+    Megatron-Core from core_v0.8.0, commit 9634c0e "Reduce logit memory pressure by using in-place
+    operation"); else into a new fp32 tensor while the ``.float()`` copy is still held by the
+    caller (core_v0.6.0 / core_v0.7.0 and Megatron-DeepSpeed since 2023:
+    ``vocab_parallel_logits = vocab_parallel_logits - logits_max.unsqueeze(dim=-1)``)."""
 
     class _CE(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
-            x.sub_(x.max(dim=-1)[0].unsqueeze(-1))
+            if inplace:
+                x.sub_(x.max(dim=-1)[0].unsqueeze(-1))
+            else:
+                x = x - x.max(dim=-1)[0].unsqueeze(-1)
             rows = torch.arange(x.shape[0])
             predicted = x[rows, t].clone()
             x.exp_()
@@ -263,6 +274,8 @@ def measure(tokens: int = 256) -> list[EagerTraffic]:
         target = torch.randint(0, m.vocab_size, (tokens,))
         add("cross_entropy_upcast", "cross_entropy", _count(lambda z: F.cross_entropy(z.float(), target), logits))
         add("cross_entropy_inplace", "cross_entropy", _count(lambda z: _megatron_cross_entropy(z, target).sum(), logits))
+        add("cross_entropy_outofplace", "cross_entropy",
+            _count(lambda z: _megatron_cross_entropy(z, target, inplace=False).sum(), logits))
         add("cross_entropy_bf16", "cross_entropy", _count(lambda z: F.cross_entropy(z, target), logits))
         add("cross_entropy_loss_parallel", "cross_entropy", _count_loss_parallel(logits, target))
     return out

@@ -235,7 +235,7 @@ class Framework:
     selective_recompute: str  # attention | op
     grad_accumulation: str = "fused"  # fused | fp32_main_grad | autograd (runtime.yaml)
     fsdp_copies: bool = False  # FSDP2 packing around ZeRO-3 collectives (runtime.yaml)
-    loss: str = "upcast"  # LOSS_IMPLS: upcast | inplace | megatron_fused | fused | bf16 | loss_parallel (runtime.yaml loss)
+    loss: str = "upcast"  # LOSS_IMPLS: upcast | inplace | outofplace | megatron_fused | fused | bf16 | loss_parallel (runtime.yaml loss)
     loss_tp: str = ""  # the loss with tensor parallelism when it differs ("" = loss), Plan.loss_tp
     # What the framework's recipes switch on when a run does not say (the profile's source):
     sequence_parallel_default: bool = False  # SP with tp > 1

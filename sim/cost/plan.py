@@ -21,7 +21,7 @@ SELECTIVE_POLICIES: tuple[str, ...] = ("attention", "op", "mla_up_proj", "moe_ac
 GRAD_ACCUMULATION: tuple[str, ...] = ("fused", "fp32_main_grad", "autograd", "keras")
 # optimizer step implementation (runtime.yaml optimizer.bytes_per_param_by_impl)
 OPTIMIZER_IMPLS: tuple[str, ...] = ("fused", "keras")
-LOSS_IMPLS: tuple[str, ...] = ("upcast", "inplace", "megatron_fused", "fused", "bf16", "loss_parallel")
+LOSS_IMPLS: tuple[str, ...] = ("upcast", "inplace", "outofplace", "megatron_fused", "fused", "bf16", "loss_parallel")
 FUSED_LOSS_IMPLS: frozenset[str] = frozenset({"megatron_fused", "fused"})  # run as fused kernels, eager or not
 # MoE token dispatch (Megatron-Core --moe-token-dispatcher-type alltoall|allgather|flex with DeepEP)
 MOE_DISPATCHERS: tuple[str, ...] = ("alltoall", "allgather", "deepep")
