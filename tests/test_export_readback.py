@@ -107,3 +107,35 @@ def test_formats_of_several_frameworks_skip_what_they_cannot_carry(capsys):
         refused = get_framework(FORMAT_FRAMEWORK[fmt]).capabilities.refusal(s)
         assert bool(info.get("skipped")) == (refused is not None)
         assert bool(info["files"]) == (refused is None)
+
+
+def test_megatron_export_states_the_dropout_and_positions_the_plan_prices(tmp_path):
+    """Megatron-LM trains with dropout 0.1 and a learned position table unless told otherwise
+    (arguments.py: --hidden-dropout / --attention-dropout 0.1, --position-embedding-type
+    learned_absolute).  A Llama plan priced without dropout and with RoPE must say both; a
+    FlagPerf-style Llama (Megatron's defaults left in place: ``Model.dropout``, learned positions)
+    must not, and its launch script reads back to the same model."""
+    from planner.exports.readback import FORMAT_MAIN_FILE
+    from planner.recipes import read_recipe
+
+    def exported(model):
+        spec = LaunchSpec(model=model, strategy=parse_strategy("tp=2,sp=1,mbs=1,gbs=16,zero=1", num_gpus=8),
+                          num_gpus=8, gpus_per_node=8, gpu="h100-80gb", steps=10)
+        files = render("megatron", spec).files
+        d = tmp_path / model.name
+        d.mkdir()
+        for name, text in files.items():
+            (d / name).write_text(text, encoding="utf-8")
+        return " ".join(files.values()), read_recipe(str(d / FORMAT_MAIN_FILE["megatron"])).model
+
+    llama = get_model("llama3-8b")
+    text, back = exported(llama)
+    assert "--hidden-dropout 0.0" in text and "--attention-dropout 0.0" in text
+    assert "--position-embedding-type rope" in text
+    assert not back.has_dropout and back.uses_rope
+    flagperf = dataclasses.replace(llama, name="flagperf-llama3-8b", dropout=True, position_embedding="learned",
+                                   linear_bias=True)
+    text, back = exported(flagperf)
+    assert "--hidden-dropout" not in text and "--position-embedding-type" not in text
+    assert "--disable-bias-linear" not in text
+    assert back.has_dropout and not back.uses_rope and back.linear_bias

@@ -197,13 +197,18 @@ def test_torchtitan_compile_fuses_the_blocks_and_runs_norm_head_and_loss_eagerly
 def test_reference_rows_read_biased_linears_for_gpt_rows_only():
     """Development rows: a GPT row (plain GeLU MLP) has biased linears, Llama-, Nemotron- and MoE
     rows do not, and a row's own ``linear_bias`` wins (FlagPerf's Megatron-DeepSpeed Llama 2 runs
-    as launched, whose '--disable-bias-linear' never reached the command)."""
+    as launched, whose '--disable-bias-linear' never reached the command, and its Megatron-Core
+    Llama 3 runs, whose script never passes it); with it the row's ``dropout`` and
+    ``position_embedding`` (those Llama 3 runs keep Megatron-LM's defaults)."""
     from planner.fitting.reference import load_reference, model_of
 
     rows = {r.id: r for r in load_reference()}
     assert model_of(rows["megatron-sc21-t1-gpt1.7b-32gpu"].raw).linear_bias
     assert model_of(rows["korthikanti22-22b-sp-selective-8gpu"].raw).linear_bias
     assert model_of(rows["flagperf-llama2-7b-bf16-a100-8-megatron-ds-gbs1024"].raw).linear_bias
-    assert not model_of(rows["flagperf-llama3-8b-bf16-h100-8"].raw).linear_bias
+    flagperf = model_of(rows["flagperf-llama3-8b-bf16-h100-8"].raw)
+    assert flagperf.linear_bias and flagperf.has_dropout and not flagperf.uses_rope
+    llama = model_of(rows["flagperf-llama2-70b-bf16-h800-32-tp8pp4-gbs44"].raw)
+    assert not llama.linear_bias and not llama.has_dropout and llama.uses_rope
     assert not model_of(rows["dgxc2505-nemotron4-15b-bf16-h100-16"].raw).linear_bias
     assert not model_of(rows["dgxc2505-deepseek-v3-bf16-h100-512"].raw).linear_bias

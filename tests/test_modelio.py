@@ -375,3 +375,21 @@ def test_linear_bias_from_files_and_configs():
     assert model_from_dict(opt, where="c.json").linear_bias is False
     assert catalog.get_model("gpt3-175b").linear_bias and catalog.get_model("gpt-1.7b").linear_bias
     assert not catalog.get_model("llama3-70b").linear_bias
+
+
+def test_dropout_from_files():
+    """Model.dropout: the project key (true/false; absent = the family's default, GPT with dropout,
+    Llama without), one line naming the key when it is not a boolean."""
+    base = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100, "ffn_type": "swiglu",
+            "ffn_hidden_size": 176}
+    assert model_from_dict({**base, "dropout": True}, where="m.yaml").has_dropout is True
+    assert model_from_dict(base, where="m.yaml").dropout is None
+    assert model_from_dict(base, where="m.yaml").has_dropout is False
+    assert model_from_dict({**base, "ffn_type": "gelu", "ffn_hidden_size": 256}, where="m.yaml").has_dropout is True
+    with pytest.raises(InputError) as e:
+        model_from_dict({**base, "dropout": 0.1}, where="m.yaml")
+    assert e.value.field == "model.dropout"
+    assert not model_from_dict({**base, "position_embedding": "learned"}, where="m.yaml").uses_rope
+    with pytest.raises(InputError) as e:
+        model_from_dict({**base, "position_embedding": "alibi"}, where="m.yaml")
+    assert e.value.field == "model.position_embedding"

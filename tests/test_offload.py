@@ -15,6 +15,7 @@ import pytest
 from planner.plans.recommend import recommend
 from planner.plans.search import SearchSpace, search
 from sim.engines.analytic import simulate_analytic
+from sim.layers.stages import trained_params
 from sim.data.catalog import get_gpu, get_model
 from sim.net.clusters import cluster_from_catalog
 from sim.cost.costs import offload_report
@@ -90,9 +91,10 @@ def test_zero_offload_moves_2m_gradients_and_2m_parameters_per_step():
     fp16 parameters come back (2M bytes), for M parameters on one GPU; with data parallelism
     each GPU moves its 1/dp shard."""
     model = get_model("gpt-1.7b")
-    M = model.num_params
     one = cluster_from_catalog("a100-80gb", 1)
-    rep = offload_report(plan(model, one, "zero=1,mbs=1,gbs=1,offload=optimizer"))
+    p = plan(model, one, "zero=1,mbs=1,gbs=1,offload=optimizer")
+    M = trained_params(model, p.strategy)  # GPT's learned position table included
+    rep = offload_report(p)
     assert rep["d2h_bytes_per_step"] == pytest.approx(2 * M, rel=1e-12)
     assert rep["h2d_bytes_per_step"] == pytest.approx(2 * M, rel=1e-12)
     eight = cluster_from_catalog("a100-80gb", 8)
@@ -105,9 +107,11 @@ def test_zero_infinity_loads_parameters_twice_and_writes_gradients_once():
     """Rajbhandari et al. 2021 Sec. 4: parameters are read for forward and for backward and the
     gradients written once, 3 x 2M bytes per micro-batch over the data-parallel group."""
     model = get_model("gpt-7.5b")
-    M, dp, m = model.num_params, 8, 3
+    dp, m = 8, 3
     cl = cluster_from_catalog("a100-80gb", dp)
-    rep = offload_report(plan(model, cl, f"zero=3,mbs=1,gbs={dp * m},offload=params"))
+    p = plan(model, cl, f"zero=3,mbs=1,gbs={dp * m},offload=params")
+    M = trained_params(model, p.strategy)
+    rep = offload_report(p)
     assert rep["h2d_bytes_per_step"] * dp == pytest.approx(2 * 2 * M * m, rel=1e-12)
     assert rep["d2h_bytes_per_step"] * dp == pytest.approx(2 * M * m, rel=1e-12)
     assert (rep["h2d_bytes_per_step"] + rep["d2h_bytes_per_step"]) * dp / m == pytest.approx(3 * 2 * M, rel=1e-12)
@@ -132,8 +136,9 @@ def test_a_slow_host_link_exposes_the_whole_transfer():
     model = get_model("gpt-1.7b")
     base = cluster_from_catalog("a100-80gb", 1)
     slow = with_host(base, host_link_bytes_per_s=1e6)  # 1 MB/s
-    res = simulate_analytic(plan(model, slow, "zero=1,mbs=1,gbs=1,offload=optimizer"))
-    expected = 4 * model.num_params / 1e6
+    p = plan(model, slow, "zero=1,mbs=1,gbs=1,offload=optimizer")
+    res = simulate_analytic(p)
+    expected = 4 * trained_params(model, p.strategy) / 1e6
     assert res.breakdown.exposed_offload_s == pytest.approx(expected, rel=1e-3)
 
 
@@ -147,7 +152,7 @@ def test_cpu_adam_is_host_memory_bound():
     p = plan(model, cl, "zero=2,mbs=1,gbs=8,offload=optimizer")
     res = simulate_analytic(replace(p, host_syncs=replace(p.host_syncs, per_bucket=0)))
     host = host_spec(cl)
-    per_gpu = model.num_params / 8
+    per_gpu = trained_params(model, p.strategy) / 8
     expected = per_gpu * 8 * offload_constants().cpu_adam_bytes_per_param / host.host_mem_bytes_per_s
     assert res.breakdown.optimizer_s == pytest.approx(expected, rel=1e-9)
 

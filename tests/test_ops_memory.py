@@ -94,3 +94,31 @@ def test_moe_parameter_count_and_active():
               moe=MoeSpec(num_experts=8, top_k=2, expert_ffn_hidden_size=14336))
     assert m.num_params == pytest.approx(46.7e9, rel=0.01)  # Mixtral 8x7B
     assert m.num_active_params == pytest.approx(12.9e9, rel=0.01)
+
+
+def test_dropout_and_learned_positions_follow_the_model_not_its_family():
+    """``Model.dropout``: a Llama-style model run with Megatron-LM's default dropout saves the two
+    residual branches' 1-byte masks per element (Korthikanti's count: 2 sbh), a GPT without dropout
+    none; ``position_embedding: learned`` puts a max(seq, max_seq_len) x h table, replicated over
+    tensor parallelism, on the first stage, and RoPE none."""
+    from dataclasses import replace
+
+    from sim.layers.stages import position_embedding_params, stage_params
+
+    llama = Model(name="l", num_layers=4, hidden_size=1024, num_attention_heads=8, ffn_hidden_size=2816,
+                  vocab_size=32000, ffn_type="swiglu")
+    st = Strategy(tp=2, mbs=2, gbs=2, seq_len=4096, sp=True)
+    masks = 2 * 2 * 4096 * 1024 / 2  # 2 bytes per element (two masks), micro-batch 2, sharded by SP
+    assert not llama.has_dropout and replace(llama, dropout=True).has_dropout
+    assert (activation_bytes_per_layer(replace(llama, dropout=True), st) - activation_bytes_per_layer(llama, st)
+            == pytest.approx(masks))
+    g = gpt(layers=4, h=1024, heads=8)
+    assert g.has_dropout and not replace(g, dropout=False).has_dropout
+    assert (activation_bytes_per_layer(g, st) - activation_bytes_per_layer(replace(g, dropout=False), st)
+            == pytest.approx(masks))
+    learned = replace(llama, position_embedding="learned", max_seq_len=2048)
+    assert position_embedding_params(llama, st) == 0 and position_embedding_params(learned, st) == 4096 * 1024
+    first = stage_params(learned, st, [0, 1], first=True, last=False).dense_params
+    assert first - stage_params(llama, st, [0, 1], first=True, last=False).dense_params == 4096 * 1024
+    assert stage_params(learned, st, [2, 3], first=False, last=True) == stage_params(llama, st, [2, 3], first=False,
+                                                                                         last=True)

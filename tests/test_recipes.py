@@ -355,7 +355,8 @@ def test_flagperf_script_needs_its_arguments_and_reads_with_them(capsys):
     """FlagPerf's Llama 3 8B Megatron script (corpus): without the arguments its harness passes,
     one line naming the option and the missing arguments; with them (--recipe-args), the
     strategy of FlagPerf's A100 config, the Llama 3 vocabulary of its patched tokenizer type, and
-    a warning that Megatron-LM's default dropout applies."""
+    Megatron-LM's defaults the script leaves in place (dropout 0.1, learned absolute positions,
+    biased linears), each said."""
     f = str(CORPUS_DIR / "flagperf" / "pretrain_llama3.sh")
     assert main(["import", f]) == 2
     err = capsys.readouterr().err
@@ -365,7 +366,11 @@ def test_flagperf_script_needs_its_arguments_and_reads_with_them(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["num_gpus"] == 8 and out["strategy"].startswith("tp=1,pp=2,dp=4,mbs=1,gbs=512,seq=8192")
     assert "vocabulary 128256 of Llama3Tokenizer" in out["model_source"]
-    assert any("--hidden-dropout 0.1" in w for w in out["warnings"])
+    assert any("--hidden-dropout 0.1" in w and "priced with dropout" in w for w in out["warnings"])
+    assert any("learned absolute positions" in w for w in out["warnings"])
+    from planner.recipes import read_recipe
+    model = read_recipe(f, script_args=entry["recipe_args"]).model
+    assert model.dropout is True and model.position_embedding == "learned" and model.linear_bias
     # simulate takes the same arguments; without --recipe they are bad input
     assert main(["simulate", "--recipe", f, "--recipe-args", " ".join(entry["recipe_args"]), "--gpu", "a800-80gb",
                  "--engine", "analytic", "--json"]) == 0

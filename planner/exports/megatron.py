@@ -160,11 +160,15 @@ def _architecture_args(spec: LaunchSpec, opt, var: Callable[[str], str]) -> None
     if m.ffn_type == "swiglu":  # Llama-style block
         opt("--swiglu")
         opt("--normalization", "RMSNorm")
+    if m.uses_rope:  # Megatron-LM's default is a learned table (learned_absolute)
         opt("--position-embedding-type", "rope")
     if not m.linear_bias:  # Megatron-LM biases every linear unless told not to (Model.linear_bias)
         opt("--disable-bias-linear")
     if not m.tied_embeddings:
         opt("--untie-embeddings-and-output-weights")
+    if not m.has_dropout:  # Megatron-LM's --hidden-dropout / --attention-dropout default to 0.1 (Model.dropout)
+        opt("--hidden-dropout", 0.0)
+        opt("--attention-dropout", 0.0)
     if m.local_attention_layers:  # Megatron-Core core_v0.17 --window-size / --window-attn-skip-freq
         opt("--window-size", f"{m.local_attention_window},0")
         if m.local_attention_layers < m.num_layers:

@@ -59,9 +59,11 @@ def check_row(row: Any, *, file: str, index: int) -> None:
         mla = m.mapping("mla")
         for k in _MLA_INTS:
             mla.integer(k, optional=True, minimum=0)
-    for k in ("tied_embeddings", "linear_bias"):
+    for k in ("tied_embeddings", "linear_bias", "dropout"):
         if m.has(k):
             m.flag(k)
+    if m.has("position_embedding"):
+        m.text("position_embedding", choices=("rope", "learned"))
     s = r.mapping("strategy")
     s.integer("global_batch")
     for k in _STRATEGY_OPTIONAL_INTS:

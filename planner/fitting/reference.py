@@ -11,7 +11,9 @@ row states, never by a per-row value:
   usual system (NVL72 for GB200/GB300) unless the row says otherwise;
 * **model**: the row's shape (GQA, MLA, MoE with shared experts and leading dense layers; a
   gated activation (SwiGLU, GeGLU) has three matrices, an ungated one (GeLU, squared ReLU) two;
-  a GPT row's linears are biased unless it says ``linear_bias: false``; an ``attention`` text
+  a GPT row's linears are biased unless it says ``linear_bias: false``; dropout and learned
+  positions where the row says ``dropout: true`` / ``position_embedding: learned``, else the
+  family's (GPT with both, Llama without); an ``attention`` text
   naming a "sliding-window (W)" gives those layers a window of W, half of them when it
   alternates with full attention);
 * **framework**: a profile of ``catalogs/frameworks.yaml`` chosen from the row's ``framework``
@@ -200,7 +202,8 @@ def model_of(row: dict) -> Model:
                  head_dim=int(mla["qk_nope_head_dim"]) if mla else (int(m["head_dim"]) if m.get("head_dim") else None),
                  ffn_hidden_size=int(m.get("ffn_hidden") or (moe.expert_ffn_hidden_size if moe else 4 * m["hidden"])),
                  ffn_type="swiglu" if gated else "gelu", vocab_size=int(m["vocab"]), tied_embeddings=bool(tied),
-                 moe=moe, position_embedding="rope" if (gated or llama_like) else None,
+                 moe=moe, position_embedding=m.get("position_embedding") or ("rope" if (gated or llama_like) else None),
+                 dropout=m.get("dropout"),
                  q_lora_rank=int(mla["q_lora_rank"]) if mla.get("q_lora_rank") else None,
                  kv_lora_rank=int(mla["kv_lora_rank"]) if mla else None,
                  qk_rope_head_dim=int(mla.get("qk_rope_head_dim") or 0),

@@ -23,6 +23,7 @@ vocabulary from ``--vocab-size`` or the tokenizer, padded as Megatron pads it
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from sim.data.catalog import catalog_records
 from sim.base.errors import InputError
@@ -58,9 +59,6 @@ COSTLY: dict[str, str] = {
     "--manual-gc": "Python garbage collection every N steps instead of whenever",
     "--manual-gc-interval": "Python garbage collection",
     "--empty-unused-memory-level": "torch.cuda.empty_cache between steps (time and reserved memory)",
-    "--hidden-dropout": "dropout masks take activation memory (the planner assumes dropout for GPT-style models, "
-                        "none for Llama-style)",
-    "--attention-dropout": "dropout masks take activation memory (see --hidden-dropout)",
     "--qk-layernorm": "two small norms per layer",
     "--exp-avg-dtype": "optimizer state precision (memory)",
     "--exp-avg-sq-dtype": "optimizer state precision (memory)",
@@ -407,12 +405,27 @@ def _by_value(key: str, value: object, cost: str, note: str, model: Model | None
     text = str(value).strip().lower()
     if key == "--transformer-impl" and text == "transformer_engine":
         return "no", "Transformer Engine layers (what the planner prices)"
-    if key in ("--hidden-dropout", "--attention-dropout") and model is not None:
-        zero = text in ("0", "0.0", "0.")
-        gpt_style = model.ffn_type == "gelu"  # sim.cost.memory.model_has_dropout
-        if zero != gpt_style:
-            return "no", "matches the planner's dropout assumption for this model"
     return cost, note
+
+
+def _with_dropout(path: str, r: "_Reader", model: Model, warn: list[str], *, megatron_defaults: bool) -> Model:
+    """The model with the run's dropout (``Model.dropout``): on when ``--hidden-dropout`` is above 0
+    (the residual branches' and the embedding's masks are what a layer saves; a fused attention
+    kernel regenerates its own), or ``--attention-dropout`` alone is.  Megatron-LM's defaults
+    (arguments.py ``_add_regularization_args``: both 0.1, core_v0.6.0 to main) apply to a launch
+    script that sets neither, whatever the model family; NeMo's model configs carry their own
+    (0.0 for the Llama family), so a NeMo recipe that states none keeps the family's default."""
+    hidden = r.get("--hidden-dropout", "model.dropout")
+    attention = r.get("--attention-dropout", "model.dropout")
+    if hidden is None and attention is None and not megatron_defaults:
+        return model
+    p_hidden = 0.1 if hidden is None else as_float(path, "--hidden-dropout", hidden)
+    p_attention = 0.1 if attention is None else as_float(path, "--attention-dropout", attention)
+    on = p_hidden > 0 or p_attention > 0
+    if hidden is None and attention is None and on != model.has_dropout:
+        warn.append("Megatron-LM's defaults --hidden-dropout 0.1 and --attention-dropout 0.1 apply (the recipe sets "
+                    "neither): priced with dropout (its masks' activation memory)")
+    return model if model.has_dropout == on else replace(model, dropout=on)
 
 
 def read_megatron(path: str, options: list[tuple[str, object]], *, dialect: str, model: Model | None = None,
@@ -600,22 +613,15 @@ def read_megatron(path: str, options: list[tuple[str, object]], *, dialect: str,
     # ---- model
     n_layers = r.int("--num-layers", "model.num_layers")
     if model is None:
-        model, note = _model(path, r, tp, n_layers, warn)
+        model, note = _model(path, r, tp, n_layers, warn, megatron_defaults=format == "megatron")
     else:
         note = "--model (the recipe's architecture options are not used)"
         for k in _ARCH_KEYS:
             if r.has(k):
                 r.ignore(k, "no", "the model comes from --model")
 
-    # Megatron-LM's dropout defaults (arguments.py _add_regularization_args: --attention-dropout and
-    # --hidden-dropout default 0.1, core_v0.6.0 to main) apply when a script sets neither; the
-    # planner prices dropout for GPT-style (GeLU) models only (sim.layers.activations.model_has_dropout).
-    # NeMo's model configs carry their own dropout (0.0 for the Llama family), so only this format says so.
-    if format == "megatron" and model is not None and model.ffn_type != "gelu" \
-            and not (r.has("--hidden-dropout") or r.has("--attention-dropout")):
-        warn.append("Megatron-LM's defaults --hidden-dropout 0.1 and --attention-dropout 0.1 apply (the recipe sets "
-                    "neither); the planner prices this model without dropout: its masks' activation memory (1 byte "
-                    "per element of each residual) and the dropout work are not counted")
+    if model is not None:
+        model = _with_dropout(path, r, model, warn, megatron_defaults=format == "megatron")
 
     # ---- pipeline split
     layout_note = ""
@@ -689,7 +695,8 @@ _ARCH_KEYS = ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-atten
               "--expert-interval", "--topk", "--mlp-type")
 
 
-def _model(path: str, r: _Reader, tp: int, n_layers: int | None, warn: list[str]) -> tuple[Model | None, str]:
+def _model(path: str, r: _Reader, tp: int, n_layers: int | None, warn: list[str], *,
+           megatron_defaults: bool = True) -> tuple[Model | None, str]:
     """The model the architecture options describe (module docstring), or None without them."""
     hidden = r.int("--hidden-size", "model.hidden_size")
     heads = r.int("--num-attention-heads", "model.num_attention_heads")
@@ -725,6 +732,11 @@ def _model(path: str, r: _Reader, tp: int, n_layers: int | None, warn: list[str]
     # the switch before --position-embedding-type (Megatron-LM 2023; Megatron-DeepSpeed's arguments.py)
     if r.flag("--use-rotary-position-embeddings", "model.position_embedding", "rope") and pos is None:
         position = "rope"
+    if position is None and megatron_defaults:  # Megatron-LM's default (arguments.py: learned_absolute)
+        position = "learned"
+        if swiglu:  # a Llama-style block, whose usual positions are rotary
+            warn.append("no --position-embedding-type: Megatron-LM's default learned absolute positions apply "
+                        "(a table of --max-position-embeddings x hidden parameters, no rotary embedding)")
     # vocabulary: --vocab-size (NullTokenizer), a known tokenizer, or a catalog model of this shape
     vocab = r.int("--vocab-size", "model.vocab_size")
     tok = r.text("--tokenizer-type", "model.vocab_size" if vocab is None else "")

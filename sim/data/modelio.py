@@ -50,7 +50,7 @@ MODEL_KEYS: tuple[str, ...] = (
     "name", "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
     "ffn_hidden_size", "ffn_type", "vocab_size", "tied_embeddings", "moe", "max_seq_len",
     "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "mtp_layers", "linear_bias",
-    "local_attention_window", "local_attention_layers", "source",
+    "dropout", "position_embedding", "local_attention_window", "local_attention_layers", "source",
 )
 """Keys of the project model schema (see catalogs/README.md for defaults)."""
 
@@ -221,6 +221,8 @@ def _from_project(d: Mapping[str, Any], *, where: str, default_name: str) -> Mod
         v_head_dim=_int(d, "v_head_dim", where, required=False),
         mtp_layers=_int(d, "mtp_layers", where, required=False, minimum=0) or 0,
         linear_bias=_bool(d, "linear_bias", where, default=False),
+        dropout=_bool(d, "dropout", where, default=None),
+        position_embedding=_str(d, "position_embedding", where, default=None),
         local_attention_window=_int(d, "local_attention_window", where, required=False),
         local_attention_layers=_int(d, "local_attention_layers", where, required=False, minimum=0) or 0,
         source=_str(d, "source", where, default="") or "",
@@ -512,7 +514,7 @@ def _int(d: Mapping[str, Any], key: str, where: str, *, prefix: str = "model", r
     return value
 
 
-def _bool(d: Mapping[str, Any], key: str, where: str, *, default: bool) -> bool:
+def _bool(d: Mapping[str, Any], key: str, where: str, *, default: bool | None) -> bool | None:
     value = d.get(key)
     if value is None:
         return default

@@ -238,6 +238,13 @@ class Model:
     # and their kernels' time is not separable in the layer timings the GEMM model is fitted on:
     # docs/accuracy.md).
     linear_bias: bool = False
+    # Dropout on the residual branches, the embedding output and attention (Megatron-LM's
+    # --hidden-dropout / --attention-dropout, 0.1 by default for every model unless a recipe sets
+    # 0): priced as the masks the layer saves (1 byte per element of each residual branch and of
+    # the embedding output; a fused attention kernel regenerates its mask) and the eager
+    # dropout-add kernel.  None: the family's default, GPT with dropout, the Llama family without
+    # (``has_dropout``).
+    dropout: bool | None = None
     # Sliding-window attention: ``local_attention_layers`` of the layers attend only the last
     # ``local_attention_window`` keys (gpt-oss: 128 on half; Gemma 3: 1024 on five of six), priced
     # at the keys they attend (sim.layers.ops.windowed_keys; fused kernels skip the other tiles).
@@ -273,6 +280,8 @@ class Model:
             raise InputError("model.tied_embeddings", self.tied_embeddings, "must be true or false")
         if not isinstance(self.linear_bias, bool):
             raise InputError("model.linear_bias", self.linear_bias, "must be true or false")
+        if self.dropout is not None and not isinstance(self.dropout, bool):
+            raise InputError("model.dropout", self.dropout, "must be true or false")
         if self.local_attention_window is not None:
             _positive_int("model.local_attention_window", self.local_attention_window, limit=1 << 30)
         if self.local_attention_layers != 0:  # 0: every layer attends the full prefix
@@ -289,6 +298,12 @@ class Model:
         if self.position_embedding is not None:
             return self.position_embedding == "rope"
         return self.is_llama_family
+
+    @property
+    def has_dropout(self) -> bool:
+        """Whether the model trains with dropout (``dropout``, else GPT-style GeLU models do and
+        the Llama family does not)."""
+        return self.dropout if self.dropout is not None else self.ffn_type == "gelu"
 
     @property
     def is_llama_family(self) -> bool:

@@ -47,8 +47,8 @@ FUSED_ATTENTION: tuple[str, ...] = ("flash", "flash2", "flex")
 
 
 def model_has_dropout(model: Model) -> bool:
-    """GPT-style (GeLU) models in Megatron train with dropout; Llama-style ones do not."""
-    return model.ffn_type == "gelu"
+    """Whether the layer saves dropout masks (``Model.has_dropout``)."""
+    return model.has_dropout
 
 
 def activation_bytes_per_layer(model: Model, strategy: Strategy, *, moe: bool = False,

@@ -293,10 +293,12 @@ def compiled_rope_bytes(terms: Mapping[str, Mapping[str, float]], *, q: float, k
 
 def _eager_kernels(model: Model) -> tuple[str, str, str]:
     """(norm, residual, activation) code variants the model family's reference code runs
-    (``Model.is_llama_family``): what their element-wise ops cost when run eagerly."""
+    (``Model.is_llama_family``; the residual with dropout where the model trains with it,
+    ``Model.has_dropout``): what their element-wise ops cost when run eagerly."""
+    residual = "dropout_add" if model.has_dropout else "add"
     if model.is_llama_family:
-        return "rmsnorm", "add", "swiglu"
-    return "layernorm", "dropout_add", "gelu"
+        return "rmsnorm", residual, "swiglu"
+    return "layernorm", residual, "gelu"
 
 
 BF16_GEMMS = frozenset({"scores_qk", "attn_v", "logits", "router"})

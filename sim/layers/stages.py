@@ -121,10 +121,27 @@ def layer_params(model: Model, strategy: Strategy, *, moe: bool) -> StageParams:
     return StageParams(dense, spec.num_experts * model.expert_params / (strategy.expert_tp * ep))
 
 
+def position_embedding_params(model: Model, strategy: Strategy) -> float:
+    """A learned absolute position table's parameters (``Model.uses_rope`` false): Megatron-LM's
+    ``LanguageModelEmbedding`` keeps ``torch.nn.Embedding(max_position_embeddings, hidden)``,
+    replicated over tensor parallelism, on the first stage (core_v0.6.0
+    megatron/core/models/common/embeddings/language_model_embedding.py); its rows are the
+    model's maximum sequence length, at least the trained one.  None with rotary embeddings."""
+    if model.uses_rope:
+        return 0.0
+    return float(max(model.max_seq_len or 0, strategy.seq_len) * model.hidden_size)
+
+
+def trained_params(model: Model, strategy: Strategy) -> float:
+    """Every parameter a run trains: ``Model.num_params`` and a learned position table, whose size
+    depends on the trained sequence (``position_embedding_params``)."""
+    return model.num_params + position_embedding_params(model, strategy)
+
+
 def stage_embedding_params(model: Model, strategy: Strategy, first: bool) -> float:
-    """The input embedding's parameters on one GPU of a stage: the vocabulary-parallel shard on
-    the first stage, none elsewhere (as ``stage_params`` counts them)."""
-    return model.embedding_params / strategy.tp if first else 0.0
+    """The input embedding's parameters on one GPU of a stage: the vocabulary-parallel shard and
+    a learned position table on the first stage, none elsewhere (as ``stage_params`` counts them)."""
+    return model.embedding_params / strategy.tp + position_embedding_params(model, strategy) if first else 0.0
 
 
 def stage_params(model: Model, strategy: Strategy, layers: list[int] | tuple[int, ...], *, first: bool,
@@ -140,7 +157,7 @@ def stage_params(model: Model, strategy: Strategy, layers: list[int] | tuple[int
         dense += p.dense_params
         expert += p.expert_params
     if first:
-        dense += model.embedding_params / tp
+        dense += stage_embedding_params(model, strategy, first)
     if last:
         dense += model.hidden_size
         if not model.tied_embeddings or strategy.pp > 1:
@@ -159,7 +176,9 @@ def stage_params(model: Model, strategy: Strategy, layers: list[int] | tuple[int
 
 def stage_shapes(model: Model, strategy: Strategy) -> tuple[StageShape, ...]:
     """The distinct stage shapes of ``strategy``'s pipeline, in order of their first stage."""
-    return _shapes(model, strategy.tp, strategy.ep, strategy.expert_tp, strategy.pp, strategy.pipeline_layout)
+    # the sequence length sizes a learned position table (position_embedding_params); none with RoPE
+    seq_len = 0 if model.uses_rope else strategy.seq_len
+    return _shapes(model, strategy.tp, strategy.ep, strategy.expert_tp, strategy.pp, strategy.pipeline_layout, seq_len)
 
 
 def chunk_signature(model: Model, chunks: list[list[int]]) -> tuple[tuple[int, int], ...]:
@@ -170,10 +189,10 @@ def chunk_signature(model: Model, chunks: list[list[int]]) -> tuple[tuple[int, i
 
 @functools.lru_cache(maxsize=4096)
 def _shapes(model: Model, tp: int, ep: int, etp: int, pp: int,
-            layout: tuple[str, ...] | None = None) -> tuple[StageShape, ...]:
+            layout: tuple[str, ...] | None = None, seq_len: int = 0) -> tuple[StageShape, ...]:
     vp = 1 if layout is None else len(layout) // pp
     s = Strategy(tp=tp, ep=ep, etp=etp, pp=pp, dp=ep * etp, gbs=ep * etp, vp=vp,
-                 schedule="interleaved" if vp > 1 else "1f1b", pipeline_layout=layout)
+                 schedule="interleaved" if vp > 1 else "1f1b", pipeline_layout=layout, **({"seq_len": seq_len} if seq_len else {}))
     layers = stage_layers(model, s)
     per_chunk = model_chunks(model, s)
     sigs: list[tuple] = []
