@@ -305,6 +305,33 @@ def test_nvls_buffers_follow_each_generation_nccl_and_stop_at_its_head_limit():
     assert gb200.device_bytes - b200.device_bytes == pytest.approx(3 * 16 * 2 * 2**20 * (32 - 8))
 
 
+def test_nccl_2_20_maps_nvls_buffers_only_inside_one_node():
+    """NCCL 2.20's ncclNvlsInit returns without NVLS for a communicator across nodes
+    (src/transport/nvls.cc v2.20.3 line 240, ``comm->nNodes > 1``); 2.18-2.19 and 2.21 on build
+    NVLSTree there.  On two 8-GPU H100 nodes with tp 2 x dp 8, Megatron's dp, dp-without-cp and
+    default groups span both nodes: with 2.20 they map none, the tp group (2 GPUs) none either;
+    with tp 8 x dp 2 the tp group (one node) keeps its buffers.  A reference row's ``nccl``
+    release sets the plan's ``nvls_multinode``."""
+    from dataclasses import replace
+
+    from planner.fitting.published import compare_run, load_runs
+    from sim.data.runtime import nvls_across_domains
+
+    assert not nvls_across_domains("2.20.3") and not nvls_across_domains("2.20")
+    assert nvls_across_domains("2.19.3") and nvls_across_domains("2.21.5") and nvls_across_domains("")
+    assert nvls_across_domains("2.2")  # no 2.20 release
+    hopper_group = 16 * 12582912 * 4  # 4 heads: the group's GPUs inside one node
+    for text, lost in (("tp=2,dp=8,mbs=1,gbs=16,seq=4096,zero=1", 2 * hopper_group + 16 * 12582912 * 8),
+                       ("tp=8,dp=2,mbs=1,gbs=16,seq=4096,zero=1", 16 * 12582912 * 8)):
+        plan = _plan("llama3-8b", 16, text)
+        across = plan_memory(plan).device_bytes
+        inside = plan_memory(replace(plan, nvls_multinode=False)).device_bytes
+        assert across - inside == pytest.approx(lost), text
+    rows = {r["id"]: r for r in load_runs()}
+    assert not compare_run(rows["flagperf-llama3-70b-bf16-h100-64"]).plan.nvls_multinode
+    assert compare_run(rows["flagperf-llama2-70b-bf16-h800-32-tp8pp4-gbs44"]).plan.nvls_multinode
+
+
 def test_event_engine_prices_fsdp_with_pipelining_once_per_step_like_the_analytic_engine():
     """torchtitan FSDP2 with pp: both engines charge one exposed gather + reduce-scatter per step
     (fsdp_step_sync_s) and no per-micro-batch ZeRO-3 traffic."""

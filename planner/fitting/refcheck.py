@@ -43,6 +43,8 @@ def check_row(row: Any, *, file: str, index: int) -> None:
     r.integer("num_gpus")
     r.integer("gpus_per_node", optional=True)
     r.mapping("hardware").text("gpu")
+    if row.get("nccl") is not None:
+        r.text("nccl")
     m = r.mapping("model")
     m.text("name")
     for k in _MODEL_INTS:

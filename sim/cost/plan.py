@@ -173,6 +173,10 @@ class Plan:
     # nvls): off, all-reduces run without the in-switch reduction (sim.cost.costs.nvls_algorithm)
     # and no communicator maps NVLS buffers (sim.cost.memory.cluster_extra_bytes)
     nvls: bool = True
+    # whether NCCL sets NVLS up for communicators that span NVLink domains (NVLSTree): the NCCL
+    # release's rule (sim.data.runtime.nvls_across_domains: 2.20 only within one domain); off, a
+    # group across nodes maps no NVLS buffers (sim.cost.memory.cluster_extra_bytes)
+    nvls_multinode: bool = True
     # FSDP2's unit for an expert-parallel MoE block's routed experts (a framework's
     # fsdp_experts_unit): "own" (over the expert data-parallel mesh) or "block" (one unit with the
     # block, a per-parameter mesh); decides the block's copy-out and held reduce-scatter input

@@ -347,9 +347,18 @@ def group_local_ranks(dims: "tuple[tuple[int, int], ...]", domain_gpus: int) -> 
     return len(ranks)
 
 
+def nvls_across_domains(nccl_release: str) -> bool:
+    """Whether an NCCL release sets NVLS up for a communicator whose ranks span NVLink domains
+    (``catalogs/runtime.yaml`` device_memory.nvls_single_domain_releases: NCCL 2.20's
+    ``ncclNvlsInit`` returns without NVLS when ``comm->nNodes > 1``; 2.18-2.19 and 2.21 on build
+    NVLSTree there).  ``nccl_release``: "2.20.3" or "2.20"; empty (unknown) counts as across."""
+    releases = _doc().mapping("device_memory").strings("nvls_single_domain_releases", lower=True)
+    return not any(nccl_release == r or nccl_release.startswith(r + ".") for r in releases)
+
+
 def device_extra_bytes(strategy: "Strategy", model: "Model", *, megatron_groups: bool = False,
                        nvls: NvlsBuffers | None = None, domain_gpus: int = 1, nvlink: bool = True,
-                       dispatcher: str = "alltoall") -> float:
+                       dispatcher: str = "alltoall", nvls_multinode: bool = True) -> float:
     """What ``nvidia-smi`` shows beyond PyTorch's reserved pool: the CUDA context and the NCCL
     buffers of every communicator the rank uses (``catalogs/runtime.yaml``): ring
     communicators for tp, cp, the data-parallel gradient group and (MoE) the expert
@@ -367,7 +376,8 @@ def device_extra_bytes(strategy: "Strategy", model: "Model", *, megatron_groups:
     ``nvls``: the NVLS buffers of the GPUs' NCCL release where their NVSwitch supports NVLink
     SHARP (``nvls_buffers``; None without multicast, ``sim.net.netefficiency.nvls_gain``): every communicator with more than two
     GPUs in one NVLink domain of ``domain_gpus`` also holds them, per GPU of the group in the
-    domain up to NCCL's head limit (``NvlsBuffers.group_bytes``; ``catalogs/runtime.yaml``).  Expert-parallel groups are not counted
+    domain up to NCCL's head limit (``NvlsBuffers.group_bytes``; ``catalogs/runtime.yaml``);
+    ``nvls_multinode`` off (``nvls_across_domains``), only a group inside one domain does.  Expert-parallel groups are not counted
     (MoE rows are priced by their ring and all-to-all buffers only).
 
     The expert-parallel group (ranks ``expert_tp`` apart, Megatron's expert grid) holds the
@@ -386,7 +396,9 @@ def device_extra_bytes(strategy: "Strategy", model: "Model", *, megatron_groups:
     nvls_bytes = 0.0
     if nvls is not None:
         for g in groups:
-            nvls_bytes += nvls.group_bytes(group_local_ranks(g, domain_gpus))
+            local = group_local_ranks(g, domain_gpus)
+            if nvls_multinode or local == math.prod(n for n, _ in g):
+                nvls_bytes += nvls.group_bytes(local)
     if model.moe is not None:
         rings += s.expert_dp > 1 and s.expert_dp != s.dp * s.cp
         if s.expert_tp != s.tp:
