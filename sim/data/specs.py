@@ -238,12 +238,9 @@ class Model:
     # and their kernels' time is not separable in the layer timings the GEMM model is fitted on:
     # docs/accuracy.md).
     linear_bias: bool = False
-    # Dropout on the residual branches, the embedding output and attention (Megatron-LM's
-    # --hidden-dropout / --attention-dropout, 0.1 by default for every model unless a recipe sets
-    # 0): priced as the masks the layer saves (1 byte per element of each residual branch and of
-    # the embedding output; a fused attention kernel regenerates its mask) and the eager
-    # dropout-add kernel.  None: the family's default, GPT with dropout, the Llama family without
-    # (``has_dropout``).
+    # Dropout (Megatron-LM's --hidden-dropout / --attention-dropout, 0.1 unless set): the masks a
+    # layer saves, 1 byte per element of each residual branch and of the embedding output, and the
+    # eager dropout-add kernel.  None: the family's default (``has_dropout``).
     dropout: bool | None = None
     # Sliding-window attention: ``local_attention_layers`` of the layers attend only the last
     # ``local_attention_window`` keys (gpt-oss: 128 on half; Gemma 3: 1024 on five of six), priced
@@ -301,8 +298,7 @@ class Model:
 
     @property
     def has_dropout(self) -> bool:
-        """Whether the model trains with dropout (``dropout``, else GPT-style GeLU models do and
-        the Llama family does not)."""
+        """``dropout``, else GPT-style (GeLU) models train with it and the Llama family without."""
         return self.dropout if self.dropout is not None else self.ffn_type == "gelu"
 
     @property
