@@ -242,6 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="MoE token dispatch: alltoall (NCCL), allgather, deepep (fused kernels); default: the profile's")
     p.add_argument("--moe-imbalance", type=float, default=None,
                    help="routed tokens of the busiest expert-parallel rank / the mean (default 1: balanced routing)")
+    p.add_argument("--nccl", default=None, metavar="RELEASE",
+                   help="the NCCL release the run uses, e.g. 2.20.3: its NVLS buffers per communicator and whether "
+                        "it sets NVLS up across nodes (default: the GPU generation's, catalogs/runtime.yaml)")
     p.add_argument("--trace", default=None, help="write a Chrome trace-event JSON of the step (event engine)")
     w = p.add_argument_group("what-ifs (event engine)")
     w.add_argument("--explicit-ranks", action="store_true",

@@ -30,7 +30,7 @@ def run_choices(args: argparse.Namespace, *, framework: str | None = None) -> Ru
                       calibration=getattr(args, "calibration", None), attention=getattr(args, "attention", None),
                       selective_policy=getattr(args, "recompute_policy", None),
                       moe_imbalance=getattr(args, "moe_imbalance", None),
-                      moe_dispatcher=getattr(args, "moe_dispatcher", None),
+                      moe_dispatcher=getattr(args, "moe_dispatcher", None), nccl=getattr(args, "nccl", None),
                       parameter_servers=ps_from_args(args) if hasattr(args, "ps_placement") else None)
 
 
@@ -46,7 +46,7 @@ def priced(run: Run, result: StepResult) -> dict[str, object]:
     out.update({"model": plan.model.name, "gpu": cluster.gpu.id, "nic": cluster.nic.id, "topology": cluster.topology,
                 "framework": run.framework.id if run.runnable else None, "attention": plan.attention,
                 "attention_kernel": plan.attention_kernel, "model_states_layout": plan.model_states_layout,
-                "nvls": plan.nvls, "nvls_multinode": plan.nvls_multinode, "fsdp_experts_unit": plan.fsdp_experts_unit,
+                "nvls": plan.nvls, "nccl": plan.nccl_release, "nvls_multinode": plan.nvls_multinode, "fsdp_experts_unit": plan.fsdp_experts_unit,
                 "fp8_recipe": plan.strategy.fp8_recipe if plan.strategy.precision == "fp8" else None,
                 "fp8_cast_kernels": plan.fp8_cast_kernels if plan.strategy.precision == "fp8" else None,
                 "rope_kernels": plan.rope_kernels,

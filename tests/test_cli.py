@@ -70,6 +70,10 @@ def test_not_fitting_is_not_an_error(capsys):
     (BASE + ["--strategy", "tp=8", "--topology", "hypercube"], "topology"),
     (["simulate", "--model", "gpt3-175b", "--gpu", "a100-80gb", "--num-gpus", "abc", "--strategy", "tp=8"], "num-gpus"),
     (BASE + ["--strategy", "tp=8", "--seq-len", "0"], "seq"),
+    (BASE + ["--strategy", "tp=8", "--nccl", "two"], "nccl"),
+    (["simulate", "--model", "llama3-8b", "--gpu", "h100-80gb", "--num-gpus", "16", "--strategy", "tp=8",
+      "--nccl", "2.17.1"], "nccl"),
+    (["recommend", "--model", "llama3-8b", "--gpu", "h100-80gb", "--num-gpus", "16", "--nccl", "2.x"], "nccl"),
     (["simulate", "--model", "/nonexistent/model.yaml", "--gpu", "a100-80gb", "--num-gpus", "8", "--strategy", "tp=8"], "model"),
 ])
 def test_bad_input_exits_2_with_one_line(argv, needle, capsys):
@@ -79,6 +83,31 @@ def test_bad_input_exits_2_with_one_line(argv, needle, capsys):
     assert len(lines) == 1, err
     assert needle in lines[0]
     assert "Traceback" not in err
+
+
+def test_nccl_release_reaches_the_plan_and_its_simulate_line(capsys):
+    """``--nccl 2.20.3``: NCCL 2.20 maps no NVLS buffers for the data-parallel groups that span
+    the two nodes (runtime.yaml nvls_by_release); the JSON names the release, the default is the
+    GPU generation's, and the resolved run's flags carry it (``Run.flags``)."""
+    from sim.engines.run import RunChoices, resolve
+    from sim.data.catalog import get_model
+    from sim.net.clusters import cluster_from_catalog
+
+    argv = ["simulate", "--model", "llama3-8b", "--gpu", "h100-80gb", "--num-gpus", "16", "--engine", "analytic",
+            "--strategy", "tp=2,mbs=1,gbs=64", "--json"]
+    code, out, err = run(argv, capsys)
+    assert code == 0, err
+    default = json.loads(out)
+    code, out, err = run(argv + ["--nccl", "2.20.3"], capsys)
+    assert code == 0, err
+    old = json.loads(out)
+    assert (default["nccl"], default["nvls_multinode"]) == ("2.19", True)
+    assert (old["nccl"], old["nvls_multinode"]) == ("2.20.3", False)
+    assert old["memory_device_bytes"] < default["memory_device_bytes"]
+    assert old["memory_reserved_bytes"] == default["memory_reserved_bytes"]
+    cluster = cluster_from_catalog("h100-80gb", 16)
+    r = resolve(get_model("llama3-8b"), cluster, "tp=2,mbs=1,gbs=64", RunChoices(nccl="2.20.3"))
+    assert r.plan.nccl == "2.20.3" and r.flags()[-2:] == ["--nccl", "2.20.3"]
 
 
 def test_catalog_lists_interface_ids(capsys):

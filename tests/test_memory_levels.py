@@ -258,7 +258,7 @@ def test_fsdp2_sharded_gradients_reserved_in_the_reduce_scatter_stream_pool():
 
 
 def test_nvls_buffers_per_communicator_on_nvswitch_with_multicast():
-    """NCCL 2.18-2.19 ncclNvlsSetup (Hopper runs): 16 channels x 2 x (4 MiB + 2 MiB) per NVLS
+    """NCCL 2.18-2.20 ncclNvlsSetup (Hopper runs' default release, 2.19): 16 channels x 2 x (4 MiB + 2 MiB) per NVLS
     head, one head per GPU of the group in the NVLink domain, groups of more than two GPUs only:
     1.5 GiB for an 8-GPU group (NVIDIA/nccl #864: ~1.6 GB for one all-reduce communicator on
     H100); none on A100 (no multicast) and none for a 2-GPU tensor-parallel group."""
@@ -285,50 +285,70 @@ def test_nvls_buffers_per_communicator_on_nvswitch_with_multicast():
 
 def test_nvls_buffers_follow_each_generation_nccl_and_stop_at_its_head_limit():
     """The term is bounded by NCCL's NVLS arity (src/include/device.h NCCL_MAX_NVLS_ARITY: 8
-    through 2.20, 32 after), not linear in the NVLink domain; Blackwell runs use NCCL >= 2.21,
-    whose ncclNvlsBufferSetup sizes a head by NCCL_NVLS_CHUNKSIZE x NCCL_STEPS (128 KiB x 8):
-    16 x 2 x 1 MiB = 32 MiB per head, 1 GiB at most for a dp group spanning an NVL72 rack."""
+    through 2.20, 32 after), not linear in the NVLink domain.  Blackwell runs use NCCL 2.27 by
+    default (PyTorch 2.9-2.10 wheels pin 2.27.5), whose ncclNvlsBufferSetup sizes a head by
+    NCCL_NVLS_CHUNKSIZE x NCCL_STEPS (128 KiB x 8) on NVLS_NCHANNELS_SM100_NVL = 24 channels
+    inside one node or NVL72 rack: 24 x 2 x 1 MiB = 48 MiB per head, 1.5 GiB at most for a dp
+    group inside an NVL72 rack."""
     from sim.data.runtime import device_extra_bytes, nvls_buffers
     from sim.data.specs import Strategy
 
     model = get_model("llama3-8b")
     blackwell, hopper = nvls_buffers("blackwell", multicast=True), nvls_buffers("hopper", multicast=True)
+    assert blackwell.nccl == "2.27" and hopper.nccl == "2.18"  # the rules the default releases fall under
     dp72 = Strategy(dp=72, gbs=72, zero=1)
     base = device_extra_bytes(dp72, model)
     nvl72 = device_extra_bytes(dp72, model, nvls=blackwell, domain_gpus=72) - base
-    assert nvl72 == pytest.approx(16 * 2 * 2**20 * 32)  # 32 heads, not 72
-    assert blackwell.group_bytes(8) == pytest.approx(256 * 2**20)  # 6x below the 2.18-2.19 buffers
+    assert nvl72 == pytest.approx(24 * 2 * 2**20 * 32)  # 32 heads, not 72
+    assert blackwell.group_bytes(8) == pytest.approx(384 * 2**20)  # 4x below the 2.18-2.20 buffers
+    assert blackwell.group_bytes(8, 16) == pytest.approx(512 * 2**20)  # across two domains: 32 channels
     assert hopper.group_bytes(32) == hopper.group_bytes(8) == pytest.approx(1.5 * 2**30)
     gb200 = plan_memory(_plan("llama3-8b", 72, "tp=1,dp=72,mbs=1,gbs=72,seq=4096,zero=1", gpu="gb200-186gb"))
     b200 = plan_memory(_plan("llama3-8b", 72, "tp=1,dp=72,mbs=1,gbs=72,seq=4096,zero=1", gpu="b200-180gb"))
-    # Megatron's dp, dp-without-cp and default groups span the rack: 32 heads each instead of 8
-    assert gb200.device_bytes - b200.device_bytes == pytest.approx(3 * 16 * 2 * 2**20 * (32 - 8))
+    # Megatron's dp, dp-without-cp and default groups: inside the rack, 32 heads of 24 channels
+    # each; on 8-GPU nodes, 8 heads of a group spanning nodes, on 32 channels
+    assert gb200.device_bytes - b200.device_bytes == pytest.approx(3 * 2 * 2**20 * (24 * 32 - 32 * 8))
 
 
-def test_nccl_2_20_maps_nvls_buffers_only_inside_one_node():
-    """NCCL 2.20's ncclNvlsInit returns without NVLS for a communicator across nodes
-    (src/transport/nvls.cc v2.20.3 line 240, ``comm->nNodes > 1``); 2.18-2.19 and 2.21 on build
-    NVLSTree there.  On two 8-GPU H100 nodes with tp 2 x dp 8, Megatron's dp, dp-without-cp and
-    default groups span both nodes: with 2.20 they map none, the tp group (2 GPUs) none either;
-    with tp 8 x dp 2 the tp group (one node) keeps its buffers.  A reference row's ``nccl``
-    release sets the plan's ``nvls_multinode``."""
+def test_nvls_buffers_follow_the_nccl_release():
+    """Each NCCL release's NVLS layout (src/transport/nvls.cc at each tag): 2.18-2.20 16 channels
+    x 2 x (4 MiB NCCL_BUFFSIZE + 2 MiB alignment) per head, arity 8; 2.21 the 1 MiB chunked
+    buffer still with the 2 MiB alignment, arity 32; 2.22 on 1 MiB only.  NCCL 2.20's
+    ncclNvlsInit returns without NVLS for a communicator across nodes (v2.20.3 line 240,
+    ``comm->nNodes > 1``); 2.18-2.19 and 2.21 on build NVLSTree there.  On two 8-GPU H100 nodes
+    with tp 2 x dp 8, Megatron's dp, dp-without-cp and default groups span both nodes: with 2.20
+    they map none, the tp group (2 GPUs) none either; with tp 8 x dp 2 the tp group (one node)
+    keeps its buffers.  A reference row's ``nccl`` release and ``--nccl`` set ``Plan.nccl``."""
     from dataclasses import replace
 
     from planner.fitting.published import compare_run, load_runs
-    from sim.data.runtime import nvls_across_domains
+    from sim.base.errors import InputError
+    from sim.data.runtime import nvls_buffers
 
-    assert not nvls_across_domains("2.20.3") and not nvls_across_domains("2.20")
-    assert nvls_across_domains("2.19.3") and nvls_across_domains("2.21.5") and nvls_across_domains("")
-    assert nvls_across_domains("2.2")  # no 2.20 release
+    def head(release: str, arch: str = "hopper") -> float:
+        return nvls_buffers(arch, multicast=True, nccl=release).group_bytes(8)
+
+    assert head("2.18.3") == head("2.19") == head("2.20.5") == pytest.approx(16 * 2 * 6 * 2**20 * 8)
+    assert head("2.21.5") == pytest.approx(16 * 2 * 3 * 2**20 * 8)
+    assert head("2.22.3") == head("2.30.7") == pytest.approx(16 * 2 * 2**20 * 8)
+    assert head("2.26.2", "blackwell") == pytest.approx(32 * 2 * 2**20 * 8)  # NVLS_NCHANNELS_SM100
+    assert nvls_buffers("hopper", multicast=True, nccl="2.20.3").group_bytes(4, 16) == 0.0
+    assert nvls_buffers("hopper", multicast=True, nccl="2.21.5").group_bytes(4, 16) > 0.0
+    for bad in ("2.17.1", "two", "2"):
+        with pytest.raises(InputError, match="nccl"):
+            nvls_buffers("hopper", multicast=True, nccl=bad)
     hopper_group = 16 * 12582912 * 4  # 4 heads: the group's GPUs inside one node
     for text, lost in (("tp=2,dp=8,mbs=1,gbs=16,seq=4096,zero=1", 2 * hopper_group + 16 * 12582912 * 8),
                        ("tp=8,dp=2,mbs=1,gbs=16,seq=4096,zero=1", 16 * 12582912 * 8)):
         plan = _plan("llama3-8b", 16, text)
         across = plan_memory(plan).device_bytes
-        inside = plan_memory(replace(plan, nvls_multinode=False)).device_bytes
+        inside = plan_memory(replace(plan, nccl="2.20.3")).device_bytes
         assert across - inside == pytest.approx(lost), text
+        assert plan.nvls_multinode and not replace(plan, nccl="2.20.3").nvls_multinode
+    with pytest.raises(InputError, match="nccl"):
+        replace(_plan("llama3-8b", 16, "tp=8,dp=2,mbs=1,gbs=16,seq=4096,zero=1"), nccl="2.x")
     rows = {r["id"]: r for r in load_runs()}
-    assert not compare_run(rows["flagperf-llama3-70b-bf16-h100-64"]).plan.nvls_multinode
+    assert compare_run(rows["flagperf-llama3-70b-bf16-h100-64"]).plan.nccl == "2.20.3"
     assert compare_run(rows["flagperf-llama2-70b-bf16-h800-32-tp8pp4-gbs44"]).plan.nvls_multinode
 
 

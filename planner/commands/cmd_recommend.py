@@ -81,6 +81,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="MoE token dispatch (default: the framework profile's)")
     o.add_argument("--moe-imbalance", type=float, default=None,
                    help="routed tokens of the busiest expert-parallel rank / the mean (default 1: balanced)")
+    o.add_argument("--nccl", default=None, metavar="RELEASE",
+                   help="the NCCL release the runs use, e.g. 2.20.3: its NVLS buffers (default: the GPU generation's)")
     o.add_argument("--export", default=None,
                    help="write the best plan as megatron, torchtitan, deepspeed, torchrun, slurm, k8s (comma list or all)")
     o.add_argument("--out", default=None, help="directory for --export (default: print the files)")
@@ -169,7 +171,7 @@ def settings_from_args(args: argparse.Namespace, formats: list[str] | None = Non
 
     framework = args.framework if args.framework is not None else (framework_of_formats(formats) if formats else None)
     return Settings.from_framework(framework, attention=args.attention, moe_imbalance=args.moe_imbalance,
-                                   moe_dispatcher=args.moe_dispatcher)
+                                   moe_dispatcher=args.moe_dispatcher, nccl=args.nccl)
 
 
 def export_mismatches(args: argparse.Namespace, formats: list[str]) -> dict[str, tuple[str, str]]:
@@ -423,7 +425,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 def _override_flags(args: argparse.Namespace) -> str:
     """The run overrides the user gave (``sim.engines.run.RunChoices``), for the `planner simulate` line."""
     out = []
-    for flag in ("attention", "moe_dispatcher", "moe_imbalance"):
+    for flag in ("attention", "moe_dispatcher", "moe_imbalance", "nccl"):
         v = getattr(args, flag, None)
         if v is not None:
             out.append(f" --{flag.replace('_', '-')} {v}")

@@ -56,7 +56,6 @@ from sim.cost.framework import Framework, get_framework
 from sim.layers.ops import model_flops_per_step
 from sim.data.specs import Cluster, Model, MoeSpec, Strategy
 from sim.data.layout import megatron_layout
-from sim.data.runtime import nvls_across_domains
 from sim.base.units import GIB
 
 from planner.fitting.refcheck import check_row
@@ -453,10 +452,9 @@ def strategy_of(row: dict, fw: Framework, *, unstated_vp_searched: bool) -> Mapp
         # the kernels the row names: FlexAttention (NeMo Automodel's gpt-oss configs: backend attn: flex)
         plan["attention"] = "flex"
         notes.append("FlexAttention (the row's kernels)")
-    if row.get("nccl") and not nvls_across_domains(str(row["nccl"])):
-        # the run's NCCL release sets NVLS up only inside one NVLink domain (runtime.yaml)
-        plan["nvls_multinode"] = False
-        notes.append(f"NCCL {row['nccl']}: NVLS only for communicators inside one node")
+    if row.get("nccl"):  # the run's NCCL release: its NVLS buffers and their scope (runtime.yaml nvls_by_release)
+        plan["nccl"] = str(row["nccl"])
+        notes.append(f"NCCL {row['nccl']}")
     if row["model"].get("moe") and fw.id == "automodel" and "fake balanced gate" in _text(row.get("notes")):
         # NeMo Automodel's FakeBalancedGate routes token t to experts (t k + j) mod E (sim.layers.moe_routing)
         plan["moe_routing"] = "contiguous"

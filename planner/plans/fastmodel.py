@@ -344,7 +344,7 @@ class FastModel:
         lay = state_layout(probe.states_layout_for(layout.precision))
         stage_list = stage_index_shapes(model, self.representative(layout))
         extra = cluster_extra_bytes(self.representative(layout), model, cl, layout=lay, dispatcher=probe.moe_dispatcher,
-                                    nvls=probe.nvls, nvls_multinode=probe.nvls_multinode)
+                                    nvls=probe.nvls, nccl=probe.nccl)
         norm_tok = np.array([[mbs * self.seq_len // layout.cp / (layout.tp if sp else 1) for sp in grid.sp]
                              for mbs in grid.mbs], dtype=float).reshape(M, S, 1, 1, 1)
 

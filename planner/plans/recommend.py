@@ -42,6 +42,7 @@ from sim.base.errors import InputError
 from sim.cost.plan import Plan
 from sim.engines.result import StepResult
 from sim.engines.run import RunChoices, plan_kwargs
+from sim.data.runtime import nccl_version
 from sim.data.specs import Cluster, Model, Strategy
 from sim.base.units import fmt_s
 
@@ -59,7 +60,7 @@ OBJECTIVES: tuple[str, ...] = ("throughput", "time", "cost")
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Settings:
     """The framework profiles the plans may assume and the user's overrides of their mechanisms
-    (``sim.engines.run.RunChoices``: attention kernel, MoE dispatch and imbalance).  ``framework`` None:
+    (``sim.engines.run.RunChoices``: attention kernel, MoE dispatch and imbalance, NCCL release).  ``framework`` None:
     every profile ``searched_by_default``, each plan carrying the one that runs it."""
 
     framework: str | None = None
@@ -67,7 +68,8 @@ class Settings:
 
     @classmethod
     def from_framework(cls, name: str | None, *, attention: str | None = None,
-                       moe_imbalance: float | None = None, moe_dispatcher: str | None = None) -> "Settings":
+                       moe_imbalance: float | None = None, moe_dispatcher: str | None = None,
+                       nccl: str | None = None) -> "Settings":
         fw = get_framework(name) if name is not None else None
         if fw is not None and fw.dp_impl != "ddp":  # asynchronous training has no step the search can rank
             raise InputError("framework", fw.id, "trains asynchronously (parameter servers): recommend searches "
@@ -78,8 +80,10 @@ class Settings:
         else:
             default_frameworks_for(attention)
         fw_id = fw.id if fw is not None else None
+        if nccl is not None:
+            nccl_version(nccl)
         return cls(framework=fw_id, choices=RunChoices(attention=attention, moe_imbalance=moe_imbalance,
-                                                       moe_dispatcher=moe_dispatcher))
+                                                       moe_dispatcher=moe_dispatcher, nccl=nccl))
 
     @property
     def profiles(self) -> tuple[Framework, ...]:

@@ -693,7 +693,7 @@ def plan_memory(plan: "Plan") -> MemoryBreakdown:
                             moe_imbalance=plan.moe_imbalance, bf16_optimizer=plan.deepspeed_bf16_optimizer,
                             fp8_weight_cache=fp8_weight_cache_of(plan.strategy.precision, plan.fp8_weight_cache),
                             allocator=plan.allocator, dispatcher=plan.moe_dispatcher, nvls=plan.nvls,
-                            nvls_multinode=plan.nvls_multinode,
+                            nccl=plan.nccl,
                             experts_own_unit=plan.fsdp_experts_unit == "own")
 
 
@@ -720,15 +720,15 @@ def layer_activations(model: Model, s: Strategy, *, attention: str = "flash", se
 
 
 def cluster_extra_bytes(strategy: Strategy, model: Model, cluster: Cluster, *, layout: StateLayout,
-                        dispatcher: str = "alltoall", nvls: bool = True, nvls_multinode: bool = True) -> float:
-    """``device_extra_bytes`` on ``cluster``: its NVLink SHARP buffers (none with ``nvls`` off,
-    ``Plan.nvls``), NVLink domain and whether that domain is NVLink (a node of PCIe cards is
+                        dispatcher: str = "alltoall", nvls: bool = True, nccl: str = "") -> float:
+    """``device_extra_bytes`` on ``cluster``: its NVLink SHARP buffers under NCCL release ``nccl``
+    ("" = the GPU architecture's; none with ``nvls`` off, ``Plan.nvls``), NVLink domain and whether that domain is NVLink (a node of PCIe cards is
     not), for the search and ``plan_memory`` alike."""
     multicast = nvls and bool(nvls_gain(cluster.gpu.nvlink_generation))
     return device_extra_bytes(strategy, model, megatron_groups=layout.name.startswith("megatron"),
-                              nvls=nvls_buffers(cluster.gpu.architecture, multicast=multicast),
+                              nvls=nvls_buffers(cluster.gpu.architecture, multicast=multicast, nccl=nccl),
                               domain_gpus=cluster.nvlink_domain, nvlink=cluster.server is None,
-                              dispatcher=dispatcher, nvls_multinode=nvls_multinode)
+                              dispatcher=dispatcher)
 
 
 def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
@@ -738,14 +738,14 @@ def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
                      moe_imbalance: float = 1.0, fp8_weight_cache: bool = False,
                      bf16_optimizer: bool = False, allocator: str = "caching",
                      dispatcher: str = "alltoall", nvls: bool = True, experts_own_unit: bool = True,
-                     nvls_multinode: bool = True) -> MemoryBreakdown:
+                     nccl: str = "") -> MemoryBreakdown:
     """Memory of the most loaded GPU (the pipeline stage with the largest device-level peak),
     with the three levels of every stage in ``by_stage``; ``fp8_weight_cache``: fp8 weight
     copies held for the step (``fp8_weight_cache_of``); ``bf16_optimizer``: a bf16 plan of a
     DeepSpeed profile (``state_bytes``); ``allocator``: the caching allocator's mode;
     ``dispatcher``: the MoE dispatcher, whose buffers the device level holds; ``nvls``: NCCL's
-    NVLink SHARP on (``Plan.nvls``), also for groups across NVLink domains with ``nvls_multinode``
-    (``Plan.nvls_multinode``); ``experts_own_unit``: FSDP2 wraps an expert-parallel
+    NVLink SHARP on (``Plan.nvls``), its buffers those of NCCL release ``nccl`` (``Plan.nccl``);
+    ``experts_own_unit``: FSDP2 wraps an expert-parallel
     block's routed experts as a unit of their own (``Plan.fsdp_experts_unit``)."""
     rt = runtime or default_runtime()
     s = strategy
@@ -755,8 +755,7 @@ def memory_breakdown(model: Model, cluster: Cluster, strategy: Strategy, *,
         fp8_saved_inputs=fp8_saved_inputs, moe_imbalance=moe_imbalance)
     back = max(layer_backward_bytes(model, s, moe=False),
                layer_backward_bytes(model, s, moe=True, moe_imbalance=moe_imbalance) if model.moe is not None else 0.0)
-    extra = cluster_extra_bytes(s, model, cluster, layout=lay, dispatcher=dispatcher, nvls=nvls,
-                                nvls_multinode=nvls_multinode)
+    extra = cluster_extra_bytes(s, model, cluster, layout=lay, dispatcher=dispatcher, nvls=nvls, nccl=nccl)
     head_act = head_activation_bytes(model, s, eager=eager)
     host = host_spec(cluster)
     per_node = gpus_sharing_a_host(cluster)

@@ -12,7 +12,7 @@ from sim.data.layout import check_layout, layout_from_counts, megatron_layout, p
 from sim.layers.moe_routing import ROUTINGS
 from sim.net.placement import group_shape
 from sim.data.psspecs import ParameterServers
-from sim.data.runtime import ALLOCATORS, GRAD_BUCKETS, STATE_LAYOUTS
+from sim.data.runtime import ALLOCATORS, GRAD_BUCKETS, STATE_LAYOUTS, default_nccl_release, nccl_version, nvls_buffers
 from sim.layers.stages import stage_layer_counts, stage_layers
 from sim.layers.activations import FUSED_ATTENTION
 
@@ -173,10 +173,10 @@ class Plan:
     # nvls): off, all-reduces run without the in-switch reduction (sim.cost.costs.nvls_algorithm)
     # and no communicator maps NVLS buffers (sim.cost.memory.cluster_extra_bytes)
     nvls: bool = True
-    # whether NCCL sets NVLS up for communicators that span NVLink domains (NVLSTree): the NCCL
-    # release's rule (sim.data.runtime.nvls_across_domains: 2.20 only within one domain); off, a
-    # group across nodes maps no NVLS buffers (sim.cost.memory.cluster_extra_bytes)
-    nvls_multinode: bool = True
+    # the NCCL release the run uses ("" = the GPU architecture's, runtime.yaml
+    # nccl_release_by_architecture): its NVLS buffers per communicator, and whether it sets NVLS
+    # up for a communicator that spans NVLink domains (sim.data.runtime.nvls_buffers; 2.20 does not)
+    nccl: str = ""
     # FSDP2's unit for an expert-parallel MoE block's routed experts (a framework's
     # fsdp_experts_unit): "own" (over the expert data-parallel mesh) or "block" (one unit with the
     # block, a per-parameter mesh); decides the block's copy-out and held reduce-scatter input
@@ -192,6 +192,20 @@ class Plan:
     # what the CUDA graphs capture when the strategy has them (CUDA_GRAPH_SCOPES): "layer" or
     # "attention" (the attention block and the MoE router; sim.cost.costs.layer_cost)
     cuda_graph_scope: str = "layer"
+
+    @property
+    def nccl_release(self) -> str | None:
+        """The NCCL release the plan prices: ``nccl``, else its GPU architecture's (None where
+        the catalog states none)."""
+        return self.nccl or default_nccl_release(self.cluster.gpu.architecture)
+
+    @property
+    def nvls_multinode(self) -> bool:
+        """Whether the release sets NVLS up for communicators that span NVLink domains (2.20
+        does not; ``sim.data.runtime.nvls_buffers``); True where no release is known."""
+        release = self.nccl_release
+        return release is None or nvls_buffers(self.cluster.gpu.architecture, multicast=True,
+                                               nccl=release).across_domains
 
     @property
     def attention_kernel(self) -> str:
@@ -258,6 +272,8 @@ class Plan:
             raise InputError("fsdp_experts_unit", self.fsdp_experts_unit, f"must be one of {', '.join(FSDP_EXPERTS_UNITS)}")
         if self.loss_tp and self.loss_tp not in LOSS_IMPLS:
             raise InputError("loss_tp", self.loss_tp, f"must be one of {', '.join(LOSS_IMPLS)}")
+        if self.nccl:
+            nccl_version(self.nccl)
         if self.attention not in ATTENTION_IMPLS:
             raise InputError("attention", self.attention, f"must be one of {', '.join(ATTENTION_IMPLS)}")
         if self.selective_policy not in SELECTIVE_POLICIES:

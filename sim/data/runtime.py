@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping
 
@@ -22,6 +23,7 @@ import numpy as np
 
 from sim.data.catalog import catalog_document
 from sim.data.specs import RECOMPUTES
+from sim.base.errors import InputError
 from sim.base.records import Record
 
 if TYPE_CHECKING:
@@ -169,7 +171,6 @@ class DeviceMemory:
     cuda_context_bytes: float
     nccl_ring_bytes_per_communicator: float
     nccl_p2p_bytes_per_peer: float
-    nvls: Mapping[str, "NvlsBuffers"]  # by GPU architecture: the NCCL release its runs use
     alltoall: "AllToAllBuffers"  # with runtime.yaml's nccl_bytes_per_alltoall_peer
     deepep: "DeepEPBuffers"
 
@@ -229,22 +230,48 @@ class DeepEPBuffers:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class NvlsBuffers:
-    """NCCL's NVLink SHARP buffers of one communicator in the NCCL release a GPU generation's
-    runs use (``catalogs/runtime.yaml`` device_memory.nvls): ``channels x
+    """NCCL's NVLink SHARP buffers of one communicator under one NCCL release on one GPU
+    architecture (``catalogs/runtime.yaml`` device_memory.nvls_by_release): ``channels x
     bytes_per_channel_per_head`` per NVLS head, one head per GPU of the group in the NVLink
-    domain, at most ``max_heads`` (``NCCL_MAX_NVLS_ARITY``)."""
+    domain, at most ``max_heads`` (``NCCL_MAX_NVLS_ARITY``); ``channels_one_domain`` for a group
+    that stays inside one domain; none for a group across domains unless ``across_domains``."""
 
     channels: int
+    channels_one_domain: int
     bytes_per_channel_per_head: float
     max_heads: int
-    nccl: str
+    across_domains: bool
+    nccl: str  # the release whose rule this is
 
-    def group_bytes(self, local_gpus: int) -> float:
-        """Bytes per GPU for a group with ``local_gpus`` GPUs in one NVLink domain (none for
-        two or fewer: ``ncclNvlsInit``)."""
-        if local_gpus <= 2:
+    def group_bytes(self, local_gpus: int, group_gpus: int | None = None) -> float:
+        """Bytes per GPU for a group of ``group_gpus`` GPUs (default: all inside the domain)
+        with ``local_gpus`` of them in one NVLink domain (none for two or fewer:
+        ``ncclNvlsInit``)."""
+        spans = group_gpus is not None and group_gpus > local_gpus
+        if local_gpus <= 2 or (spans and not self.across_domains):
             return 0.0
-        return self.channels * self.bytes_per_channel_per_head * min(local_gpus, self.max_heads)
+        channels = self.channels if spans else self.channels_one_domain
+        return channels * self.bytes_per_channel_per_head * min(local_gpus, self.max_heads)
+
+
+_NCCL_RELEASE = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?(?:-\d+)?$")
+
+
+def nccl_version(release: str) -> tuple[int, int]:
+    """(major, minor) of an NCCL release written ``2.20``, ``2.20.3`` or ``2.20.3-1``;
+    ``InputError`` (field ``nccl``) for anything else."""
+    m = _NCCL_RELEASE.match(str(release).strip())
+    if m is None:
+        raise InputError("nccl", release, "must be an NCCL release such as 2.21 or 2.21.5")
+    return int(m.group(1)), int(m.group(2))
+
+
+def default_nccl_release(architecture: str | None) -> str | None:
+    """The NCCL release a plan on this GPU architecture assumes when none is given
+    (``catalogs/runtime.yaml`` device_memory.nccl_release_by_architecture); None where the
+    catalog states none (no NVLS there)."""
+    table = _doc().mapping("device_memory").mapping("nccl_release_by_architecture")
+    return str(table.rec[architecture]) if architecture in table.rec else None
 
 
 def _doc() -> Record:
@@ -290,7 +317,6 @@ def device_memory() -> DeviceMemory:
     return DeviceMemory(cuda_context_bytes=d.req("cuda_context_bytes"),
                         nccl_ring_bytes_per_communicator=d.req("nccl_ring_bytes_per_communicator"),
                         nccl_p2p_bytes_per_peer=d.req("nccl_p2p_bytes_per_peer"),
-                        nvls=_nvls_table(d.mapping("nvls")),
                         alltoall=AllToAllBuffers(bytes_per_peer=d.req("nccl_bytes_per_alltoall_peer"),
                                                  nvlink_channels_per_peer=int(a.req("nvlink_channels_per_peer",
                                                                                     positive=True)),
@@ -313,27 +339,51 @@ def _deepep(e: Record) -> DeepEPBuffers:
                          rdma_bytes_per_token_extra=e.req("rdma_bytes_per_token_extra"), recv_tokens=recv)
 
 
-def _nvls_table(n: Record) -> dict[str, NvlsBuffers]:
-    out = {}
-    for arch in n.rec:
-        e = n.mapping(arch)
-        out[arch] = NvlsBuffers(channels=int(e.req("channels", positive=True)),
-                                bytes_per_channel_per_head=e.req("bytes_per_channel_per_head", positive=True),
-                                max_heads=int(e.req("max_heads", positive=True)), nccl=e.text("nccl"))
-    return out
+@functools.cache
+def _nvls_rules() -> tuple[tuple[tuple[int, int], str, Record], ...]:
+    """runtime.yaml device_memory.nvls_by_release, oldest first: (version, release, rule)."""
+    n = _doc().mapping("device_memory").mapping("nvls_by_release")
+    return tuple(sorted((nccl_version(k), str(k), n.mapping(k)) for k in n.rec))
 
 
-def nvls_buffers(architecture: str | None, *, multicast: bool) -> NvlsBuffers | None:
-    """The NVLS buffers of a GPU generation (``device_extra_bytes``' ``nvls``): None without
-    multicast NVSwitch (``sim.layers.compute.nvls_gain`` empty); a GPU with multicast whose
-    architecture has no NCCL release in the catalog is an error naming the known ones."""
+def _by_architecture(rule: Record, key: str, architecture: str) -> int | None:
+    v = rule.rec.get(key)
+    if isinstance(v, Mapping):
+        v = v.get(architecture)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise rule.fail(key, f"must be a positive integer or one per GPU architecture, not {v!r}")
+    return v
+
+
+def nvls_buffers(architecture: str | None, *, multicast: bool, nccl: str = "") -> NvlsBuffers | None:
+    """The NVLS buffers under NCCL release ``nccl`` ("" = the architecture's
+    ``default_nccl_release``) on a GPU generation (``device_extra_bytes``' ``nvls``): None
+    without multicast NVSwitch (``sim.net.netefficiency.nvls_gain`` empty).  A multicast GPU
+    with no release given and none in the catalog, or a release older than the catalog's
+    first rule, is an error naming what is known."""
     if not multicast:
         return None
-    table = device_memory().nvls
-    if architecture not in table:
-        raise ValueError(f"runtime.yaml device_memory.nvls has no NCCL release for GPU architecture "
-                         f"{architecture!r} (known: {', '.join(sorted(table))})")
-    return table[architecture]
+    release = nccl or default_nccl_release(architecture)
+    if release is None:
+        known = ", ".join(sorted(_doc().mapping("device_memory").mapping("nccl_release_by_architecture").rec))
+        raise InputError("nccl", "", f"runtime.yaml nccl_release_by_architecture has no NCCL release for GPU "
+                                     f"architecture {architecture!r} (known: {known}); give one with --nccl")
+    version = nccl_version(release)
+    rules = [r for r in _nvls_rules() if r[0] <= version]
+    if not rules:
+        raise InputError("nccl", release, f"the catalog's NVLS rules start at NCCL {_nvls_rules()[0][1]} "
+                                          "(runtime.yaml nvls_by_release)")
+    _, since, rule = rules[-1]
+    channels = _by_architecture(rule, "channels", str(architecture))
+    if channels is None:
+        raise rule.fail("channels", f"has no channel count for GPU architecture {architecture!r}")
+    one_domain = _by_architecture(rule, "channels_one_domain", str(architecture)) or channels
+    return NvlsBuffers(channels=channels, channels_one_domain=one_domain,
+                       bytes_per_channel_per_head=rule.req("bytes_per_channel_per_head", positive=True),
+                       max_heads=int(rule.req("max_heads", positive=True)),
+                       across_domains=rule.flag("across_domains", default=True), nccl=since)
 
 
 def group_local_ranks(dims: "tuple[tuple[int, int], ...]", domain_gpus: int) -> int:
@@ -347,18 +397,9 @@ def group_local_ranks(dims: "tuple[tuple[int, int], ...]", domain_gpus: int) -> 
     return len(ranks)
 
 
-def nvls_across_domains(nccl_release: str) -> bool:
-    """Whether an NCCL release sets NVLS up for a communicator whose ranks span NVLink domains
-    (``catalogs/runtime.yaml`` device_memory.nvls_single_domain_releases: NCCL 2.20's
-    ``ncclNvlsInit`` returns without NVLS when ``comm->nNodes > 1``; 2.18-2.19 and 2.21 on build
-    NVLSTree there).  ``nccl_release``: "2.20.3" or "2.20"; empty (unknown) counts as across."""
-    releases = _doc().mapping("device_memory").strings("nvls_single_domain_releases", lower=True)
-    return not any(nccl_release == r or nccl_release.startswith(r + ".") for r in releases)
-
-
 def device_extra_bytes(strategy: "Strategy", model: "Model", *, megatron_groups: bool = False,
                        nvls: NvlsBuffers | None = None, domain_gpus: int = 1, nvlink: bool = True,
-                       dispatcher: str = "alltoall", nvls_multinode: bool = True) -> float:
+                       dispatcher: str = "alltoall") -> float:
     """What ``nvidia-smi`` shows beyond PyTorch's reserved pool: the CUDA context and the NCCL
     buffers of every communicator the rank uses (``catalogs/runtime.yaml``): ring
     communicators for tp, cp, the data-parallel gradient group and (MoE) the expert
@@ -374,10 +415,11 @@ def device_extra_bytes(strategy: "Strategy", model: "Model", *, megatron_groups:
     (training.py line 208); groups of one rank are not counted.
 
     ``nvls``: the NVLS buffers of the GPUs' NCCL release where their NVSwitch supports NVLink
-    SHARP (``nvls_buffers``; None without multicast, ``sim.net.netefficiency.nvls_gain``): every communicator with more than two
-    GPUs in one NVLink domain of ``domain_gpus`` also holds them, per GPU of the group in the
-    domain up to NCCL's head limit (``NvlsBuffers.group_bytes``; ``catalogs/runtime.yaml``);
-    ``nvls_multinode`` off (``nvls_across_domains``), only a group inside one domain does.  Expert-parallel groups are not counted
+    SHARP (``nvls_buffers``; None without multicast, ``sim.net.netefficiency.nvls_gain``): every
+    communicator with more than two GPUs in one NVLink domain of ``domain_gpus`` also holds
+    them, per GPU of the group in the domain up to NCCL's head limit, a group across domains
+    only where the release sets NVLS up there (``NvlsBuffers.group_bytes``;
+    ``catalogs/runtime.yaml`` nvls_by_release).  Expert-parallel groups are not counted
     (MoE rows are priced by their ring and all-to-all buffers only).
 
     The expert-parallel group (ranks ``expert_tp`` apart, Megatron's expert grid) holds the
@@ -396,9 +438,7 @@ def device_extra_bytes(strategy: "Strategy", model: "Model", *, megatron_groups:
     nvls_bytes = 0.0
     if nvls is not None:
         for g in groups:
-            local = group_local_ranks(g, domain_gpus)
-            if nvls_multinode or local == math.prod(n for n, _ in g):
-                nvls_bytes += nvls.group_bytes(local)
+            nvls_bytes += nvls.group_bytes(group_local_ranks(g, domain_gpus), math.prod(n for n, _ in g))
     if model.moe is not None:
         rings += s.expert_dp > 1 and s.expert_dp != s.dp * s.cp
         if s.expert_tp != s.tp:

@@ -2,7 +2,7 @@
 
 ``resolve(model, cluster, strategy, choices)`` turns a model, a cluster, a strategy (a STRATEGY
 string or a ``Strategy``), a framework profile, a calibration profile and the user's overrides
-(``--attention``, ``--recompute-policy``, ``--moe-*``) into a ``Run``:
+(``--attention``, ``--recompute-policy``, ``--moe-*``, ``--nccl``) into a ``Run``:
 
 1. the framework: the one named (``--framework``; a strategy it cannot run is refused, reason
    ``framework``), else the first profile ``searched_by_default`` (``catalogs/frameworks.yaml``:
@@ -57,6 +57,7 @@ class RunChoices:
     selective_policy: str | None = None
     moe_imbalance: float | None = None
     moe_dispatcher: str | None = None
+    nccl: str | None = None  # the NCCL release (Plan.nccl): its NVLS buffers and their scope
     parameter_servers: ParameterServers | None = None  # dp_impl=parameter-server: where the PS tasks run
 
     def overrides(self) -> dict[str, object]:
@@ -64,7 +65,7 @@ class RunChoices:
         out: dict[str, object] = {}
         for key, name in (("attention", "attention"), ("selective_policy", "selective_policy"),
                           ("moe_imbalance", "moe_imbalance"), ("moe_dispatcher", "moe_dispatcher"),
-                          ("parameter_servers", "parameter_servers")):
+                          ("nccl", "nccl"), ("parameter_servers", "parameter_servers")):
             v = getattr(self, key)
             if v is not None:
                 out[name] = v
@@ -95,7 +96,7 @@ class Run:
         c = self.choices
         for flag, v in (("--calibration", c.calibration), ("--attention", c.attention),
                         ("--recompute-policy", c.selective_policy), ("--moe-imbalance", c.moe_imbalance),
-                        ("--moe-dispatcher", c.moe_dispatcher)):
+                        ("--moe-dispatcher", c.moe_dispatcher), ("--nccl", c.nccl)):
             if v is not None:
                 out += [flag, f"{v:g}" if isinstance(v, float) else str(v)]
         return out
