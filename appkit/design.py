@@ -19,7 +19,8 @@ from sim.net.clusters import cluster_from_catalog
 from sim.data.conventions import conventions
 from sim.base.errors import InfeasibleError, InputError
 from sim.data.modelio import MAX_FILE_BYTES, model_from_dict
-from sim.data.specs import DEFAULT_SEQ_LEN, TRAIN_PRECISIONS, Cluster, Model
+from sim.data.hardware import Cluster
+from sim.data.specs import DEFAULT_SEQ_LEN, TRAIN_PRECISIONS, Model
 
 """Token budget when none is given: ~20 tokens per parameter (Hoffmann et al. 2022, Chinchilla,
 Table 3: compute-optimal training).  Only a default; users set their own budget."""

@@ -23,7 +23,8 @@ from sim.base.errors import InputError
 from sim.cost.plan import Plan
 from sim.engines.run import RunChoices
 from sim.engines.simulate import simulate
-from sim.data.specs import Cluster, Model
+from sim.data.hardware import Cluster
+from sim.data.specs import Model
 
 
 # --------------------------------------------------------------------------- recommender

@@ -19,7 +19,8 @@ from sim.base.errors import InputError
 from sim.cost.plan import Plan, parse_strategy
 from sim.engines.run import Run, RunChoices, resolve
 from sim.engines.simulate import simulate_run
-from sim.data.specs import Cluster, Strategy
+from sim.data.hardware import Cluster
+from sim.data.specs import Strategy
 
 DEFAULT_TOP = 5
 

@@ -15,7 +15,8 @@ from appkit.charts import fmt_s
 from planner.plans.explain import bound_line
 from sim.base.errors import InputError
 from sim.cost.plan import parse_strategy
-from sim.data.specs import Cluster, Strategy
+from sim.data.hardware import Cluster
+from sim.data.specs import Strategy
 from sim.base.units import GIB
 
 MEMORY_COLUMN = "peak memory (GiB, device)"

@@ -23,7 +23,8 @@ from appkit.links import decode_upload, encode_upload
 from planner.fitting.uncertainty import memory_headroom
 from sim.data.conventions import conventions
 from sim.base.errors import InputError
-from sim.data.specs import DEFAULT_SEQ_LEN, TOPOLOGIES
+from sim.data.hardware import TOPOLOGIES
+from sim.data.specs import DEFAULT_SEQ_LEN
 from sim.base.units import GIB
 
 AUTO = "auto"

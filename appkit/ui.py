@@ -30,7 +30,7 @@ from appkit.sidebar import BOUND, design_from, sidebar, widget_values
 from appkit.tabs import compare_tab, handoff_tab, plans_tab, timeline_tab, topology_tab
 from appkit.view import cached_economics, catalog, headline, md
 from sim.base.errors import InputError
-from sim.data.specs import Cluster
+from sim.data.hardware import Cluster
 
 _log = logging.getLogger(__name__)
 TABS = ("Plans", "Timeline", "Topology", "Compare", "Hand-off")

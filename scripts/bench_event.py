@@ -26,7 +26,7 @@ from sim.cost.costs import step_costs  # noqa: E402
 from sim.engines.event.engine import simulate_event  # noqa: E402
 from sim.data.models import load_model  # noqa: E402
 from sim.cost.plan import Plan, parse_strategy  # noqa: E402
-from sim.data.specs import Cluster  # noqa: E402
+from sim.data.hardware import Cluster
 
 CASES = [
     ("gpt3-175b 4096 GPUs pp=16 vp=3 m=128 (symmetric)", "gpt3-175b", "a100-80gb", 4096,

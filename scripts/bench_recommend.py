@@ -27,7 +27,7 @@ from planner.plans.search import SearchSpace, search
 from sim.engines.analytic import simulate_analytic
 from sim.data.catalog import get_model
 from sim.net.clusters import cluster_from_catalog
-from sim.data.specs import Cluster
+from sim.data.hardware import Cluster
 
 CASES = [
     # name, model, gpu, num_gpus, gbs, seq_len[, cluster_from_catalog keywords]

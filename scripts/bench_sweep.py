@@ -28,7 +28,7 @@ from planner.economics.sweep import SweepOptions, design_grid, run_sweep  # noqa
 from planner.economics.traces import generate_jobs  # noqa: E402
 from sim.data.catalog import get_gpu, get_nic  # noqa: E402
 from sim.data.models import load_model  # noqa: E402
-from sim.data.specs import Cluster  # noqa: E402
+from sim.data.hardware import Cluster
 
 
 def bench_sweep(use_ray: bool, quick: bool) -> None:

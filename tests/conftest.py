@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sim.net.clusters import cluster_from_catalog
-from sim.data.specs import Cluster
+from sim.data.hardware import Cluster
 
 
 def cluster(gpu: str = "a100-80gb", n: int = 8, *, gpn: int | None = None, domain: int | None = None,

@@ -12,7 +12,8 @@ import pytest
 
 from sim.data import catalog
 from sim.base.errors import InputError
-from sim.data.specs import Gpu, Link, Model
+from sim.data.hardware import Gpu, Link
+from sim.data.specs import Model
 
 INTERFACE_GPUS = ("v100-32gb", "a100-40gb", "a100-80gb", "h100-80gb", "h100-96gb", "h800-80gb",
                   "h200-141gb", "b200-180gb", "gb200-186gb", "gb300-288gb", "mi250x-128gb",

@@ -14,7 +14,7 @@ from planner.economics.storage import checkpoint_bytes
 from sim.data.catalog import get_gpu, get_nic
 from sim.base.errors import InputError
 from sim.data.models import load_model
-from sim.data.specs import Cluster
+from sim.data.hardware import Cluster
 
 M = 3 * 3600.0  # MTBF
 MODES = (FailureMode(name="gpu", rate_per_s=0.7 / M, needs_node=True),

@@ -11,7 +11,7 @@ from sim.data.catalog import get_gpu, get_nic
 from sim.base.errors import InputError
 from sim.data.models import load_model
 from sim.cost.plan import Plan, parse_strategy
-from sim.data.specs import Cluster
+from sim.data.hardware import Cluster
 from sim.net.fabric import pcie_x16_bytes_per_s
 
 M8 = load_model("llama3-8b")

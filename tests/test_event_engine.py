@@ -24,7 +24,7 @@ from sim.engines.event.whatif import (SlowLink, Straggler, WhatIf, apply_layers_
 from sim.data.models import load_model
 from sim.cost.plan import Plan, parse_strategy
 from sim.net.placement import all_groups
-from sim.data.specs import Cluster
+from sim.data.hardware import Cluster
 from sim.cost.step import SCALES, StagePieces
 from sim.net.routing import route_stripes
 from sim.net.topology import build_topology

@@ -12,7 +12,8 @@ from sim.engines.event.resources import LinkTable
 from sim.engines.event.scenario import Scenario
 from sim.engines.event.whatif import WhatIf
 from sim.cost.plan import Plan
-from sim.data.specs import Cluster, Model, Strategy
+from sim.data.hardware import Cluster
+from sim.data.specs import Model, Strategy
 from sim.cost.step import StagePieces
 
 

@@ -187,7 +187,7 @@ def test_calibrated_network_reproduces_the_a100_nccl_curve():
     from sim.data.catalog import get_gpu, get_nic
     from sim.layers.compute import default_efficiency
     from sim.cost.costs import default_network
-    from sim.data.specs import Cluster
+    from sim.data.hardware import Cluster
 
     mb = yaml.safe_load((ROOT / "catalogs" / "reference" / "published_runs.yaml").read_text())["microbenchmarks"]
     curve = next(e for e in mb["allreduce_busbw"]["entries"] if "A100" in e["system"])["busbw_GBps_by_payload_bytes"]
@@ -205,7 +205,7 @@ def test_calibrated_network_reproduces_the_a100_nccl_curve():
 def test_calibrated_collectives_never_get_faster_with_size():
     from sim.data.catalog import get_gpu, get_nic
     from sim.cost.costs import default_network
-    from sim.data.specs import Cluster
+    from sim.data.hardware import Cluster
 
     for gpu, nic, n in (("a100-80gb", "ib-hdr-200", 8), ("h100-80gb", "ib-ndr-400", 64)):
         cl = Cluster(gpu=get_gpu(gpu), num_gpus=n, nic=get_nic(nic), gpus_per_node=8, nvlink_domain=8, nics_per_node=8)

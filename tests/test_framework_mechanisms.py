@@ -14,7 +14,7 @@ from sim.data.runtime import default_comm_runtime
 from sim.base.errors import InputError
 from sim.cost.framework import apply_framework, get_framework
 from sim.cost.plan import Plan, parse_strategy
-from sim.data.specs import Cluster
+from sim.data.hardware import Cluster
 
 
 def _plan(framework: str, strategy: str, *, model: str = "gpt3-175b", gpu: str = "a100-80gb", n: int = 64) -> Plan:

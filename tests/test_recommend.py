@@ -19,7 +19,7 @@ from sim.engines.analytic import simulate_analytic
 from sim.data.catalog import catalog_dir, get_model
 from sim.base.errors import InputError
 from sim.engines.simulate import simulate
-from sim.data.specs import Cluster
+from sim.data.hardware import Cluster
 from tests.conftest import cluster as shared_cluster
 
 FAST = dict(rerank=0, explain=False, suggest=False)

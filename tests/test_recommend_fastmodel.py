@@ -16,7 +16,8 @@ from sim.data.catalog import get_model
 from sim.base.errors import InputError
 from sim.cost.memory import plan_memory
 from sim.cost.plan import Plan
-from sim.data.specs import Cluster, Strategy
+from sim.data.hardware import Cluster
+from sim.data.specs import Strategy
 from tests.conftest import cluster as shared_cluster
 
 REL = 1e-9  # the fast path sums n identical layers as n*x: ~1e-15 apart

@@ -76,7 +76,8 @@ def test_apply_plan_puts_the_plan_on_the_measured_links(profile):
     from sim.data.catalog import get_model, get_nic
     from sim.net.network import Network
     from sim.cost.plan import Plan
-    from sim.data.specs import Cluster, Strategy
+    from sim.data.hardware import Cluster
+    from sim.data.specs import Strategy
 
     cal = load_calibration(str(profile))
     gpu = cal.gpu

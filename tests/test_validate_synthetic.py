@@ -150,7 +150,7 @@ def test_one_rank_per_node_profile_keeps_the_catalog_nvlink(tmp_path, capsys):
     from sim.data.catalog import get_gpu
     from sim.net.netefficiency import network_kwargs
     from sim.net.network import Network
-    from sim.data.specs import Cluster
+    from sim.data.hardware import Cluster
 
     prof, cal = _profile(tmp_path, 2, 1, "syn-2n")
     assert [link["kind"] for link in prof["links"]] == ["nic"]

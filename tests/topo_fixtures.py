@@ -7,7 +7,8 @@ over 18 nodes of 4), NVLink 5 900 GB/s; HDR InfiniBand 25 GB/s, NDR 50 GB/s, 1.5
 
 from __future__ import annotations
 
-from sim.data.specs import Cluster, Gpu, Link, Strategy
+from sim.data.hardware import Cluster, Gpu, Link
+from sim.data.specs import Strategy
 
 
 def make_gpu(*, id: str = "a100-test", nvlink_bytes_per_s: float = 300e9, domain: int = 8,

@@ -26,7 +26,8 @@ from sim.cost.memory import memory_breakdown
 from sim.cost.plan import Plan
 from sim.data.runtime import default_runtime
 from sim.engines.simulate import simulate
-from sim.data.specs import Cluster, Strategy
+from sim.data.hardware import Cluster
+from sim.data.specs import Strategy
 
 
 def _strategy(w: dict[str, Any]) -> Strategy:

@@ -62,7 +62,7 @@ SIM_OP = {"send_recv": "p2p"}
 def probe_cluster(m: Machine, *, intra: tuple[float, float] | None, inter: tuple[float, float] | None):
     """A cluster shaped like the measured job whose scale-up (and NIC) links have the trial
     parameters (bandwidth, latency)."""
-    from sim.data.specs import Cluster, Gpu, Link
+    from sim.data.hardware import Cluster, Gpu, Link
 
     su_bw, su_lat = intra if intra is not None else (inter if inter is not None else (1e9, 1e-5))
     nic_bw, nic_lat = inter if inter is not None else (su_bw, su_lat)

@@ -12,7 +12,9 @@ layouts and, across nodes, on the NICs); the workloads are the held-out test.
 * one node, several ranks: jobs of 2, 4 and 8 ranks (up to the node's): DDP, FSDP2, TP+SP,
   1F1B on two ranks (GPipe and interleaved 1F1B on the small model), 2-D meshes (dp x tp with
   FSDP + TP, pp x dp) on four, the 3-D pp x dp x tp mesh on eight.  On a CPU the four-rank
-  job (and the eight-rank one in the full suite) time-share the measured cores;
+  job (and the eight-rank one in the full suite) time-share the measured cores, and train
+  the small model only where they exceed the host's ranks (the quick suite's four, the full
+  suite's eight);
 * several nodes, one rank each (the one-rank-per-node suite): one job, microbenchmarks across
   nodes (the inter-node link alone) and the workloads of that many ranks;
 * several nodes with several ranks each: a one-rank-per-node job, then a full job with the
@@ -133,7 +135,9 @@ def build_suite(*, quick: bool, device_type: str = "cpu", ranks_per_node: int | 
     mb = MicrobenchConfig.for_device(device_type, quick=quick)
 
     def workloads(ranks: int, extras: bool = True) -> tuple[WorkloadSpec, ...]:
-        used = models[:1] if ranks > 4 and not cuda else models  # eight CPU ranks on a few cores: one model
+        # CPU ranks beyond the host's cores time-share them: one model there (eight ranks; four in
+        # the quick suite, whose two-rank job already trains both sizes)
+        used = models[:1] if not cuda and (ranks > 4 or (quick and ranks > per_node)) else models
         return tuple(w for i, m in enumerate(used)
                      for w in _workloads_for(m, mbs=2, steps=steps, warmup=warmup, ranks=ranks,
                                              pipeline_extras=extras and (i == 0 or not quick),

@@ -47,7 +47,7 @@ class Truth:
     h2d_pageable: tuple[float, float] = (1.8e10, 2.5e-5)
     d2h_pageable: tuple[float, float] = (1.4e10, 3.0e-5)
 
-    def gpu(self):  # -> sim.data.specs.Gpu
+    def gpu(self):  # -> sim.data.hardware.Gpu
         """The base GPU with the truth's efficiencies (what the profile's device must equal)."""
         from sim.data.catalog import get_gpu
 
@@ -79,16 +79,16 @@ class Truth:
                        attention_curves={a: c for a, c in eff.attention_curves.items() if a != g.architecture})
 
     def links(self):  # -> (scale-up Link, NIC Link)
-        from sim.data.specs import Link
+        from sim.data.hardware import Link
 
         return (Link(id="truth-su", name="truth", kind="scale-up", bytes_per_s_per_direction=self.intra_bytes_per_s,
                      latency_s=self.intra_latency_s),
                 Link(id="truth-nic", name="truth", kind="nic", bytes_per_s_per_direction=self.inter_bytes_per_s,
                      latency_s=self.inter_latency_s))
 
-    def cluster(self, num_gpus: int, gpus_per_node: int):  # -> sim.data.specs.Cluster
+    def cluster(self, num_gpus: int, gpus_per_node: int):  # -> sim.data.hardware.Cluster
         """The truth's machine: every GPU of a node on the scale-up link, one NIC per GPU."""
-        from sim.data.specs import Cluster
+        from sim.data.hardware import Cluster
 
         su, nic = self.links()
         return Cluster(gpu=self.gpu(), num_gpus=num_gpus, nic=nic, gpus_per_node=gpus_per_node,

@@ -12,7 +12,8 @@ from sim.net.clusters import cluster_from_catalog
 from sim.base.errors import InputError
 from sim.data.models import load_model
 from sim.cost.offload import with_host
-from sim.data.specs import DEFAULT_SEQ_LEN, PLACEMENTS, TOPOLOGIES, Cluster, Model
+from sim.data.hardware import PLACEMENTS, TOPOLOGIES, Cluster
+from sim.data.specs import DEFAULT_SEQ_LEN, Model
 from sim.base.units import GIB
 
 

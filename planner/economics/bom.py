@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sim.data.specs import Cluster
+from sim.data.hardware import Cluster
 from sim.net.topology import topology_metrics
 
 from planner.economics.prices import PriceBook, PriceQuote

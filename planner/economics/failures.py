@@ -21,7 +21,7 @@ from typing import Mapping
 from sim.data.catalog import catalog_document, catalog_file_records, file_version
 from sim.base.errors import InputError
 from sim.base.records import Record
-from sim.data.specs import Cluster
+from sim.data.hardware import Cluster
 from sim.net.topology import topology_metrics
 
 FILE = "failures.yaml"

@@ -23,7 +23,8 @@ import math
 from dataclasses import dataclass, field
 
 from sim.base.errors import InputError
-from sim.data.specs import Cluster, Model
+from sim.data.hardware import Cluster
+from sim.data.specs import Model
 from sim.net.fabric import pcie_x16_bytes_per_s
 
 from planner.economics.failures import FailureModel, cluster_rates, load_failure_model

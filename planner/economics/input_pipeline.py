@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 
 from sim.data.conventions import conventions
 from sim.base.errors import InputError
-from sim.data.specs import Cluster, Model, Strategy
+from sim.data.hardware import Cluster
+from sim.data.specs import Model, Strategy
 from sim.net.fabric import pcie_x16_bytes_per_s
 
 from planner.economics.storage import DEFAULT_STORAGE, load_storage

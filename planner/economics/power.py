@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.engines.result import StepResult
-from sim.data.specs import Cluster
+from sim.data.hardware import Cluster
 
 from planner.economics.bom import Bom
 from planner.economics.prices import PowerModel, PriceBook

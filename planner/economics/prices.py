@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from sim.data.catalog import catalog_file_records, file_version
 from sim.base.errors import InputError
 from sim.base.records import Record
-from sim.data.specs import Gpu, Link
+from sim.data.hardware import Gpu, Link
 
 FILE = "prices.yaml"
 _KINDS = ("switch", "nic_adapter", "link_media", "server", "gpu_price", "power_model", "electricity", "finance")

@@ -21,7 +21,8 @@ from sim.cost.framework import get_framework
 from sim.engines.result import StepResult
 from sim.engines.run import RunChoices, resolve
 from sim.engines.simulate import simulate_run
-from sim.data.specs import DEFAULT_SEQ_LEN, Cluster, Model, Strategy
+from sim.data.hardware import Cluster
+from sim.data.specs import DEFAULT_SEQ_LEN, Model, Strategy
 
 from planner.plans.recommend import Settings, recommend
 from planner.report import priced

@@ -26,7 +26,7 @@ from sim.data.catalog import get_gpu, get_nic
 from sim.net.clusters import cluster_from_catalog
 from sim.base.errors import InfeasibleError, InputError
 from sim.data.models import load_model
-from sim.data.specs import TOPOLOGIES, Cluster
+from sim.data.hardware import TOPOLOGIES, Cluster
 
 from planner import progress
 from planner.economics.strategy import choose_plan

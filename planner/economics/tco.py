@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from sim.data.conventions import conventions
 from sim.base.errors import InputError
 from sim.engines.run import RunChoices
-from sim.data.specs import Cluster, Model, Strategy
+from sim.data.hardware import Cluster
+from sim.data.specs import Model, Strategy
 
 from planner.economics.bom import Bom, cluster_bom
 from planner.economics.goodput import GoodputReport, goodput_report

@@ -225,9 +225,9 @@ def _networks(fitted: Mapping[str, Any], rows) -> list[Network]:
 
 
 def _vtrain_median_error(eff: KernelEfficiency, rows, nets: list[Network]) -> float:
-    from sim.engines.analytic import simulate_analytic
+    from sim.engines.analytic import analytic_step
 
-    return statistics.median(abs(simulate_analytic(r.plan, net=n, eff=eff).step_time_s / r.measured_step_time_s - 1)
+    return statistics.median(abs(analytic_step(r.plan, net=n, eff=eff).step_time_s / r.measured_step_time_s - 1)
                              for r, n in zip(rows, nets))
 
 

@@ -54,7 +54,8 @@ from sim.net.clusters import cluster_from_catalog
 from sim.base.errors import InputError
 from sim.cost.framework import Framework, get_framework
 from sim.layers.ops import model_flops_per_step
-from sim.data.specs import Cluster, Model, MoeSpec, Strategy
+from sim.data.hardware import Cluster
+from sim.data.specs import Model, MoeSpec, Strategy
 from sim.data.layout import megatron_layout
 from sim.base.units import GIB
 

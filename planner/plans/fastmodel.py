@@ -43,7 +43,8 @@ from sim.layers.ops import LayerOps
 from sim.cost.offload import OffloadRates, host_spec, offload_constants, offload_rates
 from sim.cost.plan import Plan
 from sim.data.runtime import default_runtime, state_layout
-from sim.data.specs import Cluster, Model, Strategy, expert_dp_size, offload_flags
+from sim.data.hardware import Cluster
+from sim.data.specs import Model, Strategy, expert_dp_size, offload_flags
 from sim.layers.stages import (StageShape, layer_params, stage_embedding_params, stage_index_shapes,
                                stage_parameter_tensors, stage_shapes)
 from sim.cost.step import ChunkSums, DpCollectives, compose, layout_chunk_sums, stage_pieces, stage_times

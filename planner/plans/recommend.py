@@ -43,7 +43,8 @@ from sim.cost.plan import Plan
 from sim.engines.result import StepResult
 from sim.engines.run import RunChoices, plan_kwargs
 from sim.data.runtime import nccl_version
-from sim.data.specs import Cluster, Model, Strategy
+from sim.data.hardware import Cluster
+from sim.data.specs import Model, Strategy
 from sim.base.units import fmt_s
 
 from planner.plans.explain import bound

@@ -49,8 +49,9 @@ from sim.base.errors import InfeasibleError, InputError
 from sim.net.placement import group_shape
 from sim.data.layout import balanced_layout
 from sim.cost.plan import check_feasible, check_offload, vp_split
-from sim.data.specs import (OFFLOAD_DEVICES, OFFLOADS, RECOMPUTES, SCHEDULES, TRAIN_PRECISIONS, Cluster, Model, Strategy,
-                       offload_flags)
+from sim.data.hardware import Cluster
+from sim.data.specs import (OFFLOAD_DEVICES, OFFLOADS, RECOMPUTES, SCHEDULES, TRAIN_PRECISIONS, Model, Strategy,
+                            offload_flags)
 from sim.layers.stages import stage_layers
 
 from planner import progress

@@ -18,7 +18,8 @@ from sim.data.catalog import list_gpus
 from sim.base.errors import InputError
 from sim.cost.framework import get_framework
 from sim.cost.offload import host_spec, with_host
-from sim.data.specs import Cluster, Model
+from sim.data.hardware import Cluster
+from sim.data.specs import Model
 from sim.base.units import GIB
 
 from planner.exports import launchable

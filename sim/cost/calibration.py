@@ -62,7 +62,7 @@ from sim.base.outpaths import make_folder, write_text
 from sim.base.records import MAX_MAGNITUDE, Record
 from sim.data.hostspecs import HOST_COPY_DIRECTIONS, HostCalibration, HostCopy
 from sim.cost.offload import host_spec, measured_host
-from sim.data.specs import Gpu, Link
+from sim.data.hardware import Gpu, Link
 
 SCHEMA_VERSION = 1
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}

@@ -25,7 +25,8 @@ from sim.cost.offload import offload_bytes, strategy_rates
 from sim.layers.ops import LayerOps, embedding_ops, head_ops, layer_ops
 from sim.cost.plan import FUSED_LOSS_IMPLS, HostSyncs, Plan
 from sim.data.runtime import FSDP2_LAYOUTS, CommRuntime, default_comm_runtime, default_runtime, state_layout
-from sim.data.specs import Cluster, Model, Strategy
+from sim.data.hardware import Cluster
+from sim.data.specs import Model, Strategy
 from sim.layers.stages import (StageParams, chunk_signature, layer_params, model_chunks, stage_layers,
                         stage_embedding_params, stage_parameter_tensors, stage_shapes)
 from sim.cost.step import (ChunkSums, DpCollectives, Num, PieceSettings, StagePieces, StageTimes, layout_chunk_sums,

@@ -40,7 +40,8 @@ from sim.layers.activations import BYTES_ACT, activation_bytes_per_layer, eager_
 from sim.cost.offload import OffloadConstants, host_spec, offload_constants
 from sim.net.netefficiency import nvls_gain
 from sim.data.runtime import MemoryRuntime, StateLayout, default_runtime, device_extra_bytes, nvls_buffers, state_layout
-from sim.data.specs import Cluster, Model, Strategy
+from sim.data.hardware import Cluster
+from sim.data.specs import Model, Strategy
 from sim.layers.stages import StageParams, StageShape, stage_index_shapes
 from sim.cost.step import Num, local_params
 

@@ -38,7 +38,8 @@ from sim.data.catalog import catalog_document, file_version
 from sim.net.fabric import pcie_x16_bytes_per_s
 from sim.base.records import Record
 from sim.data.hostspecs import HostCalibration, HostSpec
-from sim.data.specs import Cluster, Strategy
+from sim.data.hardware import Cluster
+from sim.data.specs import Strategy
 
 _GIGA, _TERA = 1e9, 1e12
 

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from sim.layers.compute import default_efficiency
 from sim.base.errors import InfeasibleError, InputError
-from sim.data.specs import OFFLOAD_DEVICES, OFFLOADS, Cluster, Model, Strategy
+from sim.data.hardware import Cluster
+from sim.data.specs import OFFLOAD_DEVICES, OFFLOADS, Model, Strategy
 from sim.data.layout import check_layout, layout_from_counts, megatron_layout, parse_layout
 from sim.layers.moe_routing import ROUTINGS
 from sim.net.placement import group_shape

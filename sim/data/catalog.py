@@ -33,7 +33,8 @@ from sim.data.modelio import model_from_dict, read_structured_file
 from sim.base.records import Record
 from sim.data.hostspecs import (HOST_PART_KINDS, P2P_MODES, HostCpu, NvmeDrive, PcieMeasurement, PcieSwitchPart,
                            ServerDesign, SwitchSlot)
-from sim.data.specs import FORM_FACTORS, PRECISIONS, Gpu, Link, Model
+from sim.data.hardware import FORM_FACTORS, Gpu, Link
+from sim.data.specs import PRECISIONS, Model
 from sim.base.units import GIB
 
 ENV_VAR = "PLANNER_CATALOG_DIR"

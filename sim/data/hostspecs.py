@@ -1,6 +1,6 @@
 """Frozen data model of the host side of a GPU server: CPUs, PCIe switches, NVMe drives, measured
 PCIe links (``catalogs/hosts.yaml``), server designs (``catalogs/servers.yaml``) and the
-resolved ``Server`` a ``sim.data.specs.Cluster`` of PCIe cards carries.
+resolved ``Server`` a ``sim.data.hardware.Cluster`` of PCIe cards carries.
 
 Every number is SI with its unit in its name (bytes, bytes/s, seconds, FLOP/s, watts);
 ``sim.data.catalog`` converts the data-sheet units of the YAML once.  Construction validates and

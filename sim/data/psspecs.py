@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from sim.base.checks import choice, positive_int
 from sim.base.errors import InputError
-from sim.data.specs import Link
+from sim.data.hardware import Link
 
 PS_PLACEMENTS: tuple[str, ...] = ("colocated", "dedicated")
 # even: tf.distribute.experimental.partitioners.MinSizePartitioner(max_shards=num_ps) splits every

@@ -10,6 +10,7 @@ errors: ``sim.cost.step`` and docs/accuracy.md.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import NamedTuple
 
 from sim.layers.compute import KernelEfficiency, default_efficiency
 from sim.cost.costs import StepCosts, default_network, offload_report, step_costs
@@ -24,10 +25,35 @@ from sim.cost.step import StageTimes, compose
 from sim.base.units import GIB
 
 
+class AnalyticStep(NamedTuple):
+    """The closed form's step without its memory: the step time, its breakdown (parts summing
+    to the step), the pipeline bubble before that reconciliation, and the recomputed FLOPs."""
+
+    step_time_s: float
+    breakdown: Breakdown
+    bubble_s: float
+    recompute_flops_per_step: float
+
+
 def simulate_analytic(plan: Plan, *, net: Network | None = None, eff: KernelEfficiency | None = None,
                       costs: StepCosts | None = None) -> StepResult:
-    """Predict one optimizer step of ``plan`` with the closed-form model (module docstring).
-    ``costs``: precomputed (possibly perturbed) ``step_costs(plan, net, eff)``."""
+    """Predict one optimizer step of ``plan`` with the closed-form model (module docstring):
+    ``analytic_step`` and the plan's memory (``sim.cost.memory.plan_memory``).  ``costs``:
+    precomputed (possibly perturbed) ``step_costs(plan, net, eff)``."""
+    a = analytic_step(plan, net=net, eff=eff, costs=costs)
+    s = plan.strategy
+    mem = plan_memory(plan)
+    return step_result(plan, step_time_s=a.step_time_s, breakdown=a.breakdown, memory=mem,
+                       recompute_flops_per_step=a.recompute_flops_per_step, engine="analytic",
+                       warnings=plan_warnings(plan, mem, a.bubble_s / a.step_time_s if a.step_time_s else 0.0),
+                       extra={"offload": offload_report(plan)} if s.offload != "none" else {})
+
+
+def analytic_step(plan: Plan, *, net: Network | None = None, eff: KernelEfficiency | None = None,
+                  costs: StepCosts | None = None) -> AnalyticStep:
+    """One optimizer step of ``plan`` by the closed form, without its memory: what
+    ``simulate_analytic`` reports, for callers that need only the time (the fits price
+    thousands of plans per grid point)."""
     cluster, s = plan.cluster, plan.strategy
     if s.dp_impl == "parameter-server":
         raise InputError("dp_impl", s.dp_impl, "asynchronous parameter-server plans are priced by sim.engines.simulate "
@@ -76,11 +102,7 @@ def simulate_analytic(plan: Plan, *, net: Network | None = None, eff: KernelEffi
 
     replicas = s.tp * s.dp * s.cp
     recompute_flops = sum(st.recompute_flops_per_microbatch for st in stages) * m * replicas
-    mem = plan_memory(plan)
-    return step_result(plan, step_time_s=step, breakdown=breakdown, memory=mem,
-                       recompute_flops_per_step=recompute_flops, engine="analytic",
-                       warnings=plan_warnings(plan, mem, bubble / step if step else 0.0),
-                       extra={"offload": offload_report(plan)} if s.offload != "none" else {})
+    return AnalyticStep(step_time_s=step, breakdown=breakdown, bubble_s=bubble, recompute_flops_per_step=recompute_flops)
 
 
 def _distinct(times: list[StageTimes]) -> tuple[list[StageTimes], list[int]]:

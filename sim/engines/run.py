@@ -38,7 +38,8 @@ from sim.net.netefficiency import network_kwargs
 from sim.net.network import Network
 from sim.cost.plan import Plan, parse_strategy
 from sim.data.psspecs import ParameterServers
-from sim.data.specs import Cluster, Model, Strategy
+from sim.data.hardware import Cluster
+from sim.data.specs import Model, Strategy
 
 _ALIASES = {"seq": "seq_len", "micro_batch": "mbs", "global_batch": "gbs", "zero_stage": "zero",
             "sequence_parallel": "sp", "interleave": "vp", "fsdp": "zero"}

@@ -20,7 +20,7 @@ from sim.data.catalog import catalog_document
 from sim.base.errors import InputError
 from sim.base.records import Record
 from sim.layers.ops import BF16_GEMMS, Op, fusible_name
-from sim.data.specs import Gpu
+from sim.data.hardware import Gpu
 from sim.layers.variability import slowest_rank_factor
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from sim.data.catalog import get_gpu, get_nic, get_server_design
 from sim.base.errors import InputError
 from sim.net.server import resolve_server
-from sim.data.specs import TOPOLOGIES, Cluster, Gpu, Link
+from sim.data.hardware import TOPOLOGIES, Cluster, Gpu, Link
 
 
 def cluster_from_catalog(gpu: str | Gpu, num_gpus: int, *, gpus_per_node: int | None = None,

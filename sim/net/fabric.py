@@ -22,7 +22,7 @@ from sim.data.catalog import catalog_document, file_version, get_link
 from sim.base.errors import InputError
 from sim.base.records import Record
 from sim.net.server import ServerTables, server_tables
-from sim.data.specs import Cluster
+from sim.data.hardware import Cluster
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FabricDefaults:

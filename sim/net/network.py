@@ -36,7 +36,8 @@ from sim.base.errors import InputError
 from sim.net.fabric import TIERS, Fabric, layout_fabric
 from sim.net.links import Links
 from sim.net.placement import group_shape, pipeline_pairs
-from sim.data.specs import Cluster, Strategy
+from sim.data.hardware import Cluster
+from sim.data.specs import Strategy
 
 _LOCAL = -1
 

@@ -51,7 +51,7 @@ from sim.data.catalog import (catalog_document, default_server_design, file_vers
 from sim.base.errors import InputError
 from sim.data.hostspecs import P2P_MODES, HostCpu, PcieSwitchPart, Server, ServerDesign
 from sim.base.records import Record
-from sim.data.specs import Gpu
+from sim.data.hardware import Gpu
 
 HOST, SCALE_UP = 1, 0  # tier indices (sim.net.fabric.TIERS)
 

@@ -59,7 +59,7 @@ import numpy as np
 
 from sim.net.fabric import Fabric, layout_fabric, level_name
 from sim.net.server import server_graph
-from sim.data.specs import Cluster
+from sim.data.hardware import Cluster
 
 
 # --------------------------------------------------------------------------- graph
