@@ -122,3 +122,6 @@ def test_dropout_and_learned_positions_follow_the_model_not_its_family():
     assert first - stage_params(llama, st, [0, 1], first=True, last=False).dense_params == 4096 * 1024
     assert stage_params(learned, st, [2, 3], first=False, last=True) == stage_params(llama, st, [2, 3], first=False,
                                                                                          last=True)
+    # the table belongs to the embedding, not spread over the stage's layers (stage_memory's units)
+    assert stage_params(learned, st, [0, 1], first=True, last=False).embedding_params == 32000 * 1024 / 2 + 4096 * 1024
+    assert stage_params(learned, st, [2, 3], first=False, last=True).embedding_params == 0

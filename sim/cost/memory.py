@@ -383,9 +383,9 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
     gb = lay.gathered_bytes_per_param
     fsdp2 = lay.fsdp2
     head = (model.embedding_params / tp + model.hidden_size) if shape.last else 0.0
-    embedding = model.embedding_params / tp if shape.first else 0.0
+    embedding = p.embedding_params  # the vocabulary shard and a learned position table
     if shape.first and shape.last and model.tied_embeddings and pp == 1:
-        embedding = 0.0  # one tied matrix (sim.layers.stages.stage_params)
+        embedding -= model.embedding_params / tp  # one tied matrix, the head's (sim.layers.stages.stage_params)
     layer_params = max(0.0, p.total - head - embedding) / n_layers if shape.num_layers else 0.0
     # the largest FFN weight matrix of a layer (its experts' on an MoE layer), on this GPU
     ffn_matrix_params = max(model.dense_ffn_params / tp if shape.num_dense_layers else 0.0,

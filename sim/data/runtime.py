@@ -357,6 +357,7 @@ def _by_architecture(rule: Record, key: str, architecture: str) -> int | None:
     return v
 
 
+@functools.cache
 def nvls_buffers(architecture: str | None, *, multicast: bool, nccl: str = "") -> NvlsBuffers | None:
     """The NVLS buffers under NCCL release ``nccl`` ("" = the architecture's
     ``default_nccl_release``) on a GPU generation (``device_extra_bytes``' ``nvls``): None

@@ -26,6 +26,9 @@ class StageParams:
 
     dense_params: float  # sharded by TP, replicated over DP (ZeRO shards states over dp*cp)
     expert_params: float  # sharded by etp and ep, replicated over the expert data parallelism
+    # of dense_params, the input embedding's on the first stage (stage_embedding_params: the
+    # vocabulary shard and a learned position table)
+    embedding_params: float = 0.0
 
     @property
     def total(self) -> float:
@@ -156,8 +159,8 @@ def stage_params(model: Model, strategy: Strategy, layers: list[int] | tuple[int
         p = per[model.is_moe_layer(i)]
         dense += p.dense_params
         expert += p.expert_params
-    if first:
-        dense += stage_embedding_params(model, strategy, first)
+    embedding = stage_embedding_params(model, strategy, first)
+    dense += embedding
     if last:
         dense += model.hidden_size
         if not model.tied_embeddings or strategy.pp > 1:
@@ -171,7 +174,7 @@ def stage_params(model: Model, strategy: Strategy, layers: list[int] | tuple[int
             dense += model.mtp_layers * (2 * h * h / tp + 3 * h)
             if not first:
                 dense += model.embedding_params / tp
-    return StageParams(dense, expert)
+    return StageParams(dense, expert, embedding)
 
 
 def stage_shapes(model: Model, strategy: Strategy) -> tuple[StageShape, ...]:
