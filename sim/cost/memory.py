@@ -383,7 +383,7 @@ def stage_memory(model: Model, shape: StageShape, *, zero: Num, shard: int, expe
     gb = lay.gathered_bytes_per_param
     fsdp2 = lay.fsdp2
     head = (model.embedding_params / tp + model.hidden_size) if shape.last else 0.0
-    embedding = p.embedding_params  # the vocabulary shard and a learned position table
+    embedding = p.embedding_params
     if shape.first and shape.last and model.tied_embeddings and pp == 1:
         embedding -= model.embedding_params / tp  # one tied matrix, the head's (sim.layers.stages.stage_params)
     layer_params = max(0.0, p.total - head - embedding) / n_layers if shape.num_layers else 0.0
@@ -694,8 +694,7 @@ def plan_memory(plan: "Plan") -> MemoryBreakdown:
                             moe_imbalance=plan.moe_imbalance, bf16_optimizer=plan.deepspeed_bf16_optimizer,
                             fp8_weight_cache=fp8_weight_cache_of(plan.strategy.precision, plan.fp8_weight_cache),
                             allocator=plan.allocator, dispatcher=plan.moe_dispatcher, nvls=plan.nvls,
-                            nccl=plan.nccl,
-                            experts_own_unit=plan.fsdp_experts_unit == "own")
+                            nccl=plan.nccl, experts_own_unit=plan.fsdp_experts_unit == "own")
 
 
 def layer_activations(model: Model, s: Strategy, *, attention: str = "flash", selective_policy: str = "attention",
