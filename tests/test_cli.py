@@ -105,6 +105,9 @@ def test_nccl_release_reaches_the_plan_and_its_simulate_line(capsys):
     assert (old["nccl"], old["nvls_multinode"]) == ("2.20.3", False)
     assert old["memory_device_bytes"] < default["memory_device_bytes"]
     assert old["memory_reserved_bytes"] == default["memory_reserved_bytes"]
+    for release in ("2.27", "2.17"):  # no NVLS on A100: any well-formed release prices the same
+        code, out, err = run(argv[:4] + ["a100-80gb"] + argv[5:] + ["--nccl", release], capsys)
+        assert code == 0 and json.loads(out)["nccl"] == release, err
     cluster = cluster_from_catalog("h100-80gb", 16)
     r = resolve(get_model("llama3-8b"), cluster, "tp=2,mbs=1,gbs=64", RunChoices(nccl="2.20.3"))
     assert r.plan.nccl == "2.20.3" and r.flags()[-2:] == ["--nccl", "2.20.3"]

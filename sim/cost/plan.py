@@ -13,7 +13,8 @@ from sim.data.layout import check_layout, layout_from_counts, megatron_layout, p
 from sim.layers.moe_routing import ROUTINGS
 from sim.net.placement import group_shape
 from sim.data.psspecs import ParameterServers
-from sim.data.runtime import ALLOCATORS, GRAD_BUCKETS, STATE_LAYOUTS, default_nccl_release, nccl_version, nvls_buffers
+from sim.data.runtime import (ALLOCATORS, GRAD_BUCKETS, STATE_LAYOUTS, default_nccl_release, nccl_version,
+                              nvls_across_domains)
 from sim.layers.stages import stage_layer_counts, stage_layers
 from sim.layers.activations import FUSED_ATTENTION
 
@@ -203,10 +204,9 @@ class Plan:
     @property
     def nvls_multinode(self) -> bool:
         """Whether the release sets NVLS up for communicators that span NVLink domains (2.20
-        does not; ``sim.data.runtime.nvls_buffers``); True where no release is known."""
+        does not; ``sim.data.runtime.nvls_across_domains``); True where no release is known."""
         release = self.nccl_release
-        return release is None or nvls_buffers(self.cluster.gpu.architecture, multicast=True,
-                                               nccl=release).across_domains
+        return release is None or nvls_across_domains(release)
 
     @property
     def attention_kernel(self) -> str:

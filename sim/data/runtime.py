@@ -346,6 +346,21 @@ def _nvls_rules() -> tuple[tuple[tuple[int, int], str, Record], ...]:
     return tuple(sorted((nccl_version(k), str(k), n.mapping(k)) for k in n.rec))
 
 
+def _rule_for(release: str) -> tuple[str, Record] | None:
+    """(the release it holds from, the rule) in force for ``release``; None before the first."""
+    version = nccl_version(release)
+    rules = [(since, rule) for v, since, rule in _nvls_rules() if v <= version]
+    return rules[-1] if rules else None
+
+
+def nvls_across_domains(release: str) -> bool:
+    """Whether NCCL ``release`` sets NVLS up for a communicator spanning NVLink domains (2.20
+    does not); a release older than the catalog's rules restricts nothing here (on an NVLS GPU
+    ``nvls_buffers`` refuses it)."""
+    found = _rule_for(release)
+    return found is None or found[1].flag("across_domains", default=True)
+
+
 def _by_architecture(rule: Record, key: str, architecture: str) -> int | None:
     v = rule.rec.get(key)
     if isinstance(v, Mapping):
@@ -371,12 +386,11 @@ def nvls_buffers(architecture: str | None, *, multicast: bool, nccl: str = "") -
         known = ", ".join(sorted(_doc().mapping("device_memory").mapping("nccl_release_by_architecture").rec))
         raise InputError("nccl", "", f"runtime.yaml nccl_release_by_architecture has no NCCL release for GPU "
                                      f"architecture {architecture!r} (known: {known}); give one with --nccl")
-    version = nccl_version(release)
-    rules = [r for r in _nvls_rules() if r[0] <= version]
-    if not rules:
+    found = _rule_for(release)
+    if found is None:
         raise InputError("nccl", release, f"the catalog's NVLS rules start at NCCL {_nvls_rules()[0][1]} "
                                           "(runtime.yaml nvls_by_release)")
-    _, since, rule = rules[-1]
+    since, rule = found
     channels = _by_architecture(rule, "channels", str(architecture))
     if channels is None:
         raise rule.fail("channels", f"has no channel count for GPU architecture {architecture!r}")
@@ -384,7 +398,7 @@ def nvls_buffers(architecture: str | None, *, multicast: bool, nccl: str = "") -
     return NvlsBuffers(channels=channels, channels_one_domain=one_domain,
                        bytes_per_channel_per_head=rule.req("bytes_per_channel_per_head", positive=True),
                        max_heads=int(rule.req("max_heads", positive=True)),
-                       across_domains=rule.flag("across_domains", default=True), nccl=since)
+                       across_domains=nvls_across_domains(release), nccl=since)
 
 
 def group_local_ranks(dims: "tuple[tuple[int, int], ...]", domain_gpus: int) -> int:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, fields, replace
-from typing import Literal, Mapping
+from typing import Literal
 
 from sim.base.errors import InputError
-from sim.base.checks import MAX_DIM, choice as _choice, positive_float as _positive_float, positive_int as _positive_int
+from sim.base.checks import MAX_DIM, choice as _choice, positive_int as _positive_int
 from sim.data.layout import format_layout
 from sim.base.limits import MAX_LAYERS
 
